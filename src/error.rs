@@ -1,0 +1,105 @@
+//! The library's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in arrayjit, with enough context to find the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A host array could not be created or filled.
+    #[error("host array: {0}")]
+    Ndarray(String),
+    /// An einsum-style spec or a projection is malformed.
+    #[error("bad spec {spec:?}: {msg}")]
+    Spec {
+        /// The spec as written.
+        spec: String,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// Two memory-mode decisions for a node contradict each other.
+    #[error("memory mode conflict for tensor {node}: {msg}")]
+    MemoryMode {
+        /// The node's display name.
+        node: String,
+        /// The modes and provenances involved.
+        msg: String,
+    },
+    /// An assignment is ill-formed (shapes, operands, merge buffer use).
+    #[error("invalid assignment: {0}")]
+    Assignment(String),
+    /// The C compiler could not be found or started.
+    #[error("C compiler not found: {0}")]
+    CompilerNotFound(String),
+    /// The C compiler rejected the generated code (or crashed).
+    #[error("C compilation failed (command: {command}; source kept at {}):\n{output}", source_path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "<not kept: set ARRAYJIT_DEBUG_DIR>".into()))]
+    Compile {
+        /// The full command line.
+        command: String,
+        /// The compiler's standard output and error.
+        output: String,
+        /// Where the source was kept, if it was.
+        source_path: Option<PathBuf>,
+    },
+    /// The compiler did not finish within `ARRAYJIT_COMPILE_TIMEOUT`.
+    #[error("C compilation timed out after {seconds}s (command: {command})")]
+    CompileTimeout {
+        /// The full command line.
+        command: String,
+        /// The timeout that expired.
+        seconds: u64,
+    },
+    /// A compiled library could not be loaded.
+    #[error("loading compiled library {path}: {msg}")]
+    Load {
+        /// The library's path.
+        path: PathBuf,
+        /// The loader's message.
+        msg: String,
+    },
+    /// A file-system operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A routine, context or buffer was used incorrectly.
+    #[error("{0}")]
+    Usage(String),
+    /// A static index was bound to a value outside its range.
+    #[error("routine {routine}: static index {index} = {value} is out of range 0..{limit}")]
+    BindingOutOfRange {
+        /// The routine's name.
+        routine: String,
+        /// The static index's name.
+        index: String,
+        /// The value it was given.
+        value: i64,
+        /// The exclusive upper bound.
+        limit: usize,
+    },
+    /// A routine expected one node in the merge buffer but found another (or none).
+    #[error("routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}")]
+    MergeBufferMismatch {
+        /// The routine's name.
+        routine: String,
+        /// The node the routine reads.
+        expected: String,
+        /// What the merge buffer holds.
+        found: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Shorthand for results with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

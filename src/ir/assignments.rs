@@ -1,0 +1,251 @@
+//! Assignments: the input IR (SPEC section 3), and its readable printer.
+
+use super::indexing::{AxisIndex, Projections, StaticSymbol};
+use super::ops::{Binop, Unop};
+use super::tnode::Tnode;
+use std::fmt::Write;
+
+/// An argument of an assignment.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Buffer {
+    /// The node's own array.
+    Node(Tnode),
+    /// This device's merge buffer, which must hold the given node.
+    MergeBuffer(Tnode),
+}
+
+impl Buffer {
+    /// The node read.
+    pub fn tnode(&self) -> &Tnode {
+        match self {
+            Buffer::Node(t) | Buffer::MergeBuffer(t) => t,
+        }
+    }
+}
+
+/// What a [`Assignments::Fetch`] puts into its array.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FetchOp {
+    /// Every cell gets the constant (0 becomes a `Zero_out`).
+    Constant(f64),
+    /// `array[idcs] = sliced[batch_idx, idcs]`.
+    Slice {
+        /// The static index selecting the slice.
+        batch_idx: StaticSymbol,
+        /// The array sliced; its dims are `[n] ++ array.dims`.
+        sliced: Tnode,
+    },
+    /// Every cell gets the value of the static index.
+    EmbedSymbol(StaticSymbol),
+    /// Every cell gets the result of a C function `double NAME(void)` available to the
+    /// loaded library. The name must be a plain C identifier.
+    Imported(String),
+}
+
+/// The input IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Assignments {
+    /// Nothing.
+    Noop,
+    /// One after the other.
+    Seq(Box<Assignments>, Box<Assignments>),
+    /// A labelled block; the first comment names the routine when no name is given.
+    BlockComment(String, Box<Assignments>),
+    /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs1[p_rhs1], rhs2[p_rhs2]))` over the product space.
+    AccumBinop {
+        /// Fill with accum's neutral element first (or overwrite, when bijective).
+        initialize_neutral: bool,
+        /// The accumulation; `Arg2` overwrites.
+        accum: Binop,
+        /// The operation.
+        op: Binop,
+        /// The result.
+        lhs: Tnode,
+        /// First argument.
+        rhs1: Buffer,
+        /// Second argument.
+        rhs2: Buffer,
+        /// The projections (two argument projections).
+        projections: Projections,
+    },
+    /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs[p_rhs]))` over the product space.
+    AccumUnop {
+        /// Fill with accum's neutral element first (or overwrite, when bijective).
+        initialize_neutral: bool,
+        /// The accumulation; `Arg2` overwrites.
+        accum: Binop,
+        /// The operation.
+        op: Unop,
+        /// The result.
+        lhs: Tnode,
+        /// The argument.
+        rhs: Buffer,
+        /// The projections (one argument projection).
+        projections: Projections,
+    },
+    /// Fills `array` by `fetch_op`.
+    Fetch {
+        /// The array filled.
+        array: Tnode,
+        /// How.
+        fetch_op: FetchOp,
+    },
+}
+
+impl Assignments {
+    /// Sequences a list of assignments.
+    pub fn seq(items: impl IntoIterator<Item = Assignments>) -> Assignments {
+        items
+            .into_iter()
+            .reduce(|a, b| Assignments::Seq(Box::new(a), Box::new(b)))
+            .unwrap_or(Assignments::Noop)
+    }
+
+    /// A labelled block.
+    pub fn block(comment: &str, body: Assignments) -> Assignments {
+        Assignments::BlockComment(comment.to_string(), Box::new(body))
+    }
+
+    /// The first block comment, used to name a routine when no name is given.
+    pub fn first_comment(&self) -> Option<&str> {
+        match self {
+            Assignments::BlockComment(c, _) => Some(c),
+            Assignments::Seq(a, b) => a.first_comment().or_else(|| b.first_comment()),
+            _ => None,
+        }
+    }
+
+    /// Every node mentioned, in order of first appearance.
+    pub fn nodes(&self) -> Vec<Tnode> {
+        let mut out: Vec<Tnode> = vec![];
+        let mut add = |t: &Tnode| {
+            if !out.contains(t) {
+                out.push(t.clone())
+            }
+        };
+        self.visit(&mut |a| match a {
+            Assignments::AccumBinop {
+                lhs, rhs1, rhs2, ..
+            } => {
+                add(lhs);
+                add(rhs1.tnode());
+                add(rhs2.tnode());
+            }
+            Assignments::AccumUnop { lhs, rhs, .. } => {
+                add(lhs);
+                add(rhs.tnode());
+            }
+            Assignments::Fetch { array, fetch_op } => {
+                add(array);
+                if let FetchOp::Slice { sliced, .. } = fetch_op {
+                    add(sliced);
+                }
+            }
+            _ => {}
+        });
+        out
+    }
+
+    /// Calls `f` on every leaf assignment, in order.
+    pub fn visit(&self, f: &mut impl FnMut(&Assignments)) {
+        match self {
+            Assignments::Seq(a, b) => {
+                a.visit(f);
+                b.visit(f);
+            }
+            Assignments::BlockComment(_, body) => body.visit(f),
+            a => f(a),
+        }
+    }
+
+    /// A readable rendering, one assignment per line.
+    pub fn to_doc(&self) -> String {
+        let mut out = String::new();
+        self.write_doc(&mut out, 0);
+        out
+    }
+
+    fn write_doc(&self, out: &mut String, indent: usize) {
+        let pad = "  ".repeat(indent);
+        match self {
+            Assignments::Noop => {}
+            Assignments::Seq(a, b) => {
+                a.write_doc(out, indent);
+                b.write_doc(out, indent);
+            }
+            Assignments::BlockComment(c, body) => {
+                let _ = writeln!(out, "{pad}# {}", c.escape_debug());
+                body.write_doc(out, indent + 1);
+            }
+            Assignments::AccumBinop {
+                initialize_neutral,
+                accum,
+                op,
+                lhs,
+                rhs1,
+                rhs2,
+                projections,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{}{} {} {}({}, {}) ~logic:{:?}",
+                    doc_buffer(&Buffer::Node(lhs.clone()), &projections.project_lhs),
+                    if *initialize_neutral { " :" } else { " " },
+                    accum_sym(*accum),
+                    op.name(),
+                    doc_buffer(rhs1, &projections.project_rhs[0]),
+                    doc_buffer(rhs2, &projections.project_rhs[1]),
+                    projections.debug_info
+                );
+            }
+            Assignments::AccumUnop {
+                initialize_neutral,
+                accum,
+                op,
+                lhs,
+                rhs,
+                projections,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{}{} {} {}({}) ~logic:{:?}",
+                    doc_buffer(&Buffer::Node(lhs.clone()), &projections.project_lhs),
+                    if *initialize_neutral { " :" } else { " " },
+                    accum_sym(*accum),
+                    op.name(),
+                    doc_buffer(rhs, &projections.project_rhs[0]),
+                    projections.debug_info
+                );
+            }
+            Assignments::Fetch { array, fetch_op } => {
+                let what = match fetch_op {
+                    FetchOp::Constant(c) => format!("{c}"),
+                    FetchOp::Slice { batch_idx, sliced } => {
+                        format!("{}[{}, ...]", sliced.name().escape_debug(), batch_idx.name.escape_debug())
+                    }
+                    FetchOp::EmbedSymbol(s) => format!("embed({})", s.name.escape_debug()),
+                    FetchOp::Imported(f) => format!("{}()", f.escape_debug()),
+                };
+                let _ = writeln!(out, "{pad}{} := {what}", array.name().escape_debug());
+            }
+        }
+    }
+}
+
+fn accum_sym(accum: Binop) -> String {
+    match accum {
+        Binop::Arg2 => "=".into(),
+        op => match op.info().infix {
+            Some(s) => format!("{s}="),
+            None => format!("{}=", op.name()),
+        },
+    }
+}
+
+fn doc_buffer(b: &Buffer, idcs: &[AxisIndex]) -> String {
+    let idcs: Vec<String> = idcs.iter().map(|i| i.to_string()).collect();
+    match b {
+        Buffer::Node(t) => format!("{}[{}]", t.name().escape_debug(), idcs.join(", ")),
+        Buffer::MergeBuffer(t) => format!("merge({})[{}]", t.name().escape_debug(), idcs.join(", ")),
+    }
+}

@@ -1,0 +1,1 @@
+//! Einsum-style specs (placeholder; being written).

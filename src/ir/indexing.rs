@@ -1,0 +1,225 @@
+//! Symbols, static indices, axis indices, projections and bindings (SPEC section 2).
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::Arc;
+
+static NEXT_SYMBOL: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh loop-index (or static-index) identifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Symbol(pub u32);
+
+impl Symbol {
+    /// A symbol never returned before in this process.
+    pub fn fresh() -> Symbol {
+        Symbol(NEXT_SYMBOL.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "i{}", self.0)
+    }
+}
+
+/// A symbol bound outside the routine: an `int` parameter of the generated function whose
+/// value is set through the routine's bindings before each run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StaticSymbol {
+    /// The underlying symbol.
+    pub symbol: Symbol,
+    /// The user's name for it (for display, errors and naming in C).
+    pub name: String,
+    /// If set, valid values are `0..range`.
+    pub range: Option<usize>,
+}
+
+impl StaticSymbol {
+    /// A new static symbol with a fresh identifier.
+    pub fn new(name: &str, range: Option<usize>) -> StaticSymbol {
+        StaticSymbol {
+            symbol: Symbol::fresh(),
+            name: name.to_string(),
+            range,
+        }
+    }
+}
+
+/// An index into one axis: a fixed position or a symbol (loop iterator or static index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AxisIndex {
+    /// A fixed position.
+    Fixed(usize),
+    /// A loop iterator or a static symbol.
+    Iterator(Symbol),
+}
+
+impl fmt::Display for AxisIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AxisIndex::Fixed(i) => write!(f, "{i}"),
+            AxisIndex::Iterator(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// How one array operation maps its product space onto the result and arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Projections {
+    /// The extents of the loops.
+    pub product_space: Vec<usize>,
+    /// One symbol per product-space axis.
+    pub product_iterators: Vec<Symbol>,
+    /// The result's dims.
+    pub lhs_dims: Vec<usize>,
+    /// Each argument's dims.
+    pub rhs_dims: Vec<Vec<usize>>,
+    /// For every axis of the result, the index to use.
+    pub project_lhs: Vec<AxisIndex>,
+    /// For every argument and every axis of it, the index to use.
+    pub project_rhs: Vec<Vec<AxisIndex>>,
+    /// Where these projections came from (e.g. the einsum spec), for messages.
+    pub debug_info: String,
+}
+
+impl Projections {
+    /// Pointwise projections: every operand has `dims`, every axis is iterated (axes of extent
+    /// 1 use the fixed index 0).
+    pub fn pointwise(dims: &[usize], num_args: usize) -> Projections {
+        let mut product_space = vec![];
+        let mut product_iterators = vec![];
+        let idcs: Vec<AxisIndex> = dims
+            .iter()
+            .map(|&d| {
+                if d == 1 {
+                    AxisIndex::Fixed(0)
+                } else {
+                    let s = Symbol::fresh();
+                    product_space.push(d);
+                    product_iterators.push(s);
+                    AxisIndex::Iterator(s)
+                }
+            })
+            .collect();
+        Projections {
+            product_space,
+            product_iterators,
+            lhs_dims: dims.to_vec(),
+            rhs_dims: vec![dims.to_vec(); num_args],
+            project_lhs: idcs.clone(),
+            project_rhs: vec![idcs; num_args],
+            debug_info: "pointwise".into(),
+        }
+    }
+
+    /// Whether every product iterator appears in `project_lhs` (each result cell is written
+    /// exactly once per run).
+    pub fn is_bijective(&self) -> bool {
+        self.product_iterators
+            .iter()
+            .all(|s| self.project_lhs.contains(&AxisIndex::Iterator(*s)))
+    }
+
+    /// The same projections with fresh iterator symbols (so that two lowerings of one
+    /// projection never share loop variables).
+    pub fn freshen(&self) -> Projections {
+        let map: Vec<(Symbol, Symbol)> = self
+            .product_iterators
+            .iter()
+            .map(|&s| (s, Symbol::fresh()))
+            .collect();
+        let sub = |i: &AxisIndex| match i {
+            AxisIndex::Iterator(s) => AxisIndex::Iterator(
+                map.iter().find(|(o, _)| o == s).map(|(_, n)| *n).unwrap_or(*s),
+            ),
+            f => *f,
+        };
+        Projections {
+            product_iterators: map.iter().map(|(_, n)| *n).collect(),
+            project_lhs: self.project_lhs.iter().map(sub).collect(),
+            project_rhs: self
+                .project_rhs
+                .iter()
+                .map(|p| p.iter().map(sub).collect())
+                .collect(),
+            ..self.clone()
+        }
+    }
+}
+
+/// The static indices a routine is compiled with (the seed's `unit_bindings`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Bindings(pub Vec<StaticSymbol>);
+
+impl Bindings {
+    /// No static indices.
+    pub fn empty() -> Bindings {
+        Bindings(vec![])
+    }
+
+    /// Looks a static index up by name.
+    pub fn find(&self, name: &str) -> Option<&StaticSymbol> {
+        self.0.iter().find(|s| s.name == name)
+    }
+
+    /// Looks a static index up by symbol.
+    pub fn find_symbol(&self, sym: Symbol) -> Option<&StaticSymbol> {
+        self.0.iter().find(|s| s.symbol == sym)
+    }
+}
+
+/// The value cells of a routine's static indices (the seed's `lowered_bindings`), in the
+/// order of the routine's [`Bindings`]. Cheap to clone; clones share the cells.
+#[derive(Clone, Debug, Default)]
+pub struct RoutineBindings {
+    entries: Arc<Vec<(StaticSymbol, AtomicI64)>>,
+}
+
+impl RoutineBindings {
+    /// Cells for the given static indices, all 0.
+    pub fn new(bindings: &Bindings) -> RoutineBindings {
+        RoutineBindings {
+            entries: Arc::new(
+                bindings
+                    .0
+                    .iter()
+                    .map(|s| (s.clone(), AtomicI64::new(0)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The static indices, in order.
+    pub fn symbols(&self) -> impl Iterator<Item = &StaticSymbol> {
+        self.entries.iter().map(|(s, _)| s)
+    }
+
+    /// Sets the value of the static index named `name`.
+    pub fn set(&self, name: &str, value: i64) -> Result<()> {
+        let (_, cell) = self
+            .entries
+            .iter()
+            .find(|(s, _)| s.name == name)
+            .ok_or_else(|| Error::Usage(format!("no static index named {name:?} in these bindings")))?;
+        cell.store(value, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Sets the value of a static index by symbol.
+    pub fn set_symbol(&self, sym: &StaticSymbol, value: i64) -> Result<()> {
+        let (_, cell) = self
+            .entries
+            .iter()
+            .find(|(s, _)| s.symbol == sym.symbol)
+            .ok_or_else(|| Error::Usage(format!("static index {:?} is not bound here", sym.name)))?;
+        cell.store(value, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The current values, in order.
+    pub fn values(&self) -> Vec<i64> {
+        self.entries.iter().map(|(_, c)| c.load(Ordering::SeqCst)).collect()
+    }
+}

@@ -1,0 +1,17 @@
+//! The input side: precisions, host arrays, tensor nodes, indexing and projections,
+//! the operation table, and assignments.
+
+pub mod assignments;
+pub mod einsum;
+pub mod indexing;
+pub mod ndarray;
+pub mod ops;
+pub mod prec;
+pub mod tnode;
+
+pub use assignments::{Assignments, Buffer, FetchOp};
+pub use indexing::{AxisIndex, Bindings, Projections, RoutineBindings, StaticSymbol, Symbol};
+pub use ndarray::{InitOp, Ndarray};
+pub use ops::{Binop, Unop};
+pub use prec::Prec;
+pub use tnode::{HostedMode, MemoryMode, Tnode};

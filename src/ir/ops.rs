@@ -1,0 +1,246 @@
+//! The table of operations: names, C syntax, neutral elements and interpretation.
+//!
+//! This is the one place that knows what an operation means. Adding an operation means adding
+//! a variant and a row in [`Binop::info`] or [`Unop::info`]; the lowering, the optimizer, the
+//! C writer, the program-file reader and the reference interpreter all read this table.
+//!
+//! C templates use `$a` and `$b` for the operands; each template comes in a `float` and a
+//! `double` flavour, chosen by the compute type of the precision being written
+//! (see [`crate::ir::Prec::compute_c_type`]).
+
+use std::fmt;
+
+/// Binary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Binop {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a * b`
+    Mul,
+    /// `a / b`
+    Div,
+    /// `a` to the power `b`
+    ToPowOf,
+    /// `a > 0 ? b : 0` (the gradient gate of ReLU)
+    ReluGate,
+    /// `a` (first argument)
+    Arg1,
+    /// `b` (second argument); as an accumulator it means "overwrite"
+    Arg2,
+    /// The larger of `a` and `b` (a NaN operand is ignored, as C `fmax`)
+    Max,
+    /// The smaller of `a` and `b` (a NaN operand is ignored, as C `fmin`)
+    Min,
+}
+
+/// Unary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unop {
+    /// `a`
+    Identity,
+    /// `a > 0 ? a : 0`
+    Relu,
+    /// `-a`
+    Neg,
+    /// `e^a`
+    Exp,
+    /// natural logarithm
+    Log,
+    /// square root
+    Sqrt,
+    /// `1 / a`
+    Recip,
+    /// hyperbolic tangent
+    Tanh,
+    /// sine
+    Sin,
+    /// cosine
+    Cos,
+}
+
+/// A row of the binary-operation table.
+#[derive(Clone, Copy, Debug)]
+pub struct BinopInfo {
+    /// The snake_case name used in program files and dumps.
+    pub name: &'static str,
+    /// The neutral element when used as an accumulator.
+    pub neutral: f64,
+    /// C expression when computing in `float`.
+    pub c_float: &'static str,
+    /// C expression when computing in `double`.
+    pub c_double: &'static str,
+    /// Infix symbol for the readable printers, if the operation has one.
+    pub infix: Option<&'static str>,
+    /// The meaning, in `f64`.
+    pub interpret: fn(f64, f64) -> f64,
+}
+
+/// A row of the unary-operation table.
+#[derive(Clone, Copy, Debug)]
+pub struct UnopInfo {
+    /// The snake_case name used in program files and dumps.
+    pub name: &'static str,
+    /// C expression when computing in `float`.
+    pub c_float: &'static str,
+    /// C expression when computing in `double`.
+    pub c_double: &'static str,
+    /// The meaning, in `f64`.
+    pub interpret: fn(f64) -> f64,
+}
+
+fn relu(a: f64) -> f64 {
+    if a > 0.0 {
+        a
+    } else {
+        0.0
+    }
+}
+
+impl Binop {
+    /// Every binary operation.
+    pub const ALL: [Binop; 10] = [
+        Binop::Add,
+        Binop::Sub,
+        Binop::Mul,
+        Binop::Div,
+        Binop::ToPowOf,
+        Binop::ReluGate,
+        Binop::Arg1,
+        Binop::Arg2,
+        Binop::Max,
+        Binop::Min,
+    ];
+
+    /// The operation's row in the table.
+    pub fn info(self) -> BinopInfo {
+        let row = |name, neutral, c_float, c_double, infix, interpret| BinopInfo {
+            name,
+            neutral,
+            c_float,
+            c_double,
+            infix,
+            interpret,
+        };
+        match self {
+            Binop::Add => row("add", 0.0, "($a + $b)", "($a + $b)", Some("+"), |a, b| a + b),
+            Binop::Sub => row("sub", 0.0, "($a - $b)", "($a - $b)", Some("-"), |a, b| a - b),
+            Binop::Mul => row("mul", 1.0, "($a * $b)", "($a * $b)", Some("*"), |a, b| a * b),
+            Binop::Div => row("div", 1.0, "($a / $b)", "($a / $b)", Some("/"), |a, b| a / b),
+            Binop::ToPowOf => row("pow", 1.0, "powf($a, $b)", "pow($a, $b)", Some("**"), f64::powf),
+            Binop::ReluGate => row(
+                "relu_gate",
+                0.0,
+                "($a > 0.0f ? $b : 0.0f)",
+                "($a > 0.0 ? $b : 0.0)",
+                Some("-?/"),
+                |a, b| if a > 0.0 { b } else { 0.0 },
+            ),
+            Binop::Arg1 => row("arg1", 0.0, "$a", "$a", Some("-@>"), |a, _| a),
+            Binop::Arg2 => row("arg2", 0.0, "$b", "$b", Some("-/>"), |_, b| b),
+            Binop::Max => row("max", f64::NEG_INFINITY, "fmaxf($a, $b)", "fmax($a, $b)", None, f64::max),
+            Binop::Min => row("min", f64::INFINITY, "fminf($a, $b)", "fmin($a, $b)", None, f64::min),
+        }
+    }
+
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// Looks an operation up by its snake_case name.
+    pub fn from_name(s: &str) -> Option<Binop> {
+        Binop::ALL.into_iter().find(|op| op.name() == s)
+    }
+
+    /// The neutral element as an accumulator: 0 for add/sub, 1 for mul/div/pow, -inf for max,
+    /// +inf for min, 0 otherwise.
+    pub fn neutral(self) -> f64 {
+        self.info().neutral
+    }
+
+    /// Applies the operation in `f64`.
+    pub fn interpret(self, a: f64, b: f64) -> f64 {
+        (self.info().interpret)(a, b)
+    }
+
+    /// The C expression for operands `a` and `b` in the given compute type.
+    pub fn c_expr(self, in_float: bool, a: &str, b: &str) -> String {
+        let info = self.info();
+        let t = if in_float { info.c_float } else { info.c_double };
+        t.replace("$a", a).replace("$b", b)
+    }
+}
+
+impl Unop {
+    /// Every unary operation.
+    pub const ALL: [Unop; 10] = [
+        Unop::Identity,
+        Unop::Relu,
+        Unop::Neg,
+        Unop::Exp,
+        Unop::Log,
+        Unop::Sqrt,
+        Unop::Recip,
+        Unop::Tanh,
+        Unop::Sin,
+        Unop::Cos,
+    ];
+
+    /// The operation's row in the table.
+    pub fn info(self) -> UnopInfo {
+        let row = |name, c_float, c_double, interpret| UnopInfo {
+            name,
+            c_float,
+            c_double,
+            interpret,
+        };
+        match self {
+            Unop::Identity => row("identity", "$a", "$a", |a| a),
+            Unop::Relu => row("relu", "($a > 0.0f ? $a : 0.0f)", "($a > 0.0 ? $a : 0.0)", relu),
+            Unop::Neg => row("neg", "(-$a)", "(-$a)", |a| -a),
+            Unop::Exp => row("exp", "expf($a)", "exp($a)", f64::exp),
+            Unop::Log => row("log", "logf($a)", "log($a)", f64::ln),
+            Unop::Sqrt => row("sqrt", "sqrtf($a)", "sqrt($a)", f64::sqrt),
+            Unop::Recip => row("recip", "(1.0f / $a)", "(1.0 / $a)", |a| 1.0 / a),
+            Unop::Tanh => row("tanh", "tanhf($a)", "tanh($a)", f64::tanh),
+            Unop::Sin => row("sin", "sinf($a)", "sin($a)", f64::sin),
+            Unop::Cos => row("cos", "cosf($a)", "cos($a)", f64::cos),
+        }
+    }
+
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// Looks an operation up by its snake_case name.
+    pub fn from_name(s: &str) -> Option<Unop> {
+        Unop::ALL.into_iter().find(|op| op.name() == s)
+    }
+
+    /// Applies the operation in `f64`.
+    pub fn interpret(self, a: f64) -> f64 {
+        (self.info().interpret)(a)
+    }
+
+    /// The C expression for operand `a` in the given compute type.
+    pub fn c_expr(self, in_float: bool, a: &str) -> String {
+        let info = self.info();
+        let t = if in_float { info.c_float } else { info.c_double };
+        t.replace("$a", a)
+    }
+}
+
+impl fmt::Display for Binop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Unop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

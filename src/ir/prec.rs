@@ -1,0 +1,110 @@
+//! Precisions: the element types of arrays.
+
+use std::fmt;
+
+/// The element type of an array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Prec {
+    /// Unsigned 8-bit integer (`unsigned char`).
+    Byte,
+    /// IEEE binary16 (`_Float16`).
+    Half,
+    /// IEEE binary32 (`float`).
+    Single,
+    /// IEEE binary64 (`double`).
+    Double,
+}
+
+impl Prec {
+    /// All precisions, narrowest first.
+    pub const ALL: [Prec; 4] = [Prec::Byte, Prec::Half, Prec::Single, Prec::Double];
+
+    /// Size of one element in bytes.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            Prec::Byte => 1,
+            Prec::Half => 2,
+            Prec::Single => 4,
+            Prec::Double => 8,
+        }
+    }
+
+    /// The C type that stores an element.
+    pub fn c_type(self) -> &'static str {
+        match self {
+            Prec::Byte => "unsigned char",
+            Prec::Half => "_Float16",
+            Prec::Single => "float",
+            Prec::Double => "double",
+        }
+    }
+
+    /// The C type in which values of this precision are computed before being stored.
+    ///
+    /// Bytes are computed in `double` (and stored saturating, see `runtime_c/arrayjit.h`),
+    /// halves in `float`, singles in `float`, doubles in `double`.
+    pub fn compute_c_type(self) -> &'static str {
+        match self {
+            Prec::Byte | Prec::Double => "double",
+            Prec::Half | Prec::Single => "float",
+        }
+    }
+
+    /// Whether values are computed in single precision (`float`).
+    pub fn computes_in_float(self) -> bool {
+        matches!(self, Prec::Half | Prec::Single)
+    }
+
+    /// The name used in program files: `byte`, `half`, `single`, `double`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prec::Byte => "byte",
+            Prec::Half => "half",
+            Prec::Single => "single",
+            Prec::Double => "double",
+        }
+    }
+
+    /// Parses a name as printed by [`Prec::name`].
+    pub fn from_name(s: &str) -> Option<Prec> {
+        Prec::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Rounds a value to this precision, exactly as generated code stores it.
+    ///
+    /// Bytes saturate: NaN becomes 0, values are truncated toward zero and clamped to 0..=255.
+    pub fn round(self, v: f64) -> f64 {
+        match self {
+            Prec::Byte => byte_of_f64(v) as f64,
+            Prec::Half => half::f16::from_f64(v).to_f64(),
+            Prec::Single => v as f32 as f64,
+            Prec::Double => v,
+        }
+    }
+
+    /// Rounds a value to the precision this precision computes in (see [`Prec::compute_c_type`]).
+    pub fn round_compute(self, v: f64) -> f64 {
+        if self.computes_in_float() {
+            v as f32 as f64
+        } else {
+            v
+        }
+    }
+}
+
+/// The saturating conversion used to store into byte arrays (mirrors `aj_to_byte` in C).
+pub fn byte_of_f64(v: f64) -> u8 {
+    if v.is_nan() || v <= 0.0 {
+        0
+    } else if v >= 255.0 {
+        255
+    } else {
+        v as u8
+    }
+}
+
+impl fmt::Display for Prec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
