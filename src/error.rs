@@ -81,7 +81,9 @@ pub enum Error {
         limit: usize,
     },
     /// A routine expected one node in the merge buffer but found another (or none).
-    #[error("routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}")]
+    #[error(
+        "routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}"
+    )]
     MergeBufferMismatch {
         /// The routine's name.
         routine: String,

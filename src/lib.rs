@@ -1,7 +1,16 @@
 //! arrayjit: compiles n-dimensional array computations to native code through C.
+//!
+//! The stages, one module each: [`ir`] (what the user writes) → [`lower`] (loop IR) →
+//! [`optimize`] (tracing, inlining, simplification) → [`codegen`] (C text) → [`compile`]
+//! (compiler, loading) → [`backend`] (contexts, routines).
 #![warn(missing_docs)]
 
+pub mod backend;
+pub mod codegen;
+pub mod compile;
 pub mod error;
 pub mod ir;
+pub mod lower;
+pub mod optimize;
 
 pub use error::{Error, Result};

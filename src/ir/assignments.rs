@@ -221,7 +221,11 @@ impl Assignments {
                 let what = match fetch_op {
                     FetchOp::Constant(c) => format!("{c}"),
                     FetchOp::Slice { batch_idx, sliced } => {
-                        format!("{}[{}, ...]", sliced.name().escape_debug(), batch_idx.name.escape_debug())
+                        format!(
+                            "{}[{}, ...]",
+                            sliced.name().escape_debug(),
+                            batch_idx.name.escape_debug()
+                        )
                     }
                     FetchOp::EmbedSymbol(s) => format!("embed({})", s.name.escape_debug()),
                     FetchOp::Imported(f) => format!("{}()", f.escape_debug()),
@@ -246,6 +250,8 @@ fn doc_buffer(b: &Buffer, idcs: &[AxisIndex]) -> String {
     let idcs: Vec<String> = idcs.iter().map(|i| i.to_string()).collect();
     match b {
         Buffer::Node(t) => format!("{}[{}]", t.name().escape_debug(), idcs.join(", ")),
-        Buffer::MergeBuffer(t) => format!("merge({})[{}]", t.name().escape_debug(), idcs.join(", ")),
+        Buffer::MergeBuffer(t) => {
+            format!("merge({})[{}]", t.name().escape_debug(), idcs.join(", "))
+        }
     }
 }

@@ -1,1 +1,372 @@
-//! Einsum-style specs (placeholder; being written).
+//! Einsum-style projection specs (SPEC section 2).
+//!
+//! A spec such as `"ij,jk->ik"` describes how an operation's product space maps onto its
+//! arguments (the comma-separated terms left of `->`) and its result (the single term right of
+//! `->`). Grammar:
+//!
+//! - each ASCII letter (`a-z`, `A-Z`) is an iterator;
+//! - a single decimal digit `0-9` is a fixed index into that axis;
+//! - `{name}` is the static index called `name` in the given [`Bindings`];
+//! - whitespace is ignored; any other character is an error.
+//!
+//! Every term has exactly one entry per axis of its operand. A letter's extent comes from the
+//! dims it indexes; an axis of extent 1 broadcasts (it uses the fixed index 0 and does not
+//! constrain the letter's extent). Letters that appear only left of `->` are reduced over.
+//!
+//! Positions in error messages count characters (not bytes) from 0.
+
+use super::indexing::{AxisIndex, Bindings, Projections, StaticSymbol, Symbol};
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// Which operand a term describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operand {
+    /// The result (the term right of `->`).
+    Result,
+    /// The argument with this 0-based position (shown 1-based).
+    Arg(usize),
+}
+
+impl fmt::Display for Operand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Operand::Result => write!(f, "the result"),
+            Operand::Arg(k) => write!(f, "argument {}", k + 1),
+        }
+    }
+}
+
+/// One axis entry of a term.
+#[derive(Clone, Debug)]
+enum Entry {
+    Letter(char),
+    Digit(usize),
+    Static(String),
+}
+
+/// One parsed term: its text (for messages) and its entries with their character positions.
+#[derive(Debug)]
+struct Term {
+    text: String,
+    entries: Vec<(Entry, usize)>,
+}
+
+/// The extent of a letter, with where it was first seen with an extent other than 1.
+#[derive(Clone, Copy)]
+struct Extent {
+    extent: usize,
+    operand: Operand,
+    axis: usize,
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("{n} {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// Builds projections from an einsum-style spec.
+///
+/// `spec` is e.g. `"ij,jk->ik"` (binary) or `"ij->ji"` (unary); `lhs_dims` are the dims of the
+/// result (the term right of `->`), `rhs_dims` those of the arguments (the terms left of
+/// `->`, in order); `statics` resolves `{name}` entries.
+///
+/// The product space has one axis per letter whose extent is not 1: first the letters of the
+/// result term in order of first appearance, then the letters found only in argument terms, in
+/// order of first appearance. Each product axis gets a fresh [`Symbol`]. In the projections a
+/// letter becomes [`AxisIndex::Iterator`] of its product iterator, except on axes of extent 1,
+/// which use [`AxisIndex::Fixed`]`(0)` (broadcasting); a digit `d` becomes
+/// [`AxisIndex::Fixed`]`(d)`; `{name}` becomes [`AxisIndex::Iterator`] of the static symbol.
+/// A letter whose extent is 1 everywhere is not a product axis. An extent of 0 counts as a
+/// genuine (empty) extent, not as a broadcast.
+///
+/// Letters that appear only in argument terms are reduced over, so the result is then not
+/// [bijective](Projections::is_bijective).
+///
+/// # Errors
+///
+/// [`Error::Spec`] (never a panic) when the spec has a character other than letters, digits,
+/// whitespace, `,`, `->` and `{name}`; when `->` is missing or repeated, or the result has more
+/// than one term; when the number of argument terms differs from `rhs_dims.len()`; when a term's
+/// number of entries differs from its operand's number of dims; when a letter has two different
+/// extents that are not 1; when a digit is not below its axis's extent; when a static name is
+/// empty, unterminated, or not in `statics`; or when a static index's range exceeds the extent
+/// of the axis it indexes.
+pub fn projections(
+    spec: &str,
+    lhs_dims: &[usize],
+    rhs_dims: &[&[usize]],
+    statics: &Bindings,
+) -> Result<Projections> {
+    let err = |msg: String| Error::Spec {
+        spec: spec.to_string(),
+        msg,
+    };
+    let (rhs_terms, lhs_term) = parse(spec).map_err(err)?;
+
+    if rhs_terms.len() != rhs_dims.len() {
+        return Err(err(format!(
+            "expected {} arguments, spec has {}",
+            rhs_dims.len(),
+            rhs_terms.len()
+        )));
+    }
+
+    // Every operand with its term and dims: the arguments in order, then the result.
+    let operands: Vec<(Operand, &Term, &[usize])> = rhs_terms
+        .iter()
+        .zip(rhs_dims)
+        .enumerate()
+        .map(|(k, (t, d))| (Operand::Arg(k), t, *d))
+        .chain(std::iter::once((Operand::Result, &lhs_term, lhs_dims)))
+        .collect();
+
+    for &(operand, term, dims) in &operands {
+        if term.entries.len() != dims.len() {
+            return Err(err(format!(
+                "term '{}' of {operand} has {} but its dims {dims:?} have {}",
+                term.text,
+                plural(term.entries.len(), "axis", "axes"),
+                dims.len()
+            )));
+        }
+    }
+
+    // Validate entries and find every letter's extent.
+    let mut extents: Vec<(char, Option<Extent>)> = vec![];
+    for &(operand, term, dims) in &operands {
+        for (axis, ((entry, pos), &dim)) in term.entries.iter().zip(dims).enumerate() {
+            match entry {
+                Entry::Letter(c) => {
+                    let idx = match extents.iter().position(|(l, _)| l == c) {
+                        Some(idx) => idx,
+                        None => {
+                            extents.push((*c, None));
+                            extents.len() - 1
+                        }
+                    };
+                    let slot = &mut extents[idx].1;
+                    if dim == 1 {
+                        continue;
+                    }
+                    match slot {
+                        None => {
+                            *slot = Some(Extent {
+                                extent: dim,
+                                operand,
+                                axis,
+                            })
+                        }
+                        Some(prev) if prev.extent != dim => {
+                            return Err(err(format!(
+                                "letter '{c}' has extent {} on axis {} of {} but extent {dim} \
+                                 on axis {axis} of {operand} (term '{}')",
+                                prev.extent, prev.axis, prev.operand, term.text
+                            )));
+                        }
+                        Some(_) => {}
+                    }
+                }
+                Entry::Digit(d) => {
+                    if *d >= dim {
+                        return Err(err(format!(
+                            "fixed index {d} at position {pos} is out of range for axis {axis} \
+                             of {operand} (term '{}'), whose extent is {dim}",
+                            term.text
+                        )));
+                    }
+                }
+                Entry::Static(name) => {
+                    let s = lookup(statics, name, *pos).map_err(err)?;
+                    if let Some(range) = s.range {
+                        if range > dim {
+                            return Err(err(format!(
+                                "static index '{name}' has range {range}, which exceeds the \
+                                 extent {dim} of axis {axis} of {operand} (term '{}')",
+                                term.text
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Product space: result letters first, then letters found only in arguments.
+    let mut order: Vec<char> = vec![];
+    for term in std::iter::once(&lhs_term).chain(&rhs_terms) {
+        for (entry, _) in &term.entries {
+            if let Entry::Letter(c) = entry {
+                if !order.contains(c) {
+                    order.push(*c);
+                }
+            }
+        }
+    }
+    let mut product_space = vec![];
+    let mut product_iterators = vec![];
+    let mut symbols: Vec<(char, Symbol)> = vec![];
+    for c in order {
+        let extent = extents
+            .iter()
+            .find(|(l, _)| *l == c)
+            .and_then(|(_, e)| e.as_ref());
+        if let Some(e) = extent {
+            let s = Symbol::fresh();
+            product_space.push(e.extent);
+            product_iterators.push(s);
+            symbols.push((c, s));
+        }
+    }
+
+    let project = |term: &Term, dims: &[usize]| -> Result<Vec<AxisIndex>> {
+        term.entries
+            .iter()
+            .zip(dims)
+            .map(|((entry, pos), &dim)| {
+                Ok(match entry {
+                    Entry::Letter(_) if dim == 1 => AxisIndex::Fixed(0),
+                    Entry::Letter(c) => {
+                        let s = symbols
+                            .iter()
+                            .find(|(l, _)| l == c)
+                            .map(|(_, s)| *s)
+                            .ok_or_else(|| {
+                                err(format!("internal error: no iterator for letter '{c}'"))
+                            })?;
+                        AxisIndex::Iterator(s)
+                    }
+                    Entry::Digit(d) => AxisIndex::Fixed(*d),
+                    Entry::Static(name) => {
+                        AxisIndex::Iterator(lookup(statics, name, *pos).map_err(err)?.symbol)
+                    }
+                })
+            })
+            .collect()
+    };
+
+    let project_lhs = project(&lhs_term, lhs_dims)?;
+    let project_rhs = rhs_terms
+        .iter()
+        .zip(rhs_dims)
+        .map(|(t, d)| project(t, d))
+        .collect::<Result<Vec<_>>>()?;
+
+    Ok(Projections {
+        product_space,
+        product_iterators,
+        lhs_dims: lhs_dims.to_vec(),
+        rhs_dims: rhs_dims.iter().map(|d| d.to_vec()).collect(),
+        project_lhs,
+        project_rhs,
+        debug_info: spec.to_string(),
+    })
+}
+
+fn lookup<'a>(
+    statics: &'a Bindings,
+    name: &str,
+    pos: usize,
+) -> std::result::Result<&'a StaticSymbol, String> {
+    statics.find(name).ok_or_else(|| {
+        let known: Vec<&str> = statics.0.iter().map(|s| s.name.as_str()).collect();
+        format!("unknown static index '{{{name}}}' at position {pos} (known: {known:?})")
+    })
+}
+
+/// Splits a spec into its argument terms and its result term.
+fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
+    let chars: Vec<char> = spec.chars().collect();
+    let text = |from: usize, to: usize| -> String {
+        chars[from..to]
+            .iter()
+            .collect::<String>()
+            .trim()
+            .to_string()
+    };
+    let mut rhs_terms = vec![];
+    let mut entries = vec![];
+    let mut term_start = 0;
+    let mut arrow: Option<usize> = None;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            c if c.is_whitespace() => {}
+            c if c.is_ascii_alphabetic() => entries.push((Entry::Letter(c), i)),
+            c if c.is_ascii_digit() => {
+                entries.push((Entry::Digit((c as u8 - b'0') as usize), i));
+            }
+            '{' => {
+                let close = chars[i + 1..]
+                    .iter()
+                    .position(|&c| c == '}')
+                    .map(|off| i + 1 + off)
+                    .ok_or_else(|| format!("unterminated '{{' at position {i}"))?;
+                if let Some(off) = chars[i + 1..close].iter().position(|&c| c == '{') {
+                    return Err(format!(
+                        "unexpected '{{' at position {} inside the static index name opened \
+                         at position {i} (missing '}}'?)",
+                        i + 1 + off
+                    ));
+                }
+                let name = text(i + 1, close);
+                if name.is_empty() {
+                    return Err(format!("empty static index name '{{}}' at position {i}"));
+                }
+                entries.push((Entry::Static(name), i));
+                i = close;
+            }
+            ',' => {
+                if arrow.is_some() {
+                    return Err(format!(
+                        "the result (right of '->') must be a single term, found ',' at \
+                         position {i}"
+                    ));
+                }
+                rhs_terms.push(Term {
+                    text: text(term_start, i),
+                    entries: std::mem::take(&mut entries),
+                });
+                term_start = i + 1;
+            }
+            '-' if chars.get(i + 1) == Some(&'>') => {
+                if let Some(first) = arrow {
+                    return Err(format!(
+                        "'->' appears more than once (at positions {first} and {i})"
+                    ));
+                }
+                rhs_terms.push(Term {
+                    text: text(term_start, i),
+                    entries: std::mem::take(&mut entries),
+                });
+                arrow = Some(i);
+                i += 1;
+                term_start = i + 1;
+            }
+            '-' => {
+                return Err(format!(
+                    "unexpected character '-' at position {i} (expected '->')"
+                ))
+            }
+            c => {
+                return Err(format!(
+                    "unexpected character {c:?} at position {i}: expected a letter, a digit, \
+                     '{{name}}', ',' or '->'"
+                ))
+            }
+        }
+        i += 1;
+    }
+    if arrow.is_none() {
+        return Err("missing '->' between the arguments and the result".to_string());
+    }
+    let lhs = Term {
+        text: text(term_start, chars.len()),
+        entries,
+    };
+    Ok((rhs_terms, lhs))
+}

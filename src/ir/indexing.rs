@@ -132,7 +132,10 @@ impl Projections {
             .collect();
         let sub = |i: &AxisIndex| match i {
             AxisIndex::Iterator(s) => AxisIndex::Iterator(
-                map.iter().find(|(o, _)| o == s).map(|(_, n)| *n).unwrap_or(*s),
+                map.iter()
+                    .find(|(o, _)| o == s)
+                    .map(|(_, n)| *n)
+                    .unwrap_or(*s),
             ),
             f => *f,
         };
@@ -202,7 +205,9 @@ impl RoutineBindings {
             .entries
             .iter()
             .find(|(s, _)| s.name == name)
-            .ok_or_else(|| Error::Usage(format!("no static index named {name:?} in these bindings")))?;
+            .ok_or_else(|| {
+                Error::Usage(format!("no static index named {name:?} in these bindings"))
+            })?;
         cell.store(value, Ordering::SeqCst);
         Ok(())
     }
@@ -213,13 +218,18 @@ impl RoutineBindings {
             .entries
             .iter()
             .find(|(s, _)| s.symbol == sym.symbol)
-            .ok_or_else(|| Error::Usage(format!("static index {:?} is not bound here", sym.name)))?;
+            .ok_or_else(|| {
+                Error::Usage(format!("static index {:?} is not bound here", sym.name))
+            })?;
         cell.store(value, Ordering::SeqCst);
         Ok(())
     }
 
     /// The current values, in order.
     pub fn values(&self) -> Vec<i64> {
-        self.entries.iter().map(|(_, c)| c.load(Ordering::SeqCst)).collect()
+        self.entries
+            .iter()
+            .map(|(_, c)| c.load(Ordering::SeqCst))
+            .collect()
     }
 }

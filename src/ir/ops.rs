@@ -124,11 +124,26 @@ impl Binop {
             interpret,
         };
         match self {
-            Binop::Add => row("add", 0.0, "($a + $b)", "($a + $b)", Some("+"), |a, b| a + b),
-            Binop::Sub => row("sub", 0.0, "($a - $b)", "($a - $b)", Some("-"), |a, b| a - b),
-            Binop::Mul => row("mul", 1.0, "($a * $b)", "($a * $b)", Some("*"), |a, b| a * b),
-            Binop::Div => row("div", 1.0, "($a / $b)", "($a / $b)", Some("/"), |a, b| a / b),
-            Binop::ToPowOf => row("pow", 1.0, "powf($a, $b)", "pow($a, $b)", Some("**"), f64::powf),
+            Binop::Add => row("add", 0.0, "($a + $b)", "($a + $b)", Some("+"), |a, b| {
+                a + b
+            }),
+            Binop::Sub => row("sub", 0.0, "($a - $b)", "($a - $b)", Some("-"), |a, b| {
+                a - b
+            }),
+            Binop::Mul => row("mul", 1.0, "($a * $b)", "($a * $b)", Some("*"), |a, b| {
+                a * b
+            }),
+            Binop::Div => row("div", 1.0, "($a / $b)", "($a / $b)", Some("/"), |a, b| {
+                a / b
+            }),
+            Binop::ToPowOf => row(
+                "pow",
+                1.0,
+                "powf($a, $b)",
+                "pow($a, $b)",
+                Some("**"),
+                f64::powf,
+            ),
             Binop::ReluGate => row(
                 "relu_gate",
                 0.0,
@@ -139,8 +154,22 @@ impl Binop {
             ),
             Binop::Arg1 => row("arg1", 0.0, "$a", "$a", Some("-@>"), |a, _| a),
             Binop::Arg2 => row("arg2", 0.0, "$b", "$b", Some("-/>"), |_, b| b),
-            Binop::Max => row("max", f64::NEG_INFINITY, "fmaxf($a, $b)", "fmax($a, $b)", None, f64::max),
-            Binop::Min => row("min", f64::INFINITY, "fminf($a, $b)", "fmin($a, $b)", None, f64::min),
+            Binop::Max => row(
+                "max",
+                f64::NEG_INFINITY,
+                "fmaxf($a, $b)",
+                "fmax($a, $b)",
+                None,
+                f64::max,
+            ),
+            Binop::Min => row(
+                "min",
+                f64::INFINITY,
+                "fminf($a, $b)",
+                "fmin($a, $b)",
+                None,
+                f64::min,
+            ),
         }
     }
 
@@ -168,7 +197,11 @@ impl Binop {
     /// The C expression for operands `a` and `b` in the given compute type.
     pub fn c_expr(self, in_float: bool, a: &str, b: &str) -> String {
         let info = self.info();
-        let t = if in_float { info.c_float } else { info.c_double };
+        let t = if in_float {
+            info.c_float
+        } else {
+            info.c_double
+        };
         t.replace("$a", a).replace("$b", b)
     }
 }
@@ -198,7 +231,12 @@ impl Unop {
         };
         match self {
             Unop::Identity => row("identity", "$a", "$a", |a| a),
-            Unop::Relu => row("relu", "($a > 0.0f ? $a : 0.0f)", "($a > 0.0 ? $a : 0.0)", relu),
+            Unop::Relu => row(
+                "relu",
+                "($a > 0.0f ? $a : 0.0f)",
+                "($a > 0.0 ? $a : 0.0)",
+                relu,
+            ),
             Unop::Neg => row("neg", "(-$a)", "(-$a)", |a| -a),
             Unop::Exp => row("exp", "expf($a)", "exp($a)", f64::exp),
             Unop::Log => row("log", "logf($a)", "log($a)", f64::ln),
@@ -228,7 +266,11 @@ impl Unop {
     /// The C expression for operand `a` in the given compute type.
     pub fn c_expr(self, in_float: bool, a: &str) -> String {
         let info = self.info();
-        let t = if in_float { info.c_float } else { info.c_double };
+        let t = if in_float {
+            info.c_float
+        } else {
+            info.c_double
+        };
         t.replace("$a", a)
     }
 }

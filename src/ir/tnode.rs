@@ -228,7 +228,10 @@ impl Tnode {
                 self.update_memory_mode(MemoryMode::Hosted(hosted), provenance::DEFAULTED)?;
             }
         }
-        let mode = self.memory_mode().unwrap_or(MemoryMode::Virtual).most_local();
+        let mode = self
+            .memory_mode()
+            .unwrap_or(MemoryMode::Virtual)
+            .most_local();
         self.update_memory_mode(mode, provenance::DEFAULTED)?;
         Ok(self.memory_mode().unwrap_or(mode))
     }
@@ -337,7 +340,12 @@ impl Tnode {
     /// Overwrites the host array's values; an error if not hosted or the length differs.
     pub fn set_host_values(&self, values: &[f64]) -> Result<()> {
         self.with_host_mut(|a| a.set_values(values))
-            .unwrap_or_else(|| Err(Error::Usage(format!("tensor {} is not hosted", self.name()))))
+            .unwrap_or_else(|| {
+                Err(Error::Usage(format!(
+                    "tensor {} is not hosted",
+                    self.name()
+                )))
+            })
     }
 }
 

@@ -1,0 +1,123 @@
+//! Device buffers: zero-filled, 64-byte-aligned memory blocks shared by contexts.
+
+use crate::error::{Error, Result};
+use crate::ir::Ndarray;
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A block of device memory. Generated code reads and writes it through raw pointers;
+/// synchronizing those accesses is the caller's job (as in the seed API: await a device before
+/// reading what it wrote).
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    size: usize,
+    layout: Layout,
+}
+
+// SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving or sharing the handle
+// between threads is sound. Concurrent access to the bytes goes through raw pointers whose
+// synchronization is the documented responsibility of the caller (device awaits).
+unsafe impl Send for Buffer {}
+// SAFETY: see Send; no method hands out references into the bytes.
+unsafe impl Sync for Buffer {}
+
+/// A shared handle to a buffer.
+pub type BufferPtr = Arc<Buffer>;
+
+impl Buffer {
+    /// A zero-filled buffer of `size` bytes.
+    pub fn new(size: usize) -> Result<BufferPtr> {
+        let layout = Layout::from_size_align(size.max(1), 64)
+            .map_err(|e| Error::Usage(format!("cannot allocate a buffer of {size} bytes: {e}")))?;
+        // SAFETY: the layout has non-zero size (at least 1 byte).
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::Usage(format!("out of memory allocating a buffer of {size} bytes"))
+        })?;
+        Ok(Arc::new(Buffer { ptr, size, layout }))
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The start of the memory, for generated code.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Copies `bytes` into the start of the buffer.
+    pub fn write_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > self.size {
+            return Err(Error::Usage(format!(
+                "copying {} bytes into a buffer of {} bytes",
+                bytes.len(),
+                self.size
+            )));
+        }
+        // SAFETY: the destination has at least bytes.len() bytes (checked above) and cannot
+        // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr(), bytes.len()) };
+        Ok(())
+    }
+
+    /// Copies the start of the buffer into `bytes`.
+    pub fn read_bytes(&self, bytes: &mut [u8]) -> Result<()> {
+        if bytes.len() > self.size {
+            return Err(Error::Usage(format!(
+                "reading {} bytes from a buffer of {} bytes",
+                bytes.len(),
+                self.size
+            )));
+        }
+        // SAFETY: the source has at least bytes.len() bytes (checked above); the destination
+        // is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), bytes.as_mut_ptr(), bytes.len())
+        };
+        Ok(())
+    }
+
+    /// Copies the first `len` bytes of `src` into this buffer.
+    pub fn copy_from(&self, src: &Buffer, len: usize) -> Result<()> {
+        if len > self.size || len > src.size {
+            return Err(Error::Usage(format!(
+                "copying {len} bytes between buffers of {} and {} bytes",
+                src.size, self.size
+            )));
+        }
+        if std::ptr::eq(self, src) {
+            return Ok(());
+        }
+        // SAFETY: both regions have at least len bytes (checked) and belong to distinct
+        // allocations (checked above), so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src.ptr.as_ptr(), self.ptr.as_ptr(), len) };
+        Ok(())
+    }
+
+    /// Copies a host array into the buffer.
+    pub fn write_ndarray(&self, a: &Ndarray) -> Result<()> {
+        self.write_bytes(a.as_bytes())
+    }
+
+    /// Copies the buffer into a host array.
+    pub fn read_ndarray(&self, a: &mut Ndarray) -> Result<()> {
+        self.read_bytes(a.as_bytes_mut())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr was allocated with exactly this layout in Buffer::new and is freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Buffer({} bytes)", self.size)
+    }
+}

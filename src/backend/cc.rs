@@ -1,0 +1,607 @@
+//! The cc no-device backend: compiles with the system C compiler and runs routines
+//! synchronously on the calling thread.
+
+use super::buffer::{Buffer, BufferPtr};
+use super::context::Context;
+use crate::codegen::{self, RoutineSignature};
+use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
+use crate::error::{Error, Result};
+use crate::ir::{Assignments, Bindings, Ndarray, RoutineBindings, Tnode};
+use crate::lower;
+use crate::optimize::{self, Optimized, Settings};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How many virtual devices a backend suggests (see the devices layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Config {
+    /// One virtual device per physical device.
+    PhysicalDevicesOnly,
+    /// Enough virtual devices to overlap copying with computing.
+    ForParallelCopying,
+    /// As many virtual devices as useful for parallelism.
+    #[default]
+    MostParallelDevices,
+}
+
+/// A merge buffer cell: which node's buffer a device's merge buffer currently holds.
+#[derive(Clone, Default)]
+pub struct MergeBuffer(Arc<Mutex<Option<(BufferPtr, Tnode)>>>);
+
+impl MergeBuffer {
+    /// An empty merge buffer.
+    pub fn new() -> MergeBuffer {
+        MergeBuffer::default()
+    }
+    /// Makes the merge buffer hold `tn`'s data in `buf`.
+    pub fn set(&self, buf: BufferPtr, tn: Tnode) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((buf, tn));
+    }
+    /// What the merge buffer holds.
+    pub fn get(&self) -> Option<(BufferPtr, Tnode)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// Empties the merge buffer.
+    pub fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+struct Compiled {
+    lib: Arc<LoadedLibrary>,
+    sig: RoutineSignature,
+    entry: EntryFn,
+}
+
+struct Postponed {
+    source: String,
+    sig: RoutineSignature,
+    dumps: Vec<DebugFile>,
+}
+
+/// Chooses which entries of a batch to compile: `occupancy(name, index)`.
+pub type Occupancy<'a> = &'a dyn Fn(&str, usize) -> bool;
+
+enum CodeState {
+    Compiled(Arc<Compiled>),
+    /// Compilation postponed to `link` (`shared: false`).
+    Postponed(Box<Postponed>),
+}
+
+/// A compiled (or ready-to-compile) routine, not yet linked into a context.
+pub struct Code {
+    name: String,
+    bindings: Bindings,
+    optimized: Optimized,
+    state: CodeState,
+}
+
+/// Routines compiled together into one file and one compiler run.
+pub struct CodeBatch {
+    bindings: Bindings,
+    entries: Vec<Option<(String, Optimized, RoutineSignature)>>,
+    lib: Arc<LoadedLibrary>,
+}
+
+/// A unit of work: a description (for error messages) and a closure.
+pub struct Task {
+    /// What the task does, e.g. `routine forward`.
+    pub description: String,
+    work: Box<dyn FnOnce() -> Result<()> + Send>,
+}
+
+impl Task {
+    /// A task from a closure.
+    pub fn new(
+        description: impl Into<String>,
+        work: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Task {
+        Task {
+            description: description.into(),
+            work: Box::new(work),
+        }
+    }
+    /// Runs the task now, on this thread.
+    pub fn run(self) -> Result<()> {
+        (self.work)()
+    }
+}
+
+impl fmt::Debug for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Task({})", self.description)
+    }
+}
+
+/// A routine linked into a context.
+#[derive(Clone)]
+pub struct Routine {
+    context: Context,
+    name: String,
+    bindings: RoutineBindings,
+    compiled: Arc<Compiled>,
+    buffers: Arc<Vec<BufferPtr>>,
+    merge_buffer: MergeBuffer,
+}
+
+impl Routine {
+    /// The context the routine runs in (a child of the context it was linked into).
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+    /// The routine's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The static-index cells; set them before running.
+    pub fn bindings(&self) -> &RoutineBindings {
+        &self.bindings
+    }
+    /// The node the routine reads from the merge buffer, if any.
+    pub fn merge_node(&self) -> Option<&Tnode> {
+        self.compiled.sig.merge_node.as_ref()
+    }
+    /// The generated C signature.
+    pub fn signature(&self) -> &RoutineSignature {
+        &self.compiled.sig
+    }
+
+    /// A task running the routine with the binding values current *now* (they are captured,
+    /// so the caller may change them right after scheduling).
+    pub fn schedule(&self) -> Task {
+        let values = self.bindings.values();
+        let r = self.clone();
+        Task::new(format!("routine {}", self.name), move || {
+            r.run_with(&values)
+        })
+    }
+
+    /// Runs the routine now, on this thread.
+    pub fn run(&self) -> Result<()> {
+        self.run_with(&self.bindings.values())
+    }
+
+    fn run_with(&self, values: &[i64]) -> Result<()> {
+        let sig = &self.compiled.sig;
+        for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
+            let lim = limit.unwrap_or(i32::MAX as usize);
+            if v < 0 || v as u64 >= lim as u64 {
+                return Err(Error::BindingOutOfRange {
+                    routine: self.name.clone(),
+                    index: s.name.clone(),
+                    value: v,
+                    limit: lim,
+                });
+            }
+        }
+        let merge = match &sig.merge_node {
+            None => None,
+            Some(expected) => match self.merge_buffer.get() {
+                Some((buf, tn)) if &tn == expected && buf.size() >= expected.size_in_bytes() => {
+                    Some(buf)
+                }
+                other => {
+                    return Err(Error::MergeBufferMismatch {
+                        routine: self.name.clone(),
+                        expected: expected.name(),
+                        found: match other {
+                            Some((_, tn)) if &tn == expected => {
+                                format!("{} with a buffer too small", tn.name())
+                            }
+                            Some((_, tn)) => tn.name(),
+                            None => "nothing".into(),
+                        },
+                    })
+                }
+            },
+        };
+        let ptrs: Vec<*mut u8> = self.buffers.iter().map(|b| b.as_ptr()).collect();
+        let merge_ptr = merge
+            .as_ref()
+            .map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
+        // SAFETY: the entry point was generated for exactly this signature: `ptrs` holds one
+        // live buffer per node of `sig.buffers`, each of the node's full size (allocated at
+        // link); `values` has one entry per static index, each checked above against the
+        // extents it indexes; the merge buffer, if read, holds the expected node and is large
+        // enough (checked above). The library stays loaded while `self.compiled` lives.
+        let status = unsafe { (self.compiled.entry)(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
+        let _ = &self.compiled.lib;
+        if status != 0 {
+            return Err(Error::Usage(format!(
+                "routine {}: could not allocate its local arrays",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Routine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Routine({} in {:?})", self.name, self.context)
+    }
+}
+
+/// The cc no-device backend.
+pub struct CcBackend {
+    initialized: AtomicBool,
+    config: Mutex<Config>,
+    /// Optimizer settings used by `compile`.
+    pub settings: Settings,
+}
+
+impl Default for CcBackend {
+    fn default() -> Self {
+        CcBackend::new()
+    }
+}
+
+fn routine_name(name: Option<&str>, asgns: &Assignments, i: usize) -> String {
+    name.map(str::to_string)
+        .or_else(|| asgns.first_comment().map(str::to_string))
+        .unwrap_or_else(|| format!("routine{i}"))
+}
+
+fn dumps(o: &Optimized, asgns: &Assignments) -> Vec<DebugFile> {
+    vec![
+        DebugFile {
+            name: format!("{}.assignments.txt", codegen::sanitize_ident(&o.name)),
+            contents: asgns.to_doc(),
+        },
+        DebugFile {
+            name: format!("{}.unoptimized.ll.txt", codegen::sanitize_ident(&o.name)),
+            contents: lower::to_doc(&o.unoptimized),
+        },
+        DebugFile {
+            name: format!("{}.optimized.ll.txt", codegen::sanitize_ident(&o.name)),
+            contents: lower::to_doc(&o.code),
+        },
+    ]
+}
+
+impl CcBackend {
+    /// A backend with default optimizer settings (not yet initialized).
+    pub fn new() -> CcBackend {
+        CcBackend {
+            initialized: AtomicBool::new(false),
+            config: Mutex::new(Config::default()),
+            settings: Settings::default(),
+        }
+    }
+
+    /// A backend with the given optimizer settings (e.g. optimization off).
+    pub fn with_settings(settings: Settings) -> CcBackend {
+        CcBackend {
+            settings,
+            ..CcBackend::new()
+        }
+    }
+
+    /// Initializes the backend before first use or after `unsafe_cleanup`. Does nothing if it
+    /// is already initialized.
+    pub fn initialize(&self, config: Config) {
+        if !self.initialized.swap(true, Ordering::SeqCst) {
+            *self.config.lock().unwrap_or_else(|p| p.into_inner()) = config;
+        }
+    }
+
+    /// Whether `initialize` was called (and not undone by `unsafe_cleanup`).
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::SeqCst)
+    }
+
+    /// The configuration given to `initialize`.
+    pub fn config(&self) -> Config {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_initialized(&self) -> Result<()> {
+        if self.is_initialized() {
+            Ok(())
+        } else {
+            Err(Error::Usage(
+                "the backend is not initialized: call initialize first".into(),
+            ))
+        }
+    }
+
+    /// A new root context.
+    pub fn init(&self, label: &str) -> Result<Context> {
+        self.check_initialized()?;
+        Ok(Context::root(label, 0))
+    }
+
+    /// Finalizes (just) the context.
+    pub fn finalize(&self, ctx: &Context) {
+        ctx.finalize()
+    }
+
+    /// A zero-filled buffer of at least `size_in_bytes`; reuses `old_buffer` when it is big
+    /// enough.
+    pub fn alloc_buffer(
+        &self,
+        old_buffer: Option<(BufferPtr, usize)>,
+        size_in_bytes: usize,
+    ) -> Result<BufferPtr> {
+        match old_buffer {
+            Some((b, old_size)) if old_size >= size_in_bytes && b.size() >= size_in_bytes => Ok(b),
+            _ => Buffer::new(size_in_bytes),
+        }
+    }
+
+    fn optimize_one(&self, name: &str, asgns: &Assignments) -> Result<Optimized> {
+        let code = lower::lower(asgns)?;
+        optimize::optimize(name, code, &self.settings)
+    }
+
+    /// Compiles one routine. With `shared: true` the C is compiled now and the code can be
+    /// linked into any number of contexts; with `shared: false` compilation is postponed to
+    /// `link`. The name defaults to the first block comment.
+    pub fn compile(
+        &self,
+        shared: bool,
+        name: Option<&str>,
+        bindings: &Bindings,
+        asgns: &Assignments,
+    ) -> Result<Code> {
+        self.check_initialized()?;
+        let name = routine_name(name, asgns, 0);
+        let optimized = self.optimize_one(&name, asgns)?;
+        let (source, mut sigs) = codegen::write_file(&[(&optimized, bindings)])?;
+        let sig = sigs.remove(0);
+        let dumps = dumps(&optimized, asgns);
+        let state = if shared {
+            CodeState::Compiled(Arc::new(Self::build(&source, sig, &dumps)?))
+        } else {
+            CodeState::Postponed(Box::new(Postponed { source, sig, dumps }))
+        };
+        Ok(Code {
+            name,
+            bindings: bindings.clone(),
+            optimized,
+            state,
+        })
+    }
+
+    fn build(source: &str, sig: RoutineSignature, dumps: &[DebugFile]) -> Result<Compiled> {
+        let cfg = CompilerConfig::from_env()?;
+        let lib = compile::compile_and_load(&cfg, source, &sig.name, dumps)?;
+        let entry = lib.entry(&sig.entry)?;
+        Ok(Compiled { lib, sig, entry })
+    }
+
+    /// Compiles many routines into one file with one compiler run. Only entries for which
+    /// `occupancy(name, index)` is true are included; the others are `None` in the batch.
+    pub fn compile_batch(
+        &self,
+        _shared: bool,
+        names: Option<&[String]>,
+        occupancy: Option<Occupancy<'_>>,
+        bindings: &Bindings,
+        asgns: &[Assignments],
+    ) -> Result<CodeBatch> {
+        self.check_initialized()?;
+        let mut entries = vec![];
+        let mut all_dumps = vec![];
+        for (i, a) in asgns.iter().enumerate() {
+            let name = routine_name(names.and_then(|n| n.get(i)).map(String::as_str), a, i);
+            if occupancy.is_some_and(|occ| !occ(&name, i)) {
+                entries.push(None);
+                continue;
+            }
+            let o = self.optimize_one(&name, a)?;
+            all_dumps.extend(dumps(&o, a));
+            entries.push(Some((name, o)));
+        }
+        let included: Vec<(&Optimized, &Bindings)> = entries
+            .iter()
+            .flatten()
+            .map(|(_, o)| (o, bindings))
+            .collect();
+        let (source, sigs) = codegen::write_file(&included)?;
+        let stem = entries
+            .iter()
+            .flatten()
+            .map(|(n, _)| n.as_str())
+            .next()
+            .unwrap_or("batch")
+            .to_string();
+        let cfg = CompilerConfig::from_env()?;
+        let lib = compile::compile_and_load(&cfg, &source, &format!("{stem}_batch"), &all_dumps)?;
+        let mut sigs = sigs.into_iter();
+        let entries = entries
+            .into_iter()
+            .map(|e| e.and_then(|(n, o)| sigs.next().map(|s| (n, o, s))))
+            .collect();
+        Ok(CodeBatch {
+            bindings: bindings.clone(),
+            entries,
+            lib,
+        })
+    }
+
+    /// The node a compiled routine reads from the merge buffer, if any.
+    pub fn expected_merge_node(&self, code: &Code) -> Option<Tnode> {
+        code.optimized.merge_node.clone()
+    }
+
+    /// The merge nodes of every entry of a batch.
+    pub fn expected_merge_nodes(&self, batch: &CodeBatch) -> Vec<Option<Tnode>> {
+        batch
+            .entries
+            .iter()
+            .map(|e| e.as_ref().and_then(|(_, o, _)| o.merge_node.clone()))
+            .collect()
+    }
+
+    fn make_routine(
+        name: &str,
+        bindings: &Bindings,
+        compiled: Arc<Compiled>,
+        ctx: &Context,
+        from_prior: &[Tnode],
+        merge_buffer: &MergeBuffer,
+    ) -> Result<Routine> {
+        let ctx = ctx.extend(
+            &compiled.sig.buffers,
+            from_prior,
+            &format!("linking routine {name}"),
+        )?;
+        let buffers = compiled
+            .sig
+            .buffers
+            .iter()
+            .map(|tn| {
+                ctx.get_buffer(tn).ok_or_else(|| {
+                    Error::Usage(format!("routine {name}: no buffer for {}", tn.name()))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Routine {
+            context: ctx,
+            name: name.to_string(),
+            bindings: RoutineBindings::new(bindings),
+            compiled,
+            buffers: Arc::new(buffers),
+            merge_buffer: merge_buffer.clone(),
+        })
+    }
+
+    /// Links compiled code into a context: returns the routine, whose context is a child of
+    /// `ctx` with zero-filled buffers for the routine's nodes that `ctx` lacked. Every node in
+    /// `from_prior_context` must already be in `ctx`.
+    pub fn link(
+        &self,
+        from_prior_context: &[Tnode],
+        merge_buffer: &MergeBuffer,
+        ctx: &Context,
+        code: &Code,
+    ) -> Result<Routine> {
+        self.check_initialized()?;
+        let compiled = match &code.state {
+            CodeState::Compiled(c) => c.clone(),
+            CodeState::Postponed(p) => Arc::new(Self::build(&p.source, p.sig.clone(), &p.dumps)?),
+        };
+        Self::make_routine(
+            &code.name,
+            &code.bindings,
+            compiled,
+            ctx,
+            from_prior_context,
+            merge_buffer,
+        )
+    }
+
+    /// Links every routine of a batch; the returned context is downstream of all of them.
+    pub fn link_batch(
+        &self,
+        from_prior_context: &[Tnode],
+        merge_buffer: &MergeBuffer,
+        ctx: &Context,
+        batch: &CodeBatch,
+    ) -> Result<(Context, Vec<Option<Routine>>)> {
+        self.check_initialized()?;
+        let mut ctx = ctx.clone();
+        let mut out = vec![];
+        for e in &batch.entries {
+            match e {
+                None => out.push(None),
+                Some((name, _, sig)) => {
+                    let entry = batch.lib.entry(&sig.entry)?;
+                    let compiled = Arc::new(Compiled {
+                        lib: batch.lib.clone(),
+                        sig: sig.clone(),
+                        entry,
+                    });
+                    let r = Self::make_routine(
+                        name,
+                        &batch.bindings,
+                        compiled,
+                        &ctx,
+                        from_prior_context,
+                        merge_buffer,
+                    )?;
+                    ctx = r.context.clone();
+                    out.push(Some(r));
+                }
+            }
+        }
+        Ok((ctx, out))
+    }
+
+    /// Releases everything; the backend must be initialized again before use.
+    pub fn unsafe_cleanup(&self) {
+        self.initialized.store(false, Ordering::SeqCst);
+    }
+
+    /// Copies `tn`'s buffer in `src` into `dst`.
+    pub fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
+        let b = src.get_buffer(tn).ok_or_else(|| {
+            Error::Usage(format!(
+                "to_buffer: tensor {} is not in context {}",
+                tn.name(),
+                src.label()
+            ))
+        })?;
+        dst.copy_from(&b, tn.size_in_bytes())
+    }
+
+    /// Copies a host array into a buffer.
+    pub fn host_to_buffer(&self, src: &Ndarray, dst: &BufferPtr) -> Result<()> {
+        dst.write_ndarray(src)
+    }
+
+    /// Copies a buffer into a host array.
+    pub fn buffer_to_host(&self, dst: &mut Ndarray, src: &BufferPtr) -> Result<()> {
+        src.read_ndarray(dst)
+    }
+
+    /// The buffer of `tn` in `ctx`, if any.
+    pub fn get_buffer(&self, tn: &Tnode, ctx: &Context) -> Option<BufferPtr> {
+        ctx.get_buffer(tn)
+    }
+
+    /// If the node is hosted and in the context, copies host → context and returns true.
+    pub fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        match ctx.get_buffer(tn) {
+            Some(b) => match tn.with_host(|a| b.write_ndarray(a)) {
+                Some(r) => r.map(|_| true),
+                None => Ok(false),
+            },
+            None => Ok(false),
+        }
+    }
+
+    /// If the node is hosted and in the context, copies context → host and returns true.
+    pub fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        match ctx.get_buffer(tn) {
+            Some(b) => match tn.with_host_mut(|a| b.read_ndarray(a)) {
+                Some(r) => r.map(|_| true),
+                None => Ok(false),
+            },
+            None => Ok(false),
+        }
+    }
+}
+
+impl Code {
+    /// The routine's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The optimized routine body.
+    pub fn optimized(&self) -> &Optimized {
+        &self.optimized
+    }
+}
+
+impl CodeBatch {
+    /// The names of the included routines (`None` for excluded entries).
+    pub fn names(&self) -> Vec<Option<&str>> {
+        self.entries
+            .iter()
+            .map(|e| e.as_ref().map(|(n, _, _)| n.as_str()))
+            .collect()
+    }
+}

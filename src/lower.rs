@@ -1,0 +1,449 @@
+//! Lowering: assignments to the loop IR (`Low_level`, SPEC section 4), and its printer.
+
+use crate::error::{Error, Result};
+use crate::ir::{Assignments, AxisIndex, Binop, Buffer, FetchOp, Projections, Symbol, Tnode, Unop};
+use std::fmt::Write;
+
+/// A scalar local holding one virtual node's value at one read site.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScopeId {
+    /// The virtual node whose value the local holds.
+    pub tn: Tnode,
+    /// Unique within a routine.
+    pub id: u32,
+}
+
+/// Statements of the loop IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Llc {
+    /// Nothing.
+    Noop,
+    /// A comment (the text of a block comment).
+    Comment(String),
+    /// Statements in order.
+    Seq(Vec<Llc>),
+    /// `for index in from..=to { body }`.
+    For {
+        /// The iterator.
+        index: Symbol,
+        /// First value.
+        from: i64,
+        /// Last value (inclusive).
+        to: i64,
+        /// The body.
+        body: Box<Llc>,
+        /// Whether tracing should walk this loop.
+        trace_it: bool,
+    },
+    /// Fill a node with zeros.
+    ZeroOut(Tnode),
+    /// `tn[idcs] = value`.
+    Set {
+        /// The node written.
+        tn: Tnode,
+        /// Its indices.
+        idcs: Vec<AxisIndex>,
+        /// The value.
+        value: Llv,
+    },
+    /// Set a scalar local.
+    SetLocal(ScopeId, Llv),
+}
+
+/// Values (scalar expressions) of the loop IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Llv {
+    /// A block computing a virtual node's value into a local, then yielding that local.
+    LocalScope {
+        /// The local.
+        id: ScopeId,
+        /// The computation.
+        body: Box<Llc>,
+        /// The indices the node was read at.
+        orig_indices: Vec<AxisIndex>,
+    },
+    /// The value of a local.
+    GetLocal(ScopeId),
+    /// `tn[idcs]`.
+    Get(Tnode, Vec<AxisIndex>),
+    /// The merge buffer, holding `tn`, at `idcs`.
+    GetMergeBuffer(Tnode, Vec<AxisIndex>),
+    /// The result of calling a C function `double NAME(void)`.
+    GetCFunction(String),
+    /// A binary operation.
+    Binop(Binop, Box<Llv>, Box<Llv>),
+    /// A unary operation.
+    Unop(Unop, Box<Llv>),
+    /// A constant.
+    Constant(f64),
+    /// The value of an index (a fixed number, a loop iterator or a static index).
+    EmbedIndex(AxisIndex),
+}
+
+impl Llc {
+    /// Flattens nested sequences and drops no-ops.
+    pub fn flatten(self) -> Vec<Llc> {
+        let mut out = vec![];
+        fn go(c: Llc, out: &mut Vec<Llc>) {
+            match c {
+                Llc::Noop => {}
+                Llc::Seq(v) => v.into_iter().for_each(|c| go(c, out)),
+                c => out.push(c),
+            }
+        }
+        go(self, &mut out);
+        out
+    }
+}
+
+fn loops(product: &[(Symbol, usize)], body: Llc) -> Llc {
+    product.iter().rev().fold(body, |body, &(s, n)| Llc::For {
+        index: s,
+        from: 0,
+        to: n as i64 - 1,
+        body: Box::new(body),
+        trace_it: true,
+    })
+}
+
+/// Loops over every cell of `tn`, calling `f` with the indices of a cell.
+fn over_all_cells(tn: &Tnode, f: impl FnOnce(Vec<AxisIndex>) -> Llc) -> Llc {
+    let mut product = vec![];
+    let idcs = tn
+        .dims()
+        .iter()
+        .map(|&d| {
+            if d == 1 {
+                AxisIndex::Fixed(0)
+            } else {
+                let s = Symbol::fresh();
+                product.push((s, d));
+                AxisIndex::Iterator(s)
+            }
+        })
+        .collect();
+    loops(&product, f(idcs))
+}
+
+fn get(b: &Buffer, idcs: &[AxisIndex]) -> Llv {
+    match b {
+        Buffer::Node(t) => Llv::Get(t.clone(), idcs.to_vec()),
+        Buffer::MergeBuffer(t) => Llv::GetMergeBuffer(t.clone(), idcs.to_vec()),
+    }
+}
+
+fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<()> {
+    let bad = |m: String| {
+        Err(Error::Assignment(format!(
+            "assignment to {}: {m}",
+            lhs.name()
+        )))
+    };
+    if p.project_lhs.len() != lhs.dims().len() || p.lhs_dims != lhs.dims() {
+        return bad(format!(
+            "projection for the result has dims {:?} but the tensor has {:?}",
+            p.lhs_dims,
+            lhs.dims()
+        ));
+    }
+    if p.project_rhs.len() != args.len() || p.product_space.len() != p.product_iterators.len() {
+        return bad(format!(
+            "projections describe {} arguments, the assignment has {}",
+            p.project_rhs.len(),
+            args.len()
+        ));
+    }
+    for (k, (a, pr)) in args.iter().zip(&p.project_rhs).enumerate() {
+        if pr.len() != a.tnode().dims().len() {
+            return bad(format!(
+                "argument {} ({}) has dims {:?} but its projection has {} axes",
+                k + 1,
+                a.tnode().name(),
+                a.tnode().dims(),
+                pr.len()
+            ));
+        }
+    }
+    // Every fixed index and every iterator must stay within the dims it indexes.
+    let extent = |s: &Symbol| {
+        p.product_iterators
+            .iter()
+            .position(|x| x == s)
+            .map(|i| p.product_space[i])
+    };
+    let mut all: Vec<(&Tnode, &[AxisIndex])> = vec![(lhs, &p.project_lhs)];
+    all.extend(
+        args.iter()
+            .zip(&p.project_rhs)
+            .map(|(a, pr)| (a.tnode(), pr.as_slice())),
+    );
+    for (tn, idcs) in all {
+        for (axis, (ix, &d)) in idcs.iter().zip(tn.dims()).enumerate() {
+            let ok = match ix {
+                AxisIndex::Fixed(i) => *i < d,
+                AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
+            };
+            if !ok {
+                return bad(format!(
+                    "index {ix} on axis {axis} of {} (extent {d}) is out of range",
+                    tn.name()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fill_neutral(lhs: &Tnode, accum: Binop) -> Llc {
+    let c = accum.neutral();
+    if c == 0.0 {
+        Llc::ZeroOut(lhs.clone())
+    } else {
+        over_all_cells(lhs, |idcs| Llc::Set {
+            tn: lhs.clone(),
+            idcs,
+            value: Llv::Constant(c),
+        })
+    }
+}
+
+fn accum_body(
+    initialize_neutral: bool,
+    bijective: bool,
+    accum: Binop,
+    lhs: &Tnode,
+    idcs: &[AxisIndex],
+    v: Llv,
+) -> Llc {
+    let value = if accum == Binop::Arg2 || (initialize_neutral && bijective) {
+        v
+    } else {
+        Llv::Binop(
+            accum,
+            Box::new(Llv::Get(lhs.clone(), idcs.to_vec())),
+            Box::new(v),
+        )
+    };
+    Llc::Set {
+        tn: lhs.clone(),
+        idcs: idcs.to_vec(),
+        value,
+    }
+}
+
+/// Lowers assignments to the loop IR.
+pub fn lower(asgns: &Assignments) -> Result<Llc> {
+    Ok(match asgns {
+        Assignments::Noop => Llc::Noop,
+        Assignments::Seq(a, b) => Llc::Seq(vec![lower(a)?, lower(b)?]),
+        Assignments::BlockComment(c, body) => Llc::Seq(vec![Llc::Comment(c.clone()), lower(body)?]),
+        Assignments::AccumBinop {
+            initialize_neutral,
+            accum,
+            op,
+            lhs,
+            rhs1,
+            rhs2,
+            projections,
+        } => {
+            check_projections(lhs, &[rhs1, rhs2], projections)?;
+            let p = projections.freshen();
+            let v = Llv::Binop(
+                *op,
+                Box::new(get(rhs1, &p.project_rhs[0])),
+                Box::new(get(rhs2, &p.project_rhs[1])),
+            );
+            lower_accum(*initialize_neutral, *accum, lhs, &p, v)
+        }
+        Assignments::AccumUnop {
+            initialize_neutral,
+            accum,
+            op,
+            lhs,
+            rhs,
+            projections,
+        } => {
+            check_projections(lhs, &[rhs], projections)?;
+            let p = projections.freshen();
+            let v = Llv::Unop(*op, Box::new(get(rhs, &p.project_rhs[0])));
+            lower_accum(*initialize_neutral, *accum, lhs, &p, v)
+        }
+        Assignments::Fetch { array, fetch_op } => lower_fetch(array, fetch_op)?,
+    })
+}
+
+fn lower_accum(
+    initialize_neutral: bool,
+    accum: Binop,
+    lhs: &Tnode,
+    p: &Projections,
+    v: Llv,
+) -> Llc {
+    let bijective = p.is_bijective();
+    let product: Vec<(Symbol, usize)> = p
+        .product_iterators
+        .iter()
+        .copied()
+        .zip(p.product_space.iter().copied())
+        .collect();
+    let body = loops(
+        &product,
+        accum_body(initialize_neutral, bijective, accum, lhs, &p.project_lhs, v),
+    );
+    if initialize_neutral && !bijective && accum != Binop::Arg2 {
+        Llc::Seq(vec![fill_neutral(lhs, accum), body])
+    } else {
+        body
+    }
+}
+
+fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
+    Ok(match fetch_op {
+        FetchOp::Constant(c) if *c == 0.0 && c.is_sign_positive() => Llc::ZeroOut(array.clone()),
+        FetchOp::Constant(c) => over_all_cells(array, |idcs| Llc::Set {
+            tn: array.clone(),
+            idcs,
+            value: Llv::Constant(*c),
+        }),
+        FetchOp::Slice { batch_idx, sliced } => {
+            if sliced.dims().len() != array.dims().len() + 1 || sliced.dims()[1..] != *array.dims()
+            {
+                return Err(Error::Assignment(format!(
+                    "slice of {} (dims {:?}) into {} (dims {:?}): the sliced tensor's dims must be [n] followed by the result's dims",
+                    sliced.name(),
+                    sliced.dims(),
+                    array.name(),
+                    array.dims()
+                )));
+            }
+            if let Some(r) = batch_idx.range {
+                if r > sliced.dims()[0] {
+                    return Err(Error::Assignment(format!(
+                        "slice of {} by static index {}: its range 0..{r} exceeds axis 0 of extent {}",
+                        sliced.name(),
+                        batch_idx.name,
+                        sliced.dims()[0]
+                    )));
+                }
+            }
+            over_all_cells(array, |idcs| {
+                let mut src = vec![AxisIndex::Iterator(batch_idx.symbol)];
+                src.extend(idcs.iter().copied());
+                Llc::Set {
+                    tn: array.clone(),
+                    idcs,
+                    value: Llv::Get(sliced.clone(), src),
+                }
+            })
+        }
+        FetchOp::EmbedSymbol(s) => over_all_cells(array, |idcs| Llc::Set {
+            tn: array.clone(),
+            idcs,
+            value: Llv::EmbedIndex(AxisIndex::Iterator(s.symbol)),
+        }),
+        FetchOp::Imported(name) => {
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                return Err(Error::Assignment(format!(
+                    "imported C function name {:?} for {} is not a plain C identifier",
+                    name,
+                    array.name()
+                )));
+            }
+            over_all_cells(array, |idcs| Llc::Set {
+                tn: array.clone(),
+                idcs,
+                value: Llv::GetCFunction(name.clone()),
+            })
+        }
+    })
+}
+
+/// A readable rendering of loop IR, one statement per line.
+pub fn to_doc(c: &Llc) -> String {
+    let mut out = String::new();
+    write_llc(&mut out, c, 0);
+    out
+}
+
+fn idcs_doc(idcs: &[AxisIndex]) -> String {
+    idcs.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn scope_doc(id: &ScopeId) -> String {
+    format!("v{}_{}", id.id, id.tn.name().escape_debug())
+}
+
+fn write_llc(out: &mut String, c: &Llc, indent: usize) {
+    let pad = "  ".repeat(indent);
+    match c {
+        Llc::Noop => {}
+        Llc::Comment(t) => {
+            let _ = writeln!(out, "{pad}# {}", t.escape_debug());
+        }
+        Llc::Seq(v) => v.iter().for_each(|c| write_llc(out, c, indent)),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            ..
+        } => {
+            let _ = writeln!(out, "{pad}for {index} = {from} to {to} {{");
+            write_llc(out, body, indent + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
+        Llc::ZeroOut(tn) => {
+            let _ = writeln!(out, "{pad}zero_out {};", tn.name().escape_debug());
+        }
+        Llc::Set { tn, idcs, value } => {
+            let _ = writeln!(
+                out,
+                "{pad}{}[{}] := {};",
+                tn.name().escape_debug(),
+                idcs_doc(idcs),
+                llv_doc(value, indent)
+            );
+        }
+        Llc::SetLocal(id, value) => {
+            let _ = writeln!(out, "{pad}{} := {};", scope_doc(id), llv_doc(value, indent));
+        }
+    }
+}
+
+fn llv_doc(v: &Llv, indent: usize) -> String {
+    match v {
+        Llv::LocalScope { id, body, .. } => {
+            let mut s = format!("{{ local {};\n", scope_doc(id));
+            write_llc(&mut s, body, indent + 2);
+            s.push_str(&format!("{}}}", "  ".repeat(indent + 1)));
+            s
+        }
+        Llv::GetLocal(id) => scope_doc(id),
+        Llv::Get(tn, idcs) => format!("{}[{}]", tn.name().escape_debug(), idcs_doc(idcs)),
+        Llv::GetMergeBuffer(tn, idcs) => {
+            format!("merge({})[{}]", tn.name().escape_debug(), idcs_doc(idcs))
+        }
+        Llv::GetCFunction(f) => format!("{f}()"),
+        Llv::Binop(op, a, b) => match op.info().infix {
+            Some(s) if s.len() <= 2 => {
+                format!("({} {s} {})", llv_doc(a, indent), llv_doc(b, indent))
+            }
+            _ => format!(
+                "{}({}, {})",
+                op.name(),
+                llv_doc(a, indent),
+                llv_doc(b, indent)
+            ),
+        },
+        Llv::Unop(op, a) => format!("{}({})", op.name(), llv_doc(a, indent)),
+        Llv::Constant(c) => format!("{c:?}"),
+        Llv::EmbedIndex(i) => format!("index({i})"),
+    }
+}

@@ -1,0 +1,202 @@
+//! The optimizer (SPEC section 4): tracing, memory-mode inference, virtualization (inlining),
+//! cleanup and simplification, turning lowered code into an [`Optimized`] routine body.
+
+mod simplify;
+mod trace;
+mod virtualize;
+
+pub use simplify::simplify;
+pub use trace::{trace, TracedNode, TracedStore};
+
+use crate::error::{Error, Result};
+use crate::ir::tnode::provenance;
+use crate::ir::{MemoryMode, Tnode};
+use crate::lower::{Llc, Llv};
+
+/// Knobs of the optimizer.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Run virtualization and simplification at all (off: only memory-mode inference, so the
+    /// code computes the same thing with every node materialized).
+    pub enabled: bool,
+    /// A node whose cells are read more often than this cannot be inlined.
+    pub max_visits: usize,
+    /// How many iterations of each loop tracing walks.
+    pub max_tracing_dim: usize,
+    /// Inline scalar nodes computed only from constants, however often they are read.
+    pub inline_scalar_constexprs: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            enabled: true,
+            max_visits: 1,
+            max_tracing_dim: 5,
+            inline_scalar_constexprs: true,
+        }
+    }
+}
+
+/// An optimized routine body.
+#[derive(Clone, Debug)]
+pub struct Optimized {
+    /// The routine's name.
+    pub name: String,
+    /// The code before optimization (for dumps).
+    pub unoptimized: Llc,
+    /// The optimized code.
+    pub code: Llc,
+    /// What tracing found out about each node (before virtualization).
+    pub traced_store: TracedStore,
+    /// The node this routine reads from the merge buffer, if any.
+    pub merge_node: Option<Tnode>,
+    /// Nodes that remain in the code, with their final memory modes, in order of id.
+    pub nodes: Vec<(Tnode, MemoryMode)>,
+}
+
+/// Optimizes lowered code.
+pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized> {
+    let unoptimized = code.clone();
+    let traced_store = trace(&code, settings)?;
+    let merge_node = merge_node(&code)?;
+    // Memory-mode decisions from tracing.
+    for t in traced_store.nodes() {
+        let tn = &t.tn;
+        if t.read_only {
+            tn.update_memory_mode(MemoryMode::Materialized, provenance::READ_ONLY)?;
+        } else if t.is_recurrent {
+            tn.update_memory_mode(MemoryMode::Materialized, provenance::RECURRENT)?;
+        } else if t.max_visits > settings.max_visits
+            && !(settings.inline_scalar_constexprs && t.is_scalar_constexpr)
+        {
+            tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::TOO_MANY_VISITS)?;
+        }
+    }
+    let code = if settings.enabled {
+        let code = virtualize::virtualize(code, &traced_store)?;
+        simplify(code)
+    } else {
+        code
+    };
+    // Cleanup: nodes written and never read here must persist; the rest default to the most
+    // local compatible mode.
+    let mut nodes = vec![];
+    for t in traced_store.nodes() {
+        let tn = &t.tn;
+        if !t.read_only && t.reads == 0 && tn.memory_mode() != Some(MemoryMode::Virtual) {
+            tn.update_memory_mode(MemoryMode::Materialized, provenance::OUTPUT)?;
+        }
+        if !settings.enabled && tn.memory_mode().is_none_or(|m| m.may_be_virtual()) {
+            tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?;
+        }
+        let mode = tn.finalize_memory_mode()?;
+        if mode == MemoryMode::Virtual && mentions(&code, tn) {
+            return Err(Error::MemoryMode {
+                node: tn.name(),
+                msg: format!(
+                    "it is Virtual but routine {name} still reads or writes it (it could not be inlined: \
+                     a virtual node must be computed in the same routine, written before it is read, \
+                     with every written index a loop iterator)"
+                ),
+            });
+        }
+        if mode != MemoryMode::Virtual {
+            nodes.push((tn.clone(), mode));
+        }
+    }
+    nodes.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Optimized {
+        name: name.to_string(),
+        unoptimized,
+        code,
+        traced_store,
+        merge_node,
+        nodes,
+    })
+}
+
+fn merge_node(code: &Llc) -> Result<Option<Tnode>> {
+    let mut found: Option<Tnode> = None;
+    let mut err = None;
+    visit_values(code, &mut |v| {
+        if let Llv::GetMergeBuffer(tn, _) = v {
+            match &found {
+                Some(f) if f != tn => {
+                    err = Some(Error::Assignment(format!(
+                        "a routine can read only one node from the merge buffer, but it reads both {} and {}",
+                        f.name(),
+                        tn.name()
+                    )))
+                }
+                _ => found = Some(tn.clone()),
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(found),
+    }
+}
+
+/// Whether the code reads or writes `tn` from its own array.
+fn mentions(code: &Llc, tn: &Tnode) -> bool {
+    let mut hit = false;
+    visit_llc(code, &mut |c| match c {
+        Llc::Set { tn: t, .. } | Llc::ZeroOut(t) if t == tn => hit = true,
+        _ => {}
+    });
+    visit_values(code, &mut |v| {
+        if let Llv::Get(t, _) = v {
+            if t == tn {
+                hit = true
+            }
+        }
+    });
+    hit
+}
+
+/// Calls `f` on every statement, outermost first, including statements inside local scopes.
+pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
+    f(c);
+    match c {
+        Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
+        Llc::For { body, .. } => visit_llc(body, f),
+        Llc::Set { value, .. } | Llc::SetLocal(_, value) => visit_llv_stmts(value, f),
+        _ => {}
+    }
+}
+
+fn visit_llv_stmts(v: &Llv, f: &mut impl FnMut(&Llc)) {
+    match v {
+        Llv::LocalScope { body, .. } => visit_llc(body, f),
+        Llv::Binop(_, a, b) => {
+            visit_llv_stmts(a, f);
+            visit_llv_stmts(b, f);
+        }
+        Llv::Unop(_, a) => visit_llv_stmts(a, f),
+        _ => {}
+    }
+}
+
+/// Calls `f` on every value, outermost first, including values inside local scopes.
+pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
+    fn go_v(v: &Llv, f: &mut impl FnMut(&Llv)) {
+        f(v);
+        match v {
+            Llv::LocalScope { body, .. } => visit_values(body, f),
+            Llv::Binop(_, a, b) => {
+                go_v(a, f);
+                go_v(b, f);
+            }
+            Llv::Unop(_, a) => go_v(a, f),
+            _ => {}
+        }
+    }
+    match c {
+        Llc::Seq(v) => v.iter().for_each(|c| visit_values(c, f)),
+        Llc::For { body, .. } => visit_values(body, f),
+        Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
+        _ => {}
+    }
+}

@@ -1,0 +1,161 @@
+//! Simplification: constant folding, algebraic identities, reassociation of constants,
+//! collapsing trivial local scopes, and unrolling integer powers.
+
+use crate::ir::{Binop, Unop};
+use crate::lower::{Llc, Llv};
+
+/// Largest integer exponent unrolled into multiplications.
+const MAX_UNROLLED_POWER: f64 = 16.0;
+
+/// Simplifies code.
+pub fn simplify(c: Llc) -> Llc {
+    match c {
+        Llc::Seq(v) => {
+            let v: Vec<Llc> = v
+                .into_iter()
+                .map(simplify)
+                .flat_map(|c| c.flatten())
+                .collect();
+            match v.len() {
+                0 => Llc::Noop,
+                1 => v.into_iter().next().unwrap_or(Llc::Noop),
+                _ => Llc::Seq(v),
+            }
+        }
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => {
+            let body = simplify(*body);
+            if body == Llc::Noop {
+                Llc::Noop
+            } else {
+                Llc::For {
+                    index,
+                    from,
+                    to,
+                    body: Box::new(body),
+                    trace_it,
+                }
+            }
+        }
+        Llc::Set { tn, idcs, value } => Llc::Set {
+            tn,
+            idcs,
+            value: simplify_value(value),
+        },
+        Llc::SetLocal(id, value) => Llc::SetLocal(id, simplify_value(value)),
+        c => c,
+    }
+}
+
+fn is_simple(v: &Llv) -> bool {
+    matches!(
+        v,
+        Llv::Get(..)
+            | Llv::GetLocal(_)
+            | Llv::Constant(_)
+            | Llv::EmbedIndex(_)
+            | Llv::GetMergeBuffer(..)
+    )
+}
+
+/// `base` multiplied by itself `n` times (n >= 1).
+fn unrolled_power(base: &Llv, n: u32) -> Llv {
+    (1..n).fold(base.clone(), |acc, _| {
+        Llv::Binop(Binop::Mul, Box::new(acc), Box::new(base.clone()))
+    })
+}
+
+fn uses_local(v: &Llv, id: &crate::lower::ScopeId) -> bool {
+    let mut hit = false;
+    super::visit_values(&Llc::SetLocal(id.clone(), v.clone()), &mut |x| {
+        if let Llv::GetLocal(i) = x {
+            if i == id {
+                hit = true
+            }
+        }
+    });
+    hit
+}
+
+/// Simplifies a value.
+pub fn simplify_value(v: Llv) -> Llv {
+    use Llv::Constant as C;
+    match v {
+        Llv::LocalScope {
+            id,
+            body,
+            orig_indices,
+        } => {
+            let body = simplify(*body);
+            if let Llc::SetLocal(i, value) = &body {
+                if *i == id && !uses_local(value, &id) {
+                    return value.clone();
+                }
+            }
+            Llv::LocalScope {
+                id,
+                body: Box::new(body),
+                orig_indices,
+            }
+        }
+        Llv::Unop(op, a) => {
+            let a = simplify_value(*a);
+            match (op, a) {
+                (_, C(x)) => C(op.interpret(x)),
+                (Unop::Identity, a) => a,
+                (op, a) => Llv::Unop(op, Box::new(a)),
+            }
+        }
+        Llv::Binop(op, a, b) => {
+            let a = simplify_value(*a);
+            let b = simplify_value(*b);
+            match (op, a, b) {
+                (op, C(x), C(y)) => C(op.interpret(x, y)),
+                (Binop::Arg1, a, _) => a,
+                (Binop::Arg2, _, b) => b,
+                (Binop::Add, C(z), x) | (Binop::Add, x, C(z)) if z == 0.0 => x,
+                (Binop::Sub, x, C(0.0)) => x,
+                (Binop::Mul, C(o), x) | (Binop::Mul, x, C(o)) if o == 1.0 => x,
+                (Binop::Div, x, C(1.0)) => x,
+                (Binop::Mul, C(z), _) | (Binop::Mul, _, C(z)) if z == 0.0 => C(0.0),
+                // Reassociation of constants: (x + c1) + c2 = x + (c1 + c2), likewise for *.
+                (op @ (Binop::Add | Binop::Mul), Llv::Binop(op2, x, c1), C(c2))
+                    if op2 == op && matches!(*c1, C(_)) =>
+                {
+                    let C(c1) = *c1 else { unreachable!() };
+                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))))
+                }
+                (op @ (Binop::Add | Binop::Mul), C(c2), Llv::Binop(op2, x, c1))
+                    if op2 == op && matches!(*c1, C(_)) =>
+                {
+                    let C(c1) = *c1 else { unreachable!() };
+                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))))
+                }
+                (Binop::ToPowOf, base, C(e))
+                    if e.fract() == 0.0
+                        && e.abs() <= MAX_UNROLLED_POWER
+                        && (is_simple(&base) || matches!(base, Llv::LocalScope { .. })) =>
+                {
+                    if e == 0.0 {
+                        C(1.0)
+                    } else if e > 0.0 {
+                        unrolled_power(&base, e as u32)
+                    } else {
+                        Llv::Binop(
+                            Binop::Div,
+                            Box::new(C(1.0)),
+                            Box::new(unrolled_power(&base, (-e) as u32)),
+                        )
+                    }
+                }
+                (op, a, b) => Llv::Binop(op, Box::new(a), Box::new(b)),
+            }
+        }
+        v => v,
+    }
+}

@@ -1,0 +1,258 @@
+//! Tracing: walks the code for the first few iterations of each loop, counting reads and
+//! writes per node and cell.
+
+use super::{visit_values, Settings};
+use crate::error::Result;
+use crate::ir::{AxisIndex, Symbol, Tnode};
+use crate::lower::{Llc, Llv};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// What tracing found out about one node.
+#[derive(Clone, Debug)]
+pub struct TracedNode {
+    /// The node.
+    pub tn: Tnode,
+    /// Never written in the routine.
+    pub read_only: bool,
+    /// Zeroed (`Zero_out`) before any other write.
+    pub zero_initialized: bool,
+    /// Some cell is read before it is written (the node must persist across calls).
+    pub is_recurrent: bool,
+    /// A scalar computed only from constants.
+    pub is_scalar_constexpr: bool,
+    /// The most reads of any single traced cell (reads by the node's own accumulation excluded).
+    pub max_visits: usize,
+    /// Number of traced reads.
+    pub reads: usize,
+    /// Number of traced writes.
+    pub writes: usize,
+}
+
+/// Per-node tracing results, ordered by node id.
+#[derive(Clone, Debug, Default)]
+pub struct TracedStore(pub BTreeMap<Tnode, TracedNode>);
+
+impl TracedStore {
+    /// The traced nodes, by id.
+    pub fn nodes(&self) -> impl Iterator<Item = &TracedNode> {
+        self.0.values()
+    }
+    /// The tracing result for a node.
+    pub fn get(&self, tn: &Tnode) -> Option<&TracedNode> {
+        self.0.get(tn)
+    }
+}
+
+/// A cell coordinate; static indices become negative placeholders.
+type Cell = Vec<i64>;
+
+#[derive(Default)]
+struct NodeState {
+    written_cells: HashSet<Cell>,
+    any_write: bool,
+    zeroed: bool,
+    visits: HashMap<Cell, usize>,
+    reads: usize,
+    writes: usize,
+    recurrent: bool,
+}
+
+struct Tracer<'a> {
+    settings: &'a Settings,
+    env: HashMap<Symbol, i64>,
+    /// Loop iterators whose loop was cut short by sampling.
+    truncated: HashSet<Symbol>,
+    nodes: BTreeMap<Tnode, NodeState>,
+}
+
+impl Tracer<'_> {
+    fn cell(&self, idcs: &[AxisIndex]) -> (Cell, bool) {
+        let mut exact = true;
+        let cell = idcs
+            .iter()
+            .map(|i| match i {
+                AxisIndex::Fixed(k) => *k as i64,
+                AxisIndex::Iterator(s) => match self.env.get(s) {
+                    Some(v) => {
+                        if self.truncated.contains(s) {
+                            exact = false;
+                        }
+                        *v
+                    }
+                    None => {
+                        exact = false;
+                        -1 - s.0 as i64
+                    }
+                },
+            })
+            .collect();
+        (cell, exact)
+    }
+
+    fn read(&mut self, tn: &Tnode, idcs: &[AxisIndex], own: Option<(&Tnode, &[AxisIndex])>) {
+        let (cell, exact) = self.cell(idcs);
+        let st = self.nodes.entry(tn.clone()).or_default();
+        st.reads += 1;
+        let written = st.zeroed
+            || if exact {
+                st.written_cells.contains(&cell)
+            } else {
+                st.any_write
+            };
+        if !written {
+            st.recurrent = true;
+        }
+        let self_accum = own.is_some_and(|(t, i)| t == tn && i == idcs);
+        if !self_accum {
+            *st.visits.entry(cell).or_default() += 1;
+        }
+    }
+
+    fn value(&mut self, v: &Llv, own: Option<(&Tnode, &[AxisIndex])>) {
+        match v {
+            Llv::Get(tn, idcs) => self.read(tn, idcs, own),
+            Llv::LocalScope { body, .. } => self.stmt(body),
+            Llv::Binop(_, a, b) => {
+                self.value(a, own);
+                self.value(b, own);
+            }
+            Llv::Unop(_, a) => self.value(a, own),
+            Llv::GetMergeBuffer(..)
+            | Llv::GetLocal(_)
+            | Llv::GetCFunction(_)
+            | Llv::Constant(_)
+            | Llv::EmbedIndex(_) => {}
+        }
+    }
+
+    fn stmt(&mut self, c: &Llc) {
+        match c {
+            Llc::Noop | Llc::Comment(_) => {}
+            Llc::Seq(v) => v.iter().for_each(|c| self.stmt(c)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                let n = to - from + 1;
+                let limit = self.settings.max_tracing_dim.max(1) as i64;
+                if n > limit {
+                    self.truncated.insert(*index);
+                }
+                for i in *from..=(*to).min(from + limit - 1) {
+                    self.env.insert(*index, i);
+                    self.stmt(body);
+                }
+                self.env.remove(index);
+                self.truncated.remove(index);
+            }
+            Llc::ZeroOut(tn) => {
+                let st = self.nodes.entry(tn.clone()).or_default();
+                if !st.any_write {
+                    st.zeroed = true;
+                }
+                st.any_write = true;
+                st.writes += 1;
+            }
+            Llc::Set { tn, idcs, value } => {
+                self.value(value, Some((tn, idcs)));
+                let (cell, _) = self.cell(idcs);
+                let st = self.nodes.entry(tn.clone()).or_default();
+                st.written_cells.insert(cell);
+                st.any_write = true;
+                st.writes += 1;
+            }
+            Llc::SetLocal(_, value) => self.value(value, None),
+        }
+    }
+}
+
+/// Traces the code.
+pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
+    let mut t = Tracer {
+        settings,
+        env: HashMap::new(),
+        truncated: HashSet::new(),
+        nodes: BTreeMap::new(),
+    };
+    t.stmt(code);
+    let constexpr = scalar_constexprs(code);
+    Ok(TracedStore(
+        t.nodes
+            .into_iter()
+            .map(|(tn, st)| {
+                let node = TracedNode {
+                    read_only: st.writes == 0,
+                    zero_initialized: st.zeroed,
+                    is_recurrent: st.recurrent && st.writes > 0,
+                    is_scalar_constexpr: constexpr.contains(&tn),
+                    max_visits: st.visits.values().copied().max().unwrap_or(0),
+                    reads: st.reads,
+                    writes: st.writes,
+                    tn: tn.clone(),
+                };
+                (tn, node)
+            })
+            .collect(),
+    ))
+}
+
+/// Scalar nodes whose every write computes from constants (and other such nodes) only.
+fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
+    let mut writes: HashMap<Tnode, Vec<&Llv>> = HashMap::new();
+    let mut non_scalar_writes: HashSet<Tnode> = HashSet::new();
+    fn collect<'a>(c: &'a Llc, w: &mut HashMap<Tnode, Vec<&'a Llv>>, bad: &mut HashSet<Tnode>) {
+        match c {
+            Llc::Seq(v) => v.iter().for_each(|c| collect(c, w, bad)),
+            Llc::For { body, .. } => collect(body, w, bad),
+            Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
+            Llc::ZeroOut(_) => {}
+            Llc::SetLocal(..) => {}
+            Llc::Noop | Llc::Comment(_) => {}
+        }
+        if let Llc::Set { tn, .. } | Llc::ZeroOut(tn) = c {
+            if tn.numel() != 1 {
+                bad.insert(tn.clone());
+            }
+        }
+    }
+    collect(code, &mut writes, &mut non_scalar_writes);
+    let mut known: HashSet<Tnode> = HashSet::new();
+    loop {
+        let mut changed = false;
+        for (tn, vals) in &writes {
+            if known.contains(tn) || non_scalar_writes.contains(tn) || tn.numel() != 1 {
+                continue;
+            }
+            let ok = vals.iter().all(|v| {
+                let mut ok = true;
+                let stmt = Llc::SetLocal(
+                    crate::lower::ScopeId {
+                        tn: tn.clone(),
+                        id: 0,
+                    },
+                    (*v).clone(),
+                );
+                visit_values(&stmt, &mut |x| match x {
+                    Llv::Get(t, _) if t == tn || known.contains(t) => {}
+                    Llv::Get(..)
+                    | Llv::GetMergeBuffer(..)
+                    | Llv::GetCFunction(_)
+                    | Llv::LocalScope { .. } => ok = false,
+                    Llv::EmbedIndex(AxisIndex::Iterator(_)) => ok = false,
+                    _ => {}
+                });
+                ok
+            });
+            if ok {
+                known.insert(tn.clone());
+                changed = true;
+            }
+        }
+        if !changed {
+            return known;
+        }
+    }
+}

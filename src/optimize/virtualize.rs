@@ -1,0 +1,400 @@
+//! Virtualization: inlining nodes computed and consumed within one routine.
+//!
+//! The routine is a list of top-level statements (loop nests, zero-outs, comments). A node
+//! `tn` is inlined when:
+//! - its memory mode still allows `Virtual`;
+//! - every statement writing it writes only through indices that are distinct loop iterators
+//!   spanning their axes (or 0 on axes of extent 1), and reads it only at those same indices
+//!   (its own accumulation);
+//! - every statement reading it comes after the last statement writing it;
+//! - no node its computation reads is written between its first write and its last read.
+//!
+//! Each read `tn[ridx]` then becomes a `Local_scope` that re-runs the computation with the
+//! written iterators replaced by `ridx` (reduction loops are kept, with fresh iterators), and
+//! the statements that computed `tn` disappear.
+
+use super::TracedStore;
+use crate::error::Result;
+use crate::ir::tnode::provenance;
+use crate::ir::{AxisIndex, MemoryMode, Symbol, Tnode};
+use crate::lower::{Llc, Llv, ScopeId};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// For a statement writing a node: which written iterator indexes which axis.
+type Pattern = HashMap<Symbol, usize>;
+
+static NEXT_SCOPE: AtomicU32 = AtomicU32::new(1);
+
+fn fresh_scope(tn: &Tnode) -> ScopeId {
+    ScopeId {
+        tn: tn.clone(),
+        id: NEXT_SCOPE.fetch_add(1, Ordering::Relaxed),
+    }
+}
+
+/// Nodes written by a statement (own arrays only).
+fn writes_of(c: &Llc, out: &mut HashSet<Tnode>) {
+    super::visit_llc(c, &mut |c| {
+        if let Llc::Set { tn, .. } | Llc::ZeroOut(tn) = c {
+            out.insert(tn.clone());
+        }
+    });
+}
+
+/// Nodes read by a statement (own arrays only).
+fn reads_of(c: &Llc, out: &mut HashSet<Tnode>) {
+    super::visit_values(c, &mut |v| {
+        if let Llv::Get(tn, _) = v {
+            out.insert(tn.clone());
+        }
+    });
+}
+
+/// Checks the shape of a statement writing `tn`; returns the map from written iterators to
+/// axes, or None if the statement cannot be inlined.
+fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
+    let mut map: HashMap<Symbol, usize> = HashMap::new();
+    let mut ok = true;
+    fn go(
+        c: &Llc,
+        tn: &Tnode,
+        loops: &mut Vec<(Symbol, i64, i64)>,
+        map: &mut HashMap<Symbol, usize>,
+        ok: &mut bool,
+    ) {
+        match c {
+            Llc::Seq(v) => v.iter().for_each(|c| go(c, tn, loops, map, ok)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                loops.push((*index, *from, *to));
+                go(body, tn, loops, map, ok);
+                loops.pop();
+            }
+            Llc::Set { tn: t, idcs, value } if t == tn => {
+                let mut seen = HashSet::new();
+                for (axis, (ix, &d)) in idcs.iter().zip(tn.dims()).enumerate() {
+                    match ix {
+                        AxisIndex::Fixed(0) if d == 1 => {}
+                        AxisIndex::Iterator(s) => {
+                            let spans = loops
+                                .iter()
+                                .any(|&(l, f, to)| l == *s && f == 0 && to == d as i64 - 1);
+                            if !spans
+                                || !seen.insert(*s)
+                                || map.insert(*s, axis).is_some_and(|a| a != axis)
+                            {
+                                *ok = false;
+                            }
+                        }
+                        _ => *ok = false,
+                    }
+                }
+                // Reads of tn in its own value must be at the written indices.
+                let stmt = Llc::SetLocal(fresh_scope(tn), value.clone());
+                super::visit_values(&stmt, &mut |v| match v {
+                    Llv::Get(t2, i2) if t2 == tn && i2 != idcs => *ok = false,
+                    Llv::GetMergeBuffer(t2, _) if t2 == tn => *ok = false,
+                    _ => {}
+                });
+            }
+            Llc::ZeroOut(t) if t == tn => {}
+            Llc::Set { value, .. } | Llc::SetLocal(_, value) => {
+                // Another node written in the same statement, or tn read outside its writes.
+                let _ = value;
+                *ok = false;
+            }
+            Llc::ZeroOut(_) => *ok = false,
+            Llc::Noop | Llc::Comment(_) => {}
+        }
+    }
+    go(stmt, tn, &mut vec![], &mut map, &mut ok);
+    ok.then_some(map)
+}
+
+/// Substitutes indices and renames loops while copying a computation into a local scope.
+struct Inliner<'a> {
+    tn: &'a Tnode,
+    scope: ScopeId,
+    subst: HashMap<Symbol, AxisIndex>,
+    scopes: HashMap<u32, ScopeId>,
+}
+
+impl Inliner<'_> {
+    fn idx(&self, i: &AxisIndex) -> AxisIndex {
+        match i {
+            AxisIndex::Iterator(s) => self.subst.get(s).copied().unwrap_or(*i),
+            f => *f,
+        }
+    }
+
+    fn idcs(&self, v: &[AxisIndex]) -> Vec<AxisIndex> {
+        v.iter().map(|i| self.idx(i)).collect()
+    }
+
+    fn scope_id(&mut self, id: &ScopeId) -> ScopeId {
+        self.scopes
+            .entry(id.id)
+            .or_insert_with(|| fresh_scope(&id.tn))
+            .clone()
+    }
+
+    /// Copies a statement writing `tn` as statements of the local scope.
+    fn stmt(&mut self, c: &Llc, written: &HashMap<Symbol, usize>, ridx: &[AxisIndex]) -> Llc {
+        match c {
+            Llc::Seq(v) => Llc::Seq(v.iter().map(|c| self.stmt(c, written, ridx)).collect()),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                trace_it,
+            } => {
+                if let Some(&axis) = written.get(index) {
+                    self.subst.insert(*index, ridx[axis]);
+                    let b = self.stmt(body, written, ridx);
+                    self.subst.remove(index);
+                    b
+                } else {
+                    let fresh = Symbol::fresh();
+                    self.subst.insert(*index, AxisIndex::Iterator(fresh));
+                    let b = self.stmt(body, written, ridx);
+                    self.subst.remove(index);
+                    Llc::For {
+                        index: fresh,
+                        from: *from,
+                        to: *to,
+                        body: Box::new(b),
+                        trace_it: *trace_it,
+                    }
+                }
+            }
+            Llc::Set { tn, idcs, value } if tn == self.tn => {
+                let v = self.value_own(value, idcs);
+                Llc::SetLocal(self.scope.clone(), v)
+            }
+            Llc::ZeroOut(tn) if tn == self.tn => {
+                Llc::SetLocal(self.scope.clone(), Llv::Constant(0.0))
+            }
+            Llc::Set { tn, idcs, value } => Llc::Set {
+                tn: tn.clone(),
+                idcs: self.idcs(idcs),
+                value: self.value(value),
+            },
+            Llc::SetLocal(id, value) => {
+                let id = self.scope_id(id);
+                Llc::SetLocal(id, self.value(value))
+            }
+            Llc::ZeroOut(t) => Llc::ZeroOut(t.clone()),
+            Llc::Noop | Llc::Comment(_) => Llc::Noop,
+        }
+    }
+
+    fn value_own(&mut self, v: &Llv, own_idcs: &[AxisIndex]) -> Llv {
+        match v {
+            Llv::Get(t, i) if t == self.tn && i == own_idcs => Llv::GetLocal(self.scope.clone()),
+            Llv::Binop(op, a, b) => Llv::Binop(
+                *op,
+                Box::new(self.value_own(a, own_idcs)),
+                Box::new(self.value_own(b, own_idcs)),
+            ),
+            Llv::Unop(op, a) => Llv::Unop(*op, Box::new(self.value_own(a, own_idcs))),
+            v => self.value(v),
+        }
+    }
+
+    fn value(&mut self, v: &Llv) -> Llv {
+        match v {
+            Llv::LocalScope {
+                id,
+                body,
+                orig_indices,
+            } => {
+                let id = self.scope_id(id);
+                let no_written = HashMap::new();
+                Llv::LocalScope {
+                    id,
+                    body: Box::new(self.stmt(body, &no_written, &[])),
+                    orig_indices: self.idcs(orig_indices),
+                }
+            }
+            Llv::GetLocal(id) => Llv::GetLocal(self.scope_id(id)),
+            Llv::Get(t, i) => Llv::Get(t.clone(), self.idcs(i)),
+            Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(t.clone(), self.idcs(i)),
+            Llv::Binop(op, a, b) => {
+                Llv::Binop(*op, Box::new(self.value(a)), Box::new(self.value(b)))
+            }
+            Llv::Unop(op, a) => Llv::Unop(*op, Box::new(self.value(a))),
+            Llv::EmbedIndex(i) => Llv::EmbedIndex(self.idx(i)),
+            Llv::GetCFunction(_) | Llv::Constant(_) => v.clone(),
+        }
+    }
+}
+
+/// The computation of `tn` as a local scope read at `ridx`.
+fn local_scope(tn: &Tnode, writers: &[(Llc, HashMap<Symbol, usize>)], ridx: &[AxisIndex]) -> Llv {
+    let scope = fresh_scope(tn);
+    let mut inl = Inliner {
+        tn,
+        scope: scope.clone(),
+        subst: HashMap::new(),
+        scopes: HashMap::new(),
+    };
+    let body: Vec<Llc> = writers.iter().map(|(c, w)| inl.stmt(c, w, ridx)).collect();
+    Llv::LocalScope {
+        id: scope,
+        body: Box::new(Llc::Seq(body)),
+        orig_indices: ridx.to_vec(),
+    }
+}
+
+/// Replaces every read of `tn` in a statement by its local scope.
+fn replace_reads(c: Llc, tn: &Tnode, writers: &[(Llc, HashMap<Symbol, usize>)]) -> Llc {
+    fn go_v(v: Llv, tn: &Tnode, w: &[(Llc, HashMap<Symbol, usize>)]) -> Llv {
+        match v {
+            Llv::Get(t, i) if &t == tn => local_scope(tn, w, &i),
+            Llv::LocalScope {
+                id,
+                body,
+                orig_indices,
+            } => Llv::LocalScope {
+                id,
+                body: Box::new(replace_reads(*body, tn, w)),
+                orig_indices,
+            },
+            Llv::Binop(op, a, b) => {
+                Llv::Binop(op, Box::new(go_v(*a, tn, w)), Box::new(go_v(*b, tn, w)))
+            }
+            Llv::Unop(op, a) => Llv::Unop(op, Box::new(go_v(*a, tn, w))),
+            v => v,
+        }
+    }
+    match c {
+        Llc::Seq(v) => Llc::Seq(
+            v.into_iter()
+                .map(|c| replace_reads(c, tn, writers))
+                .collect(),
+        ),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index,
+            from,
+            to,
+            body: Box::new(replace_reads(*body, tn, writers)),
+            trace_it,
+        },
+        Llc::Set { tn: t, idcs, value } => Llc::Set {
+            tn: t,
+            idcs,
+            value: go_v(value, tn, writers),
+        },
+        Llc::SetLocal(id, value) => Llc::SetLocal(id, go_v(value, tn, writers)),
+        c => c,
+    }
+}
+
+/// Why a node could not be inlined, if it could not.
+fn inlinable(
+    stmts: &[Llc],
+    tn: &Tnode,
+) -> std::result::Result<Vec<(usize, Pattern)>, &'static str> {
+    let mut writers = vec![];
+    let mut readers = vec![];
+    for (i, s) in stmts.iter().enumerate() {
+        let mut w = HashSet::new();
+        writes_of(s, &mut w);
+        let mut r = HashSet::new();
+        reads_of(s, &mut r);
+        if w.contains(tn) {
+            let pat = writer_pattern(s, tn).ok_or("written with indices other than full loops")?;
+            writers.push((i, pat));
+        } else if r.contains(tn) {
+            readers.push(i);
+        }
+    }
+    let (Some(first_w), Some(last_w)) = (writers.first().map(|w| w.0), writers.last().map(|w| w.0))
+    else {
+        return Err("not written in this routine");
+    };
+    let (Some(&first_r), Some(&last_r)) = (readers.first(), readers.last()) else {
+        return Err("not read in this routine");
+    };
+    if first_r < last_w {
+        return Err("read before its last write");
+    }
+    let mut inputs = HashSet::new();
+    for (i, _) in &writers {
+        reads_of(&stmts[*i], &mut inputs);
+    }
+    inputs.remove(tn);
+    for (i, s) in stmts.iter().enumerate().take(last_r + 1).skip(first_w + 1) {
+        if writers.iter().any(|w| w.0 == i) {
+            continue;
+        }
+        let mut w = HashSet::new();
+        writes_of(s, &mut w);
+        if w.iter().any(|t| inputs.contains(t)) {
+            return Err("an input of its computation changes before it is read");
+        }
+    }
+    Ok(writers)
+}
+
+/// Inlines every node that can be, in order of first write.
+pub fn virtualize(code: Llc, traced: &TracedStore) -> Result<Llc> {
+    let mut stmts = code.flatten();
+    // Candidates in order of first write.
+    let mut order: Vec<Tnode> = vec![];
+    for s in &stmts {
+        let mut w = HashSet::new();
+        writes_of(s, &mut w);
+        let mut w: Vec<Tnode> = w.into_iter().filter(|t| !order.contains(t)).collect();
+        w.sort();
+        order.extend(w);
+    }
+    for tn in order {
+        let Some(t) = traced.get(&tn) else { continue };
+        let allowed = tn.memory_mode().is_none_or(|m| m.may_be_virtual());
+        if !allowed || t.is_recurrent || t.read_only || tn.is_hosted() {
+            continue;
+        }
+        match inlinable(&stmts, &tn) {
+            Ok(writers) => {
+                tn.update_memory_mode(MemoryMode::Virtual, provenance::INLINED)?;
+                let ws: Vec<(Llc, HashMap<Symbol, usize>)> = writers
+                    .iter()
+                    .map(|(i, p)| (stmts[*i].clone(), p.clone()))
+                    .collect();
+                let wi: HashSet<usize> = writers.iter().map(|w| w.0).collect();
+                stmts = std::mem::take(&mut stmts)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| !wi.contains(i))
+                    .map(|(_, s)| replace_reads(s, &tn, &ws))
+                    .collect();
+            }
+            Err("not read in this routine") => {
+                // Cleanup: a node declared virtual and never read computes nothing useful.
+                if tn.memory_mode() == Some(MemoryMode::Virtual) {
+                    stmts.retain(|s| {
+                        let mut w = HashSet::new();
+                        writes_of(s, &mut w);
+                        !w.contains(&tn)
+                    });
+                }
+            }
+            Err(_) => tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?,
+        }
+    }
+    Ok(Llc::Seq(stmts))
+}

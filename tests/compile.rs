@@ -1,0 +1,306 @@
+//! Tests of the compile stage: these run the system C compiler.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrayjit::compile::{compile_and_load, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
+use arrayjit::Error;
+
+const DOUBLER: &str = r#"#include "arrayjit.h"
+int f(void *const *b, const int64_t *s, const void *m) {
+  (void)m;
+  ((double *)b[0])[0] = s[0] * 2.0;
+  return 0;
+}
+"#;
+
+const SYNTAX_ERROR: &str = r#"#include "arrayjit.h"
+int f(void *const *b, const int64_t *s, const void *m) {
+  this is not C
+}
+"#;
+
+/// A configuration for the system compiler that does not depend on the process environment
+/// (apart from the compiler choice) and keeps its temporary files under `root`.
+fn config(root: &Path) -> CompilerConfig {
+    let base = CompilerConfig::from_env().expect("a C compiler is needed for these tests");
+    CompilerConfig {
+        compiler: base.compiler,
+        opt_level: "1".into(),
+        arch_flags: vec![],
+        extra_flags: vec![],
+        debug_dir: None,
+        timeout: Duration::from_secs(120),
+        temp_root: Some(root.to_path_buf()),
+    }
+}
+
+fn call(f: EntryFn, s: i64) -> f64 {
+    let mut out = [0.0f64];
+    let buffers = [out.as_mut_ptr() as *mut u8];
+    let statics = [s];
+    // SAFETY: `f` is DOUBLER's `f`, which writes one double into buffers[0] and reads statics[0];
+    // its library is kept alive by the caller.
+    unsafe { f(buffers.as_ptr(), statics.as_ptr(), std::ptr::null()) };
+    out[0]
+}
+
+fn assert_empty(dir: &Path) {
+    let left: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn loaded_library_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<LoadedLibrary>();
+    check::<Arc<LoadedLibrary>>();
+}
+
+#[test]
+fn compiles_loads_and_runs() {
+    let root = tempfile::tempdir().unwrap();
+    let lib = compile_and_load(&config(root.path()), DOUBLER, "doubler", &[]).unwrap();
+    let f = lib.entry("f").unwrap();
+    assert_eq!(call(f, 21), 42.0);
+    assert_eq!(call(f, -3), -6.0);
+    assert_eq!(lib.name(), "doubler");
+    assert_empty(root.path());
+}
+
+#[test]
+fn missing_symbol_is_a_load_error() {
+    let root = tempfile::tempdir().unwrap();
+    let lib = compile_and_load(&config(root.path()), DOUBLER, "doubler", &[]).unwrap();
+    let e = lib.entry("no_such_routine").unwrap_err();
+    assert!(
+        matches!(&e, Error::Load { msg, .. } if msg.contains("no_such_routine")),
+        "{e}"
+    );
+}
+
+#[test]
+fn user_derived_stem_is_sanitized() {
+    let root = tempfile::tempdir().unwrap();
+    let lib = compile_and_load(&config(root.path()), DOUBLER, "../evil name;rm -rf", &[]).unwrap();
+    assert_eq!(lib.name(), "___evil_name_rm__rf");
+    assert_eq!(call(lib.entry("f").unwrap(), 1), 2.0);
+    assert_empty(root.path());
+}
+
+#[test]
+fn syntax_error_is_a_compile_error() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = config(root.path());
+    let e = compile_and_load(&cfg, SYNTAX_ERROR, "broken", &[]).unwrap_err();
+    match &e {
+        Error::Compile {
+            command,
+            output,
+            source_path,
+        } => {
+            assert!(
+                command.contains(&*cfg.compiler.to_string_lossy()),
+                "{command}"
+            );
+            assert!(command.contains("broken.c"), "{command}");
+            assert!(output.contains("broken.c:3"), "{output}");
+            assert!(output.contains("error"), "{output}");
+            assert_eq!(source_path, &None);
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    assert_empty(root.path());
+}
+
+#[test]
+fn missing_compiler_is_reported() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        compiler: "/nonexistent/cc".into(),
+        ..config(root.path())
+    };
+    let e = compile_and_load(&cfg, DOUBLER, "doubler", &[]).unwrap_err();
+    assert!(
+        matches!(&e, Error::CompilerNotFound(m) if m.contains("/nonexistent/cc")),
+        "{e}"
+    );
+    assert_empty(root.path());
+}
+
+#[test]
+fn hanging_compiler_times_out() {
+    let root = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let script = bin.path().join("hang-cc");
+    // Written by a child process, so that no descriptor open for writing can leak into a
+    // process another test forks concurrently (which would make exec fail with ETXTBSY).
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg("printf '#!/bin/sh\\nsleep 100\\n' > \"$1\" && chmod 755 \"$1\"")
+        .arg("sh")
+        .arg(&script)
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let cfg = CompilerConfig {
+        compiler: script.clone(),
+        timeout: Duration::from_secs(1),
+        ..config(root.path())
+    };
+    let start = Instant::now();
+    let e = compile_and_load(&cfg, DOUBLER, "doubler", &[]).unwrap_err();
+    let elapsed = start.elapsed();
+    assert!(
+        matches!(&e, Error::CompileTimeout { seconds: 1, command } if command.contains("hang-cc")),
+        "{e}"
+    );
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert!(elapsed >= Duration::from_secs(1), "took {elapsed:?}");
+    assert_empty(root.path());
+}
+
+#[test]
+fn debug_dir_keeps_files() {
+    let root = tempfile::tempdir().unwrap();
+    let debug = tempfile::tempdir().unwrap();
+    let dir = debug.path().join("nested/debug");
+    let cfg = CompilerConfig {
+        debug_dir: Some(dir.clone()),
+        ..config(root.path())
+    };
+    let extra = [DebugFile {
+        name: "assignments.txt".into(),
+        contents: "x =: y + 1\n".into(),
+    }];
+
+    let lib = compile_and_load(&cfg, DOUBLER, "k", &extra).unwrap();
+    assert_eq!(call(lib.entry("f").unwrap(), 5), 10.0);
+    assert_eq!(lib.debug_source(), Some(dir.join("k.c").as_path()));
+    assert_eq!(fs::read_to_string(dir.join("k.c")).unwrap(), DOUBLER);
+    assert!(fs::read_to_string(dir.join("arrayjit.h"))
+        .unwrap()
+        .contains("ARRAYJIT_RUNTIME_H"));
+    let cmd = fs::read_to_string(dir.join("k.cmd")).unwrap();
+    assert!(cmd.contains("-std=gnu11") && cmd.contains("k.c"), "{cmd}");
+    assert!(dir.join("k.log").exists());
+    assert_eq!(
+        fs::read_to_string(dir.join("k.assignments.txt")).unwrap(),
+        "x =: y + 1\n"
+    );
+
+    // The same stem again gets a suffix instead of overwriting.
+    let lib2 = compile_and_load(&cfg, SYNTAX_ERROR, "k", &[]);
+    match lib2 {
+        Err(Error::Compile {
+            source_path,
+            output,
+            ..
+        }) => {
+            assert_eq!(source_path, Some(dir.join("k_1.c")));
+            assert_eq!(fs::read_to_string(dir.join("k_1.c")).unwrap(), SYNTAX_ERROR);
+            assert_eq!(fs::read_to_string(dir.join("k_1.log")).unwrap(), output);
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    assert_eq!(fs::read_to_string(dir.join("k.c")).unwrap(), DOUBLER);
+
+    // The kept command reproduces the build from the debug directory.
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(cmd.trim())
+        .current_dir(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(dir.join("libk.so").exists());
+    assert_empty(root.path());
+}
+
+#[test]
+fn unwritable_debug_dir_is_an_io_error() {
+    let root = tempfile::tempdir().unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let dir = file.path().join("debug");
+    let cfg = CompilerConfig {
+        debug_dir: Some(dir.clone()),
+        ..config(root.path())
+    };
+    let e = compile_and_load(&cfg, DOUBLER, "k", &[]).unwrap_err();
+    assert!(
+        matches!(&e, Error::Io { what, .. } if what.contains(&*dir.to_string_lossy())),
+        "{e}"
+    );
+    assert_empty(root.path());
+}
+
+#[test]
+fn reserved_debug_file_name_is_rejected() {
+    let root = tempfile::tempdir().unwrap();
+    let debug = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        debug_dir: Some(debug.path().to_path_buf()),
+        ..config(root.path())
+    };
+    let extra = [DebugFile {
+        name: "log".into(),
+        contents: String::new(),
+    }];
+    let e = compile_and_load(&cfg, DOUBLER, "k", &extra).unwrap_err();
+    assert!(matches!(e, Error::Usage(_)), "{e}");
+    assert_empty(debug.path());
+}
+
+#[test]
+fn same_source_twice_gives_independent_libraries() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = config(root.path());
+    let a = compile_and_load(&cfg, DOUBLER, "same", &[]).unwrap();
+    let b = compile_and_load(&cfg, DOUBLER, "same", &[]).unwrap();
+    let fa = a.entry("f").unwrap();
+    let fb = b.entry("f").unwrap();
+    assert_ne!(fa as usize, fb as usize);
+    assert_eq!(call(fa, 4), 8.0);
+    assert_eq!(call(fb, 6), 12.0);
+    drop(a);
+    assert_eq!(call(fb, 7), 14.0);
+    assert_empty(root.path());
+}
+
+#[test]
+fn from_env_finds_a_working_compiler() {
+    let cfg = CompilerConfig::from_env().unwrap();
+    assert!(!cfg.compiler.as_os_str().is_empty());
+    let args = cfg.args(Path::new("/d/x.c"), Path::new("/d/libx.so"));
+    assert_eq!(args.first().unwrap(), &format!("-O{}", cfg.opt_level));
+    assert!(args.ends_with(&[
+        "-std=gnu11".to_string(),
+        "-shared".into(),
+        "-fPIC".into(),
+        "-I/d".into(),
+        "-o".into(),
+        "/d/libx.so".into(),
+        "/d/x.c".into(),
+        "-lm".into()
+    ]));
+}
+
+#[test]
+fn default_flags_from_env_compile() {
+    // The configuration as users get it (-O3 -march=native unless overridden).
+    let root = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        temp_root: Some(root.path().to_path_buf()),
+        ..CompilerConfig::from_env().unwrap()
+    };
+    let lib = compile_and_load(&cfg, DOUBLER, "defaults", &[]).unwrap();
+    assert_eq!(call(lib.entry("f").unwrap(), 10), 20.0);
+    assert_empty(root.path());
+}
