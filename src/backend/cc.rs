@@ -71,6 +71,7 @@ enum CodeState {
 
 /// A compiled (or ready-to-compile) routine, not yet linked into a context.
 pub struct Code {
+    source: String,
     name: String,
     bindings: Bindings,
     optimized: Optimized,
@@ -79,6 +80,7 @@ pub struct Code {
 
 /// Routines compiled together into one file and one compiler run.
 pub struct CodeBatch {
+    source: String,
     bindings: Bindings,
     entries: Vec<Option<(String, Optimized, RoutineSignature)>>,
     lib: Arc<LoadedLibrary>,
@@ -354,9 +356,14 @@ impl CcBackend {
         let state = if shared {
             CodeState::Compiled(Arc::new(Self::build(&source, sig, &dumps)?))
         } else {
-            CodeState::Postponed(Box::new(Postponed { source, sig, dumps }))
+            CodeState::Postponed(Box::new(Postponed {
+                source: source.clone(),
+                sig,
+                dumps,
+            }))
         };
         Ok(Code {
+            source,
             name,
             bindings: bindings.clone(),
             optimized,
@@ -371,17 +378,31 @@ impl CcBackend {
         Ok(Compiled { lib, sig, entry })
     }
 
-    /// Compiles many routines into one file with one compiler run. Only entries for which
-    /// `occupancy(name, index)` is true are included; the others are `None` in the batch.
-    pub fn compile_batch(
+    /// Lowers, optimizes and prints the C of a batch without compiling it (what
+    /// `arrayjit emit-c` shows). Memory-mode decisions are recorded on the nodes as by
+    /// `compile_batch`.
+    pub fn generate_batch_source(
         &self,
-        _shared: bool,
+        names: Option<&[String]>,
+        bindings: &Bindings,
+        asgns: &[Assignments],
+    ) -> Result<String> {
+        Ok(self.prepare_batch(names, None, bindings, asgns)?.1)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn prepare_batch(
+        &self,
         names: Option<&[String]>,
         occupancy: Option<Occupancy<'_>>,
         bindings: &Bindings,
         asgns: &[Assignments],
-    ) -> Result<CodeBatch> {
-        self.check_initialized()?;
+    ) -> Result<(
+        Vec<Option<(String, Optimized)>>,
+        String,
+        Vec<RoutineSignature>,
+        Vec<DebugFile>,
+    )> {
         let mut entries = vec![];
         let mut all_dumps = vec![];
         for (i, a) in asgns.iter().enumerate() {
@@ -400,6 +421,22 @@ impl CcBackend {
             .map(|(_, o)| (o, bindings))
             .collect();
         let (source, sigs) = codegen::write_file(&included)?;
+        Ok((entries, source, sigs, all_dumps))
+    }
+
+    /// Compiles many routines into one file with one compiler run. Only entries for which
+    /// `occupancy(name, index)` is true are included; the others are `None` in the batch.
+    pub fn compile_batch(
+        &self,
+        _shared: bool,
+        names: Option<&[String]>,
+        occupancy: Option<Occupancy<'_>>,
+        bindings: &Bindings,
+        asgns: &[Assignments],
+    ) -> Result<CodeBatch> {
+        self.check_initialized()?;
+        let (entries, source, sigs, all_dumps) =
+            self.prepare_batch(names, occupancy, bindings, asgns)?;
         let stem = entries
             .iter()
             .flatten()
@@ -415,6 +452,7 @@ impl CcBackend {
             .map(|e| e.and_then(|(n, o)| sigs.next().map(|s| (n, o, s))))
             .collect();
         Ok(CodeBatch {
+            source,
             bindings: bindings.clone(),
             entries,
             lib,
@@ -594,9 +632,24 @@ impl Code {
     pub fn optimized(&self) -> &Optimized {
         &self.optimized
     }
+    /// The generated C source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
 }
 
 impl CodeBatch {
+    /// The generated C source of the whole batch.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+    /// The optimized bodies of the included routines (`None` for excluded entries).
+    pub fn optimized(&self) -> Vec<Option<&Optimized>> {
+        self.entries
+            .iter()
+            .map(|e| e.as_ref().map(|(_, o, _)| o))
+            .collect()
+    }
     /// The names of the included routines (`None` for excluded entries).
     pub fn names(&self) -> Vec<Option<&str>> {
         self.entries

@@ -215,9 +215,11 @@ impl Tnode {
 
     /// Decides a final (concrete) memory mode for a node still undecided or abstract at code
     /// generation: the most local mode compatible with what is known; a node with a host array
-    /// becomes Hosted (Nonconstant unless a narrower hosted mode is known).
+    /// becomes Hosted (Nonconstant unless a narrower hosted mode is known) unless its mode
+    /// excludes hosting, in which case the host array only stages data for `from_host`.
     pub fn finalize_memory_mode(&self) -> Result<MemoryMode> {
-        if self.is_hosted() {
+        let allows_hosted = self.memory_mode().is_none_or(|m| m.bits() & H_ANY != 0);
+        if self.is_hosted() && allows_hosted {
             let mode = self.memory_mode();
             if !matches!(mode, Some(MemoryMode::Hosted(_))) {
                 let hosted = if mode == Some(MemoryMode::EffectivelyConstant) {
