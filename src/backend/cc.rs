@@ -658,3 +658,19 @@ impl CodeBatch {
             .collect()
     }
 }
+
+impl fmt::Debug for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            CodeState::Compiled(_) => "compiled",
+            CodeState::Postponed(_) => "postponed",
+        };
+        write!(f, "Code({}, {state})", self.name)
+    }
+}
+
+impl fmt::Debug for CodeBatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CodeBatch({:?})", self.names())
+    }
+}

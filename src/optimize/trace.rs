@@ -199,6 +199,8 @@ pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
     ))
 }
 
+static ZERO: Llv = Llv::Constant(0.0);
+
 /// Scalar nodes whose every write computes from constants (and other such nodes) only.
 fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
     let mut writes: HashMap<Tnode, Vec<&Llv>> = HashMap::new();
@@ -208,7 +210,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
             Llc::Seq(v) => v.iter().for_each(|c| collect(c, w, bad)),
             Llc::For { body, .. } => collect(body, w, bad),
             Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
-            Llc::ZeroOut(_) => {}
+            Llc::ZeroOut(tn) => w.entry(tn.clone()).or_default().push(&ZERO),
             Llc::SetLocal(..) => {}
             Llc::Noop | Llc::Comment(_) => {}
         }

@@ -1,0 +1,162 @@
+//! Shared helpers for integration tests: build small routines and run them on the cc backend.
+#![allow(dead_code)]
+
+use arrayjit::backend::{CcBackend, Config, MergeBuffer, Routine};
+use arrayjit::ir::einsum::projections;
+use arrayjit::ir::*;
+
+/// A hosted node with the given values.
+pub fn input(name: &str, dims: &[usize], prec: Prec, values: &[f64]) -> Tnode {
+    Tnode::with_init(
+        &[name],
+        dims,
+        prec,
+        &InitOp::ConstantFill {
+            values: values.to_vec(),
+            strict: true,
+        },
+    )
+    .unwrap()
+}
+
+/// A hosted node of zeros (an output we want to read back).
+pub fn output(name: &str, dims: &[usize], prec: Prec) -> Tnode {
+    let t = Tnode::new(&[name], dims, prec).unwrap();
+    t.ensure_hosted().unwrap();
+    t
+}
+
+/// A node with no host array (an intermediate).
+pub fn temp(name: &str, dims: &[usize], prec: Prec) -> Tnode {
+    Tnode::new(&[name], dims, prec).unwrap()
+}
+
+/// `lhs (accum)= op(a, b)` with an einsum spec.
+pub fn binop(
+    lhs: &Tnode,
+    accum: Binop,
+    init: bool,
+    op: Binop,
+    a: &Tnode,
+    b: &Tnode,
+    spec: &str,
+    bindings: &Bindings,
+) -> Assignments {
+    Assignments::AccumBinop {
+        initialize_neutral: init,
+        accum,
+        op,
+        lhs: lhs.clone(),
+        rhs1: Buffer::Node(a.clone()),
+        rhs2: Buffer::Node(b.clone()),
+        projections: projections(spec, lhs.dims(), &[a.dims(), b.dims()], bindings).unwrap(),
+    }
+}
+
+/// `lhs (accum)= op(a)` with an einsum spec.
+pub fn unop(
+    lhs: &Tnode,
+    accum: Binop,
+    init: bool,
+    op: Unop,
+    a: &Tnode,
+    spec: &str,
+    bindings: &Bindings,
+) -> Assignments {
+    Assignments::AccumUnop {
+        initialize_neutral: init,
+        accum,
+        op,
+        lhs: lhs.clone(),
+        rhs: Buffer::Node(a.clone()),
+        projections: projections(spec, lhs.dims(), &[a.dims()], bindings).unwrap(),
+    }
+}
+
+/// Compiles one routine, links it into a fresh context and copies every hosted node of the
+/// context from the host.
+pub fn build(
+    backend: &CcBackend,
+    name: &str,
+    bindings: &Bindings,
+    asgns: &Assignments,
+) -> arrayjit::Result<(Routine, String)> {
+    backend.initialize(Config::default());
+    let code = backend.compile(true, Some(name), bindings, asgns)?;
+    let src = code.source().to_string();
+    let ctx = backend.init(name)?;
+    let r = backend.link(&[], &MergeBuffer::new(), &ctx, &code)?;
+    for tn in asgns.nodes() {
+        backend.from_host(r.context(), &tn)?;
+    }
+    Ok((r, src))
+}
+
+/// Runs the routine once and returns the host values of `outs` afterwards.
+pub fn run_and_read(backend: &CcBackend, r: &Routine, outs: &[&Tnode]) -> Vec<Vec<f64>> {
+    r.run().unwrap();
+    outs.iter()
+        .map(|t| {
+            assert!(
+                backend.to_host(r.context(), t).unwrap(),
+                "{} not in context",
+                t.name()
+            );
+            t.host_values().unwrap()
+        })
+        .collect()
+}
+
+/// Compiles and runs once; returns the outputs and the C source.
+pub fn compute(
+    asgns: &Assignments,
+    bindings: &Bindings,
+    outs: &[&Tnode],
+) -> (Vec<Vec<f64>>, String) {
+    let backend = CcBackend::new();
+    let (r, src) = build(&backend, "test", bindings, asgns).unwrap();
+    (run_and_read(&backend, &r, outs), src)
+}
+
+/// Rounds like storing into `prec`, computed independently of the library: bytes truncate
+/// toward zero and saturate to 0..=255 (NaN to 0).
+pub fn round_to(prec: Prec, v: f64) -> f64 {
+    match prec {
+        Prec::Byte => {
+            if v.is_nan() || v <= 0.0 {
+                0.0
+            } else if v >= 255.0 {
+                255.0
+            } else {
+                v.trunc()
+            }
+        }
+        Prec::Half => half::f16::from_f64(v).to_f64(),
+        Prec::Single => v as f32 as f64,
+        Prec::Double => v,
+    }
+}
+
+/// Relative tolerance for comparing results of each precision.
+pub fn tolerance(prec: Prec) -> f64 {
+    match prec {
+        Prec::Byte => 0.0,
+        Prec::Half => 2e-3,
+        Prec::Single => 2e-6,
+        Prec::Double => 1e-13,
+    }
+}
+
+/// Asserts `got` matches `want` within the precision's tolerance (NaN matches NaN).
+pub fn assert_close(prec: Prec, got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan())
+            || g == w
+            || (g - w).abs() <= tolerance(prec) * w.abs().max(1e-30);
+        assert!(
+            ok,
+            "{what} [{prec}] cell {i}: got {g}, want {w}\n got: {got:?}\nwant: {want:?}"
+        );
+    }
+}

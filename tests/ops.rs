@@ -1,0 +1,310 @@
+//! Every operation in every precision, against values computed here by plain Rust formulas.
+
+mod common;
+use arrayjit::ir::*;
+use common::*;
+
+fn inputs(prec: Prec) -> (Vec<f64>, Vec<f64>) {
+    match prec {
+        Prec::Byte => (
+            vec![0., 1., 2., 3., 7., 100., 200., 255.],
+            vec![1., 2., 3., 0., 5., 2., 100., 255.],
+        ),
+        _ => (
+            vec![-2.5, -1., -0.25, 0., 0.5, 1., 1.75, 3.],
+            vec![1.5, 2., -0.5, 3., 0.25, -4., 2., 0.5],
+        ),
+    }
+}
+
+/// The meaning of each unary op, written independently of the library's table.
+fn unary(op: Unop, a: f64) -> f64 {
+    match op {
+        Unop::Identity => a,
+        Unop::Relu => {
+            if a > 0.0 {
+                a
+            } else {
+                0.0
+            }
+        }
+        Unop::Neg => -a,
+        Unop::Exp => a.exp(),
+        Unop::Log => a.ln(),
+        Unop::Sqrt => a.sqrt(),
+        Unop::Recip => 1.0 / a,
+        Unop::Tanh => a.tanh(),
+        Unop::Sin => a.sin(),
+        Unop::Cos => a.cos(),
+    }
+}
+
+/// The meaning of each binary op, written independently of the library's table.
+fn binary(op: Binop, a: f64, b: f64) -> f64 {
+    match op {
+        Binop::Add => a + b,
+        Binop::Sub => a - b,
+        Binop::Mul => a * b,
+        Binop::Div => a / b,
+        Binop::ToPowOf => a.powf(b),
+        Binop::ReluGate => {
+            if a > 0.0 {
+                b
+            } else {
+                0.0
+            }
+        }
+        Binop::Arg1 => a,
+        Binop::Arg2 => b,
+        Binop::Max => {
+            if a.is_nan() {
+                b
+            } else if b.is_nan() || a >= b {
+                a
+            } else {
+                b
+            }
+        }
+        Binop::Min => {
+            if a.is_nan() {
+                b
+            } else if b.is_nan() || a <= b {
+                a
+            } else {
+                b
+            }
+        }
+    }
+}
+
+#[test]
+fn every_operation_in_every_precision() {
+    for prec in Prec::ALL {
+        let (va, vb) = inputs(prec);
+        let b = Bindings::empty();
+        let a_t = input("a", &[2, 4], prec, &va);
+        let b_t = input("b", &[2, 4], prec, &vb);
+        // Values as stored.
+        let va: Vec<f64> = va.iter().map(|&x| round_to(prec, x)).collect();
+        let vb: Vec<f64> = vb.iter().map(|&x| round_to(prec, x)).collect();
+        let mut asgns = vec![];
+        let mut checks: Vec<(String, Tnode, Vec<f64>)> = vec![];
+        for op in Unop::ALL {
+            let out = output(&format!("u_{}", op.name()), &[2, 4], prec);
+            asgns.push(unop(&out, Binop::Arg2, false, op, &a_t, "ij->ij", &b));
+            let want = va.iter().map(|&x| round_to(prec, unary(op, x))).collect();
+            checks.push((op.name().to_string(), out, want));
+        }
+        for op in Binop::ALL {
+            let out = output(&format!("b_{}", op.name()), &[2, 4], prec);
+            asgns.push(binop(
+                &out,
+                Binop::Arg2,
+                false,
+                op,
+                &a_t,
+                &b_t,
+                "ij,ij->ij",
+                &b,
+            ));
+            let want = va
+                .iter()
+                .zip(&vb)
+                .map(|(&x, &y)| round_to(prec, binary(op, x, y)))
+                .collect();
+            checks.push((op.name().to_string(), out, want));
+        }
+        let outs: Vec<&Tnode> = checks.iter().map(|c| &c.1).collect();
+        let (got, _) = compute(&Assignments::seq(asgns), &b, &outs);
+        for ((name, _, want), got) in checks.iter().zip(&got) {
+            assert_close(prec, got, want, name);
+        }
+    }
+}
+
+#[test]
+fn integer_powers_are_unrolled_and_correct() {
+    for prec in [Prec::Single, Prec::Double] {
+        let b = Bindings::empty();
+        let x = input("x", &[4], prec, &[-1.5, 0.5, 2.0, 3.0]);
+        let mut asgns = vec![];
+        let mut checks = vec![];
+        for e in [0.0, 1.0, 2.0, 3.0, -2.0, 0.5] {
+            let c = temp(&format!("c{}", checks.len()), &[1], prec);
+            asgns.push(Assignments::Fetch {
+                array: c.clone(),
+                fetch_op: FetchOp::Constant(e),
+            });
+            let out = output(&format!("p{}", checks.len()), &[4], prec);
+            asgns.push(binop(
+                &out,
+                Binop::Arg2,
+                false,
+                Binop::ToPowOf,
+                &x,
+                &c,
+                "i,0->i",
+                &b,
+            ));
+            let want: Vec<f64> = [-1.5f64, 0.5, 2.0, 3.0]
+                .iter()
+                .map(|&v| round_to(prec, v.powf(e)))
+                .collect();
+            checks.push((out, want, e));
+        }
+        let outs: Vec<&Tnode> = checks.iter().map(|c| &c.0).collect();
+        let (got, src) = compute(&Assignments::seq(asgns), &b, &outs);
+        for ((_, want, e), got) in checks.iter().zip(&got) {
+            assert_close(prec, got, want, &format!("pow {e}"));
+        }
+        // Only the non-integer exponent needs the pow function.
+        let pow_fn = if prec == Prec::Single {
+            "powf("
+        } else {
+            "pow("
+        };
+        assert_eq!(src.matches(pow_fn).count(), 1, "{src}");
+    }
+}
+
+#[test]
+fn reductions_with_every_accumulator() {
+    for prec in Prec::ALL {
+        let b = Bindings::empty();
+        let vals: Vec<f64> = match prec {
+            Prec::Byte => vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
+            _ => vec![0.5, -1., 2., 3., -4., 0.25, 1.5, -2., 1., 1., 2., -0.5],
+        };
+        let x = input("x", &[3, 4], prec, &vals);
+        let mut asgns = vec![];
+        let mut checks = vec![];
+        for acc in [Binop::Add, Binop::Mul, Binop::Max, Binop::Min, Binop::Sub] {
+            let out = output(&format!("r_{}", acc.name()), &[3], prec);
+            asgns.push(unop(&out, acc, true, Unop::Identity, &x, "ij->i", &b));
+            let want: Vec<f64> = (0..3)
+                .map(|i| {
+                    let row = &vals[i * 4..i * 4 + 4];
+                    let start = match acc {
+                        Binop::Add | Binop::Sub => 0.0,
+                        Binop::Mul => 1.0,
+                        Binop::Max => f64::NEG_INFINITY,
+                        _ => f64::INFINITY,
+                    };
+                    // Accumulate as generated code does: store (round) after each step.
+                    let start = round_to(prec, start);
+                    row.iter().fold(start, |s, &v| {
+                        round_to(prec, binary(acc, s, round_to(prec, v)))
+                    })
+                })
+                .collect();
+            checks.push((acc.name(), out, want));
+        }
+        // Column sums into a [1, 4] result (broadcast lhs axis).
+        let cols = output("cols", &[1, 4], prec);
+        asgns.push(unop(
+            &cols,
+            Binop::Add,
+            true,
+            Unop::Identity,
+            &x,
+            "ij->0j",
+            &b,
+        ));
+        let want: Vec<f64> = (0..4)
+            .map(|j| {
+                (0..3).fold(0.0, |s, i| {
+                    round_to(prec, s + round_to(prec, vals[i * 4 + j]))
+                })
+            })
+            .collect();
+        checks.push(("cols", cols, want));
+        let outs: Vec<&Tnode> = checks.iter().map(|c| &c.1).collect();
+        let (got, _) = compute(&Assignments::seq(asgns), &b, &outs);
+        for ((name, _, want), got) in checks.iter().zip(&got) {
+            assert_close(prec, got, want, name);
+        }
+    }
+}
+
+#[test]
+fn matmul_and_mixed_precisions() {
+    let b = Bindings::empty();
+    let x = input("x", &[2, 3], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+    let w = input("w", &[3, 2], Prec::Half, &[0.5, -1., 2., 0.25, -3., 1.]);
+    let y = output("y", &[2, 2], Prec::Double);
+    let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
+    let (got, _) = compute(&a, &b, &[&y]);
+    // By hand: [1 2 3; 4 5 6] @ [0.5 -1; 2 0.25; -3 1].
+    assert_eq!(
+        got[0],
+        vec![
+            0.5 + 4. - 9.,
+            -1. + 0.5 + 3.,
+            2. + 10. - 18.,
+            -4. + 1.25 + 6.
+        ]
+    );
+}
+
+#[test]
+fn fetch_constant_slice_and_embed() {
+    let row = StaticSymbol::new("row", Some(3));
+    let b = Bindings(vec![row.clone()]);
+    let batch = input("batch", &[3, 2], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+    let sl = output("sl", &[2], Prec::Single);
+    let k = output("k", &[2, 2], Prec::Double);
+    let e = output("e", &[1], Prec::Byte);
+    let asgns = Assignments::seq([
+        Assignments::Fetch {
+            array: sl.clone(),
+            fetch_op: FetchOp::Slice {
+                batch_idx: row.clone(),
+                sliced: batch.clone(),
+            },
+        },
+        Assignments::Fetch {
+            array: k.clone(),
+            fetch_op: FetchOp::Constant(-0.125),
+        },
+        Assignments::Fetch {
+            array: e.clone(),
+            fetch_op: FetchOp::EmbedSymbol(row.clone()),
+        },
+    ]);
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, _) = build(&backend, "fetch", &b, &asgns).unwrap();
+    for i in 0..3 {
+        r.bindings().set("row", i).unwrap();
+        let got = run_and_read(&backend, &r, &[&sl, &k, &e]);
+        let i = i as usize;
+        assert_eq!(got[0], vec![(2 * i + 1) as f64, (2 * i + 2) as f64]);
+        assert_eq!(got[1], vec![-0.125; 4]);
+        assert_eq!(got[2], vec![i as f64]);
+    }
+    // Out of range: a clear error, not an out-of-bounds access.
+    r.bindings().set("row", 3).unwrap();
+    let err = r.run().unwrap_err().to_string();
+    assert!(err.contains("row") && err.contains('3'), "{err}");
+    r.bindings().set("row", -1).unwrap();
+    assert!(r.run().is_err());
+}
+
+#[test]
+fn static_index_in_einsum_spec() {
+    let s = StaticSymbol::new("s", None);
+    let b = Bindings(vec![s.clone()]);
+    let x = input("x", &[3, 2], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+    let y = output("y", &[3], Prec::Single);
+    // y[s] = sum_j x[s, j], other cells untouched.
+    let a = unop(&y, Binop::Add, false, Unop::Identity, &x, "{s}j->{s}", &b);
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, _) = build(&backend, "st", &b, &a).unwrap();
+    r.bindings().set("s", 2).unwrap();
+    let got = run_and_read(&backend, &r, &[&y]);
+    assert_eq!(got[0], vec![0., 0., 11.]);
+    r.bindings().set("s", 3).unwrap();
+    assert!(matches!(
+        r.run(),
+        Err(arrayjit::Error::BindingOutOfRange { .. })
+    ));
+}
