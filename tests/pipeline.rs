@@ -147,6 +147,9 @@ fn hostile_names_and_comments_are_sanitized() {
     let comment = "*/ #include <stdio.h> ??/\n int main() { return 1; } /* \\";
     let (asgns_h, _, out_h) = fused_chain(hostile, comment);
     let (got_h, src) = compute(&asgns_h, &Bindings::empty(), &[&out_h]);
+    if std::env::var("SHOW_C").is_ok() {
+        println!("{src}");
+    }
     assert_eq!(got_h[0], fused_chain_expected());
     // Also as materialized nodes (not inlined): read twice so they get arrays in the C.
     let b = Bindings::empty();
