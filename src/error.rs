@@ -80,6 +80,14 @@ pub enum Error {
         /// The exclusive upper bound.
         limit: usize,
     },
+    /// A task scheduled on a device failed (returned an error or panicked).
+    #[error("task {task:?} failed: {msg}")]
+    Task {
+        /// The task's description (e.g. `routine forward on multicore:0:1`).
+        task: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// A routine expected one node in the merge buffer but found another (or none).
     #[error(
         "routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}"

@@ -418,3 +418,21 @@ fn batches_postponed_code_contexts_and_merge_buffer() {
     backend.initialize(Config::default());
     assert!(backend.init("x").is_ok());
 }
+
+#[test]
+fn readable_dumps_of_assignments_and_loop_ir() {
+    let (asgns, _, _) = fused_chain(["t1", "t2", "t3", "t4"], "the chain");
+    let doc = asgns.to_doc();
+    assert!(doc.contains("# the chain"), "{doc}");
+    assert!(doc.contains("t1[") && doc.contains("mul(a["), "{doc}");
+    let lowered = arrayjit::lower::lower(&asgns).unwrap();
+    let ll = arrayjit::lower::to_doc(&lowered);
+    assert!(
+        ll.contains("for i") && ll.contains("t2[") && ll.contains(":="),
+        "{ll}"
+    );
+    let opt = arrayjit::optimize::optimize("chain", lowered, &Default::default()).unwrap();
+    let ll = arrayjit::lower::to_doc(&opt.code);
+    assert_eq!(ll.matches("for ").count(), 1, "{ll}");
+    assert!(!ll.contains("t2["), "{ll}");
+}

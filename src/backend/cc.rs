@@ -3,6 +3,7 @@
 
 use super::buffer::{Buffer, BufferPtr};
 use super::context::Context;
+use super::device::Device;
 use crate::codegen::{self, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
@@ -125,6 +126,7 @@ pub struct Routine {
     compiled: Arc<Compiled>,
     buffers: Arc<Vec<BufferPtr>>,
     merge_buffer: MergeBuffer,
+    device: Option<Device>,
 }
 
 impl Routine {
@@ -150,16 +152,36 @@ impl Routine {
     }
 
     /// A task running the routine with the binding values current *now* (they are captured,
-    /// so the caller may change them right after scheduling).
-    pub fn schedule(&self) -> Task {
+    /// so the caller may change them right after).
+    pub fn task(&self) -> Task {
         let values = self.bindings.values();
         let r = self.clone();
-        Task::new(format!("routine {}", self.name), move || {
+        let on = self
+            .device
+            .as_ref()
+            .map(|d| format!(" on {}", d.name()))
+            .unwrap_or_default();
+        Task::new(format!("routine {}{on}", self.name), move || {
             r.run_with(&values)
         })
     }
 
-    /// Runs the routine now, on this thread.
+    /// Schedules the routine with the binding values current now: on a device, enqueues it
+    /// and returns at once (an earlier failure on the device is returned instead); on the
+    /// no-device backend, runs it now.
+    pub fn schedule(&self) -> Result<()> {
+        match &self.device {
+            Some(d) => d.schedule(self.task()),
+            None => self.run(),
+        }
+    }
+
+    /// The device the routine runs on, if it was linked by a device backend.
+    pub fn device(&self) -> Option<&Device> {
+        self.device.as_ref()
+    }
+
+    /// Runs the routine now, on this thread (bypassing any device queue).
     pub fn run(&self) -> Result<()> {
         self.run_with(&self.bindings.values())
     }
@@ -311,7 +333,7 @@ impl CcBackend {
     /// A new root context.
     pub fn init(&self, label: &str) -> Result<Context> {
         self.check_initialized()?;
-        Ok(Context::root(label, 0))
+        Ok(Context::root(label, None))
     }
 
     /// Finalizes (just) the context.
@@ -484,6 +506,7 @@ impl CcBackend {
         let ctx = ctx.extend(
             &compiled.sig.buffers,
             from_prior,
+            compiled.sig.merge_node.as_ref(),
             &format!("linking routine {name}"),
         )?;
         let buffers = compiled
@@ -497,6 +520,7 @@ impl CcBackend {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Routine {
+            device: ctx.device().cloned(),
             context: ctx,
             name: name.to_string(),
             bindings: RoutineBindings::new(bindings),
@@ -631,6 +655,10 @@ impl Code {
     /// The optimized routine body.
     pub fn optimized(&self) -> &Optimized {
         &self.optimized
+    }
+    /// Whether the C is compiled already (`shared: true`) or postponed to `link`.
+    pub fn is_compiled(&self) -> bool {
+        matches!(self.state, CodeState::Compiled(_))
     }
     /// The generated C source.
     pub fn source(&self) -> &str {

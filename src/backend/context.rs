@@ -1,6 +1,7 @@
 //! Contexts: maps from nodes to buffers, related by descent.
 
 use super::buffer::{Buffer, BufferPtr};
+use super::device::Device;
 use crate::error::{Error, Result};
 use crate::ir::Tnode;
 use std::collections::BTreeMap;
@@ -16,7 +17,10 @@ struct Inner {
     parent: Option<Context>,
     buffers: BTreeMap<Tnode, BufferPtr>,
     finalized: AtomicBool,
-    device: usize,
+    device: Option<Device>,
+    /// Nodes that routines linked into this context (or its ancestors) read from the merge
+    /// buffer.
+    merge_nodes: Vec<Tnode>,
 }
 
 /// A context: the buffers of the nodes that live on a device. Linking a routine returns a
@@ -27,7 +31,7 @@ pub struct Context(Arc<Inner>);
 
 impl Context {
     /// A root context with no buffers.
-    pub fn root(label: &str, device: usize) -> Context {
+    pub fn root(label: &str, device: Option<Device>) -> Context {
         Context(Arc::new(Inner {
             id: NEXT_CTX.fetch_add(1, Ordering::Relaxed),
             label: label.to_string(),
@@ -35,12 +39,19 @@ impl Context {
             buffers: BTreeMap::new(),
             finalized: AtomicBool::new(false),
             device,
+            merge_nodes: vec![],
         }))
     }
 
     /// A child context holding this context's buffers plus zero-filled ones for `nodes` that
     /// are missing. Every node in `from_prior` must already be here.
-    pub fn extend(&self, nodes: &[Tnode], from_prior: &[Tnode], what: &str) -> Result<Context> {
+    pub fn extend(
+        &self,
+        nodes: &[Tnode],
+        from_prior: &[Tnode],
+        merge_node: Option<&Tnode>,
+        what: &str,
+    ) -> Result<Context> {
         self.check_live()?;
         for tn in from_prior {
             if !self.0.buffers.contains_key(tn) {
@@ -49,6 +60,12 @@ impl Context {
                     tn.name(),
                     self.0.label
                 )));
+            }
+        }
+        let mut merge_nodes = self.0.merge_nodes.clone();
+        if let Some(m) = merge_node {
+            if !merge_nodes.contains(m) {
+                merge_nodes.push(m.clone());
             }
         }
         let mut buffers = self.0.buffers.clone();
@@ -63,7 +80,8 @@ impl Context {
             parent: Some(self.clone()),
             buffers,
             finalized: AtomicBool::new(false),
-            device: self.0.device,
+            device: self.0.device.clone(),
+            merge_nodes,
         })))
     }
 
@@ -107,9 +125,14 @@ impl Context {
         self.0.parent.as_ref()
     }
 
-    /// The ordinal of the (virtual) device the context belongs to (0 on the no-device backend).
-    pub fn device(&self) -> usize {
-        self.0.device
+    /// The virtual device the context belongs to (`None` on the no-device backend).
+    pub fn device(&self) -> Option<&Device> {
+        self.0.device.as_ref()
+    }
+
+    /// The nodes that routines linked into this context read from the merge buffer.
+    pub fn merge_nodes(&self) -> &[Tnode] {
+        &self.0.merge_nodes
     }
 
     /// Marks the context finalized; later links into it fail. Buffers are freed when the last

@@ -1,9 +1,15 @@
-//! Backends (SPEC section 7): the cc no-device backend, contexts, buffers and routines.
+//! Backends (SPEC section 7): the cc no-device backend, contexts, buffers and routines, and
+//! the device layer (multicore and sync backends, transfers, merge buffers).
 
 pub mod buffer;
 pub mod cc;
 pub mod context;
+pub mod device;
+pub mod devices;
+pub mod sexp;
 
 pub use buffer::{Buffer, BufferPtr};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
 pub use context::Context;
+pub use device::{Device, PhysicalDevice};
+pub use devices::{backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend};

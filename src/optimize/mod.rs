@@ -59,7 +59,8 @@ pub struct Optimized {
 pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized> {
     let unoptimized = code.clone();
     let traced_store = trace(&code, settings)?;
-    let merge_node = merge_node(&code)?;
+    // Reading two different nodes from the merge buffer is an error even if one read is dead.
+    merge_node(&code)?;
     // Memory-mode decisions from tracing.
     for t in traced_store.nodes() {
         let tn = &t.tn;
@@ -106,6 +107,7 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
         }
     }
     nodes.sort_by(|a, b| a.0.cmp(&b.0));
+    let merge_node = merge_node(&code)?;
     Ok(Optimized {
         name: name.to_string(),
         unoptimized,

@@ -1,0 +1,428 @@
+//! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
+//! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
+//! thread and FIFO queue per virtual device) and [`SyncBackend`] (everything runs on the
+//! caller's thread; for debugging and tests).
+
+use super::buffer::BufferPtr;
+use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
+use super::context::Context;
+use super::device::{Device, PhysicalDevice};
+use crate::error::{Error, Result};
+use crate::ir::{Assignments, Bindings, Ndarray, Tnode};
+use std::sync::{Mutex, MutexGuard};
+
+/// How `device_to_device` uses the destination device's merge buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeBufferUse {
+    /// Copy into the destination context's own buffer of the node.
+    No,
+    /// Point the destination's merge buffer at the source's buffer (no copy).
+    Streaming,
+    /// Copy the source's buffer into the destination device's merge buffer (grown as needed).
+    Copy,
+}
+
+/// State shared by both device backends: the compiler backend and every device created.
+#[derive(Default)]
+pub struct DeviceCore {
+    cc: CcBackend,
+    devices: Mutex<Vec<Device>>,
+}
+
+impl DeviceCore {
+    fn devices(&self) -> MutexGuard<'_, Vec<Device>> {
+        self.devices.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// The underlying compiler backend (optimizer settings live there).
+    pub fn cc(&self) -> &CcBackend {
+        &self.cc
+    }
+}
+
+fn ctx_device(ctx: &Context) -> Result<Device> {
+    ctx.device().cloned().ok_or_else(|| {
+        Error::Usage(format!(
+            "context {} does not belong to a device (it comes from the no-device backend)",
+            ctx.label()
+        ))
+    })
+}
+
+/// The user-facing backend: compiling, linking and running routines on devices. Names follow
+/// the seed API (OCANNL's `Backend`), with `await` spelled [`Backend::await_device`].
+///
+/// Implementations provide the five required methods; every other operation is shared.
+pub trait Backend: Send + Sync {
+    /// The backend's name, e.g. `multicore`.
+    fn name(&self) -> &'static str;
+    /// The shared state.
+    fn core(&self) -> &DeviceCore;
+    /// Number of physical devices.
+    fn num_physical_devices(&self) -> usize;
+    /// The optimal number of virtual devices for the given physical device to follow the
+    /// [`Config`] strategy passed to [`Backend::initialize`].
+    fn suggested_num_virtual_devices(&self, device: &PhysicalDevice) -> usize;
+    /// Creates the device object (a worker thread, or none); used by `new_virtual_device`.
+    fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device>;
+
+    /// Initializes the backend before first use or after `unsafe_cleanup`. Does nothing if the
+    /// backend is already initialized.
+    fn initialize(&self, config: Config) {
+        self.core().cc.initialize(config)
+    }
+    /// Returns false if there was no previous `initialize` call, or the most recent call was
+    /// followed by `unsafe_cleanup`; then `initialize` must be called before using the backend.
+    fn is_initialized(&self) -> bool {
+        self.core().cc.is_initialized()
+    }
+    /// The physical device with the given ordinal.
+    fn get_device(&self, ordinal: usize) -> Result<PhysicalDevice> {
+        if !self.is_initialized() {
+            return Err(Error::Usage(format!(
+                "backend {} is not initialized",
+                self.name()
+            )));
+        }
+        let n = self.num_physical_devices();
+        if ordinal >= n {
+            return Err(Error::Usage(format!(
+                "backend {} has {n} physical devices; there is no device {ordinal}",
+                self.name()
+            )));
+        }
+        Ok(PhysicalDevice {
+            backend: self.name(),
+            ordinal,
+        })
+    }
+    /// A new virtual device on the physical device.
+    fn new_virtual_device(&self, physical: &PhysicalDevice) -> Result<Device> {
+        if !self.is_initialized() {
+            return Err(Error::Usage(format!(
+                "backend {} is not initialized",
+                self.name()
+            )));
+        }
+        let mut devices = self.core().devices();
+        let sub = devices.iter().filter(|d| d.physical() == physical).count();
+        let d = self.spawn_device(physical, sub)?;
+        devices.push(d.clone());
+        Ok(d)
+    }
+    /// A new root context on the device.
+    fn init(&self, device: &Device) -> Result<Context> {
+        self.core().cc.init("")?;
+        Ok(Context::root(&device.name(), Some(device.clone())))
+    }
+    /// Finalizes (just) the context.
+    fn finalize(&self, ctx: &Context) {
+        ctx.finalize()
+    }
+    /// The device of a context.
+    fn get_ctx_device(&self, ctx: &Context) -> Result<Device> {
+        ctx_device(ctx)
+    }
+    /// The physical device of a virtual device.
+    fn get_physical_device(&self, device: &Device) -> PhysicalDevice {
+        device.physical().clone()
+    }
+    /// The ordinal of a physical device.
+    fn to_ordinal(&self, device: &PhysicalDevice) -> usize {
+        device.ordinal()
+    }
+    /// The index of a virtual device among those of its physical device.
+    fn to_subordinal(&self, device: &Device) -> usize {
+        device.subordinal()
+    }
+    /// `backend:ordinal:subordinal`.
+    fn get_name(&self, device: &Device) -> String {
+        device.name()
+    }
+    /// Blocks till the device becomes idle, i.e. synchronizes the device; returns the first
+    /// failure of a task since the last report.
+    fn await_device(&self, device: &Device) -> Result<()> {
+        device.await_idle()
+    }
+    /// Whether the device is currently waiting for work.
+    fn is_idle(&self, device: &Device) -> bool {
+        device.is_idle()
+    }
+    /// A zero-filled buffer of at least `size_in_bytes` for the device; reuses `old_buffer`
+    /// when it is big enough.
+    fn alloc_buffer(
+        &self,
+        old_buffer: Option<(BufferPtr, usize)>,
+        size_in_bytes: usize,
+        _device: &Device,
+    ) -> Result<BufferPtr> {
+        self.core().cc.alloc_buffer(old_buffer, size_in_bytes)
+    }
+    /// Compiles a routine (see [`CcBackend::compile`]).
+    fn compile(
+        &self,
+        shared: bool,
+        name: Option<&str>,
+        bindings: &Bindings,
+        asgns: &Assignments,
+    ) -> Result<Code> {
+        self.core().cc.compile(shared, name, bindings, asgns)
+    }
+    /// Compiles routines into one file (see [`CcBackend::compile_batch`]).
+    fn compile_batch(
+        &self,
+        shared: bool,
+        names: Option<&[String]>,
+        occupancy: Option<Occupancy<'_>>,
+        bindings: &Bindings,
+        asgns: &[Assignments],
+    ) -> Result<CodeBatch> {
+        self.core()
+            .cc
+            .compile_batch(shared, names, occupancy, bindings, asgns)
+    }
+    /// The node a routine reads from the merge buffer, if any.
+    fn expected_merge_node(&self, code: &Code) -> Option<Tnode> {
+        self.core().cc.expected_merge_node(code)
+    }
+    /// The merge nodes of a batch's entries.
+    fn expected_merge_nodes(&self, batch: &CodeBatch) -> Vec<Option<Tnode>> {
+        self.core().cc.expected_merge_nodes(batch)
+    }
+    /// Returns the routine for the code's procedure, in a new context derived from the given
+    /// context; the routine reads its device's merge buffer.
+    fn link(&self, from_prior_context: &[Tnode], ctx: &Context, code: &Code) -> Result<Routine> {
+        let d = ctx_device(ctx)?;
+        self.core()
+            .cc
+            .link(from_prior_context, d.merge_buffer(), ctx, code)
+    }
+    /// Returns the routines of a batch; the returned context is downstream of all of them.
+    fn link_batch(
+        &self,
+        from_prior_context: &[Tnode],
+        ctx: &Context,
+        batch: &CodeBatch,
+    ) -> Result<(Context, Vec<Option<Routine>>)> {
+        let d = ctx_device(ctx)?;
+        self.core()
+            .cc
+            .link_batch(from_prior_context, d.merge_buffer(), ctx, batch)
+    }
+    /// Schedules a task on a device (returns an earlier failure on the device instead).
+    fn schedule(&self, device: &Device, task: Task) -> Result<()> {
+        device.schedule(task)
+    }
+    /// If the array is both hosted and in-context, schedules a copy from host to context and
+    /// returns true, otherwise returns false. The caller must synchronize the device before the
+    /// host's data is overwritten.
+    fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
+            return Ok(false);
+        };
+        let d = ctx_device(ctx)?;
+        let t = tn.clone();
+        d.schedule(Task::new(format!("from_host {}", tn.name()), move || {
+            t.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()))
+        }))?;
+        Ok(true)
+    }
+    /// If the array is both hosted and in-context, schedules a copy from context to host and
+    /// returns true, otherwise returns false. The caller must synchronize the device before the
+    /// host's data is read.
+    fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
+            return Ok(false);
+        };
+        let d = ctx_device(ctx)?;
+        let t = tn.clone();
+        d.schedule(Task::new(format!("to_host {}", tn.name()), move || {
+            t.with_host_mut(|a| buf.read_ndarray(a)).unwrap_or(Ok(()))
+        }))?;
+        Ok(true)
+    }
+    /// Copies a node between devices, or into the destination's merge buffer:
+    /// - if the node is absent from `src` and either present in `dst` or `into_merge_buffer`
+    ///   is not `No`: an error;
+    /// - `No`: if the node is in `dst`, schedules a copy from `src` into it on `dst`'s device
+    ///   and returns true, otherwise returns false;
+    /// - `Streaming`: schedules setting `dst`'s device merge buffer to `src`'s buffer (no
+    ///   copy); the caller must not overwrite the source until `dst` has used it;
+    /// - `Copy`: schedules a copy from `src` into `dst`'s device merge buffer (grown as
+    ///   needed).
+    ///
+    /// If `dst` has routines that read a different node from the merge buffer, the call fails
+    /// at once naming both nodes. The caller must synchronize `src` first.
+    fn device_to_device(
+        &self,
+        tn: &Tnode,
+        into_merge_buffer: MergeBufferUse,
+        dst: &Context,
+        src: &Context,
+    ) -> Result<bool> {
+        let Some(src_buf) = src.get_buffer(tn) else {
+            if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
+                return Err(Error::Usage(format!(
+                    "device_to_device: tensor {} is not in the source context {}",
+                    tn.name(),
+                    src.label()
+                )));
+            }
+            return Ok(false);
+        };
+        let d = ctx_device(dst)?;
+        let size = tn.size_in_bytes();
+        let what = format!(
+            "device_to_device {} {:?} {} -> {}",
+            tn.name(),
+            into_merge_buffer,
+            src.label(),
+            dst.label()
+        );
+        match into_merge_buffer {
+            MergeBufferUse::No => {
+                let Some(dst_buf) = dst.get_buffer(tn) else {
+                    return Ok(false);
+                };
+                d.schedule(Task::new(what, move || dst_buf.copy_from(&src_buf, size)))?;
+            }
+            mode => {
+                let expected = dst.merge_nodes();
+                if !expected.is_empty() && !expected.contains(tn) {
+                    let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
+                    return Err(Error::Usage(format!(
+                        "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
+                        tn.name(),
+                        dst.label(),
+                        names.join(", ")
+                    )));
+                }
+                let t = tn.clone();
+                let dev = d.clone();
+                d.schedule(Task::new(what, move || {
+                    let buf = if mode == MergeBufferUse::Copy {
+                        let storage = dev.merge_storage(size)?;
+                        storage.copy_from(&src_buf, size)?;
+                        storage
+                    } else {
+                        src_buf
+                    };
+                    dev.merge_buffer().set(buf, t);
+                    Ok(())
+                }))?;
+            }
+        }
+        Ok(true)
+    }
+    /// Copies `tn`'s buffer in `src` into `dst` (now, on this thread).
+    fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
+        self.core().cc.to_buffer(tn, dst, src)
+    }
+    /// Copies a host array into a buffer (now, on this thread).
+    fn host_to_buffer(&self, src: &Ndarray, dst: &BufferPtr) -> Result<()> {
+        self.core().cc.host_to_buffer(src, dst)
+    }
+    /// Copies a buffer into a host array (now, on this thread).
+    fn buffer_to_host(&self, dst: &mut Ndarray, src: &BufferPtr) -> Result<()> {
+        self.core().cc.buffer_to_host(dst, src)
+    }
+    /// The buffer of `tn` in `ctx`, if any.
+    fn get_buffer(&self, tn: &Tnode, ctx: &Context) -> Option<BufferPtr> {
+        ctx.get_buffer(tn)
+    }
+    /// Cleans up all work on the backend: drains every device's queue, joins the workers and
+    /// releases resources. All devices and contexts obtained before become invalid; the
+    /// backend must be initialized again to be used again.
+    fn unsafe_cleanup(&self) {
+        let devices: Vec<Device> = std::mem::take(&mut *self.core().devices());
+        for d in devices {
+            d.release();
+        }
+        self.core().cc.unsafe_cleanup();
+    }
+}
+
+/// One worker thread and one FIFO queue per virtual device; each core of the machine is a
+/// physical device.
+#[derive(Default)]
+pub struct MulticoreBackend {
+    core: DeviceCore,
+}
+
+impl MulticoreBackend {
+    /// A new (uninitialized) multicore backend.
+    pub fn new() -> MulticoreBackend {
+        MulticoreBackend::default()
+    }
+}
+
+impl Backend for MulticoreBackend {
+    fn name(&self) -> &'static str {
+        "multicore"
+    }
+    fn core(&self) -> &DeviceCore {
+        &self.core
+    }
+    /// The machine's available parallelism.
+    fn num_physical_devices(&self) -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+    /// `PhysicalDevicesOnly` and `MostParallelDevices`: 1 (a core runs one thread at a time);
+    /// `ForParallelCopying`: 2 (so copies overlap with computation).
+    fn suggested_num_virtual_devices(&self, _device: &PhysicalDevice) -> usize {
+        match self.core.cc.config() {
+            Config::ForParallelCopying => 2,
+            Config::PhysicalDevicesOnly | Config::MostParallelDevices => 1,
+        }
+    }
+    fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
+        Device::with_worker(physical.clone(), subordinal)
+    }
+}
+
+impl Drop for MulticoreBackend {
+    fn drop(&mut self) {
+        self.unsafe_cleanup();
+    }
+}
+
+/// Every call runs on the caller's thread; one physical device, any number of virtual devices.
+#[derive(Default)]
+pub struct SyncBackend {
+    core: DeviceCore,
+}
+
+impl SyncBackend {
+    /// A new (uninitialized) sync backend.
+    pub fn new() -> SyncBackend {
+        SyncBackend::default()
+    }
+}
+
+impl Backend for SyncBackend {
+    fn name(&self) -> &'static str {
+        "sync"
+    }
+    fn core(&self) -> &DeviceCore {
+        &self.core
+    }
+    fn num_physical_devices(&self) -> usize {
+        1
+    }
+    fn suggested_num_virtual_devices(&self, _device: &PhysicalDevice) -> usize {
+        1
+    }
+    fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
+        Ok(Device::synchronous(physical.clone(), subordinal))
+    }
+}
+
+/// A backend chosen by name: `multicore` or `sync`.
+pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "multicore" => Ok(Box::new(MulticoreBackend::new())),
+        "sync" => Ok(Box::new(SyncBackend::new())),
+        other => Err(Error::Usage(format!(
+            "unknown backend {other:?}: expected multicore or sync"
+        ))),
+    }
+}

@@ -1,0 +1,465 @@
+//! The device layer: multicore and sync backends, queues, failures, transfers, merge buffers.
+//! Every test runs under a watchdog, so a hang fails the test instead of stalling the suite.
+
+mod common;
+use arrayjit::backend::sexp::*;
+use arrayjit::backend::*;
+use arrayjit::ir::*;
+use common::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+fn with_watchdog(secs: u64, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            // The body panicked: re-raise its panic.
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p)
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("watchdog: test did not finish in {secs}s"),
+    }
+}
+
+fn backends() -> Vec<Box<dyn Backend>> {
+    vec![
+        Box::new(MulticoreBackend::new()),
+        Box::new(SyncBackend::new()),
+    ]
+}
+
+fn devices(b: &dyn Backend, n: usize) -> Vec<Device> {
+    b.initialize(Config::default());
+    let p = b.num_physical_devices();
+    (0..n)
+        .map(|i| {
+            let phys = b.get_device(i % p).unwrap();
+            b.new_virtual_device(&phys).unwrap()
+        })
+        .collect()
+}
+
+/// Each device computes y = 2 * batch[d] (its own slice) + sum of the slice.
+#[test]
+fn devices_run_concurrently_on_their_own_data() {
+    with_watchdog(120, || {
+        for b in backends() {
+            let n = 4;
+            let devs = devices(b.as_ref(), n);
+            let row = StaticSymbol::new("row", Some(n));
+            let bind = Bindings(vec![row.clone()]);
+            let data: Vec<f64> = (0..n * 8).map(|i| i as f64 * 0.5).collect();
+            let batch = input("batch", &[n, 8], Prec::Single, &data);
+            let x = temp("x", &[8], Prec::Single);
+            let two = temp("two", &[1], Prec::Single);
+            let s = output("s", &[1], Prec::Single);
+            let y = output("y", &[8], Prec::Single);
+            let code = Assignments::seq([
+                Assignments::Fetch {
+                    array: x.clone(),
+                    fetch_op: FetchOp::Slice {
+                        batch_idx: row.clone(),
+                        sliced: batch.clone(),
+                    },
+                },
+                Assignments::Fetch {
+                    array: two.clone(),
+                    fetch_op: FetchOp::Constant(2.0),
+                },
+                binop(
+                    &y,
+                    Binop::Arg2,
+                    false,
+                    Binop::Mul,
+                    &x,
+                    &two,
+                    "i,0->i",
+                    &bind,
+                ),
+                unop(&s, Binop::Add, true, Unop::Identity, &x, "i->0", &bind),
+            ]);
+            let code = b.compile(true, Some("per_device"), &bind, &code).unwrap();
+            let mut routines = vec![];
+            for d in &devs {
+                let ctx = b.init(d).unwrap();
+                let r = b.link(&[], &ctx, &code).unwrap();
+                assert!(b.from_host(r.context(), &batch).unwrap());
+                r.bindings()
+                    .set(
+                        "row",
+                        d.subordinal() as i64 * b.num_physical_devices() as i64
+                            + d.physical().ordinal() as i64,
+                    )
+                    .unwrap();
+                routines.push(r);
+            }
+            for r in &routines {
+                r.schedule().unwrap();
+            }
+            for (d, r) in devs.iter().zip(&routines) {
+                let k = r.bindings().values()[0] as usize;
+                // Read back through a host copy private to this check.
+                b.await_device(d).unwrap();
+                let yb = r.context().get_buffer(&y).unwrap();
+                let sb = r.context().get_buffer(&s).unwrap();
+                let mut ya = Ndarray::zeros(Prec::Single, &[8]);
+                let mut sa = Ndarray::zeros(Prec::Single, &[1]);
+                b.buffer_to_host(&mut ya, &yb).unwrap();
+                b.buffer_to_host(&mut sa, &sb).unwrap();
+                let slice = &data[k * 8..k * 8 + 8];
+                assert_eq!(
+                    ya.to_f64_vec(),
+                    slice.iter().map(|v| v * 2.0).collect::<Vec<_>>(),
+                    "{}",
+                    b.name()
+                );
+                assert_eq!(sa.to_f64_vec(), vec![slice.iter().sum::<f64>()]);
+            }
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+/// Gradients on every device merged into device 0 pairwise in a tree; Streaming and Copy
+/// give the same sums.
+#[test]
+fn streaming_and_copy_merges_agree() {
+    with_watchdog(120, || {
+        for b in backends() {
+            let mut sums = vec![];
+            for mode in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
+                let n = 4;
+                let devs = devices(b.as_ref(), n);
+                let row = StaticSymbol::new("row", Some(n));
+                let bind = Bindings(vec![row.clone()]);
+                let data: Vec<f64> = (0..n * 3).map(|i| (i * i) as f64).collect();
+                let batch = input("batch", &[n, 3], Prec::Double, &data);
+                let g = temp("g", &[3], Prec::Double);
+                g.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+                let grad = Assignments::Fetch {
+                    array: g.clone(),
+                    fetch_op: FetchOp::Slice {
+                        batch_idx: row.clone(),
+                        sliced: batch.clone(),
+                    },
+                };
+                let merge = Assignments::AccumBinop {
+                    initialize_neutral: false,
+                    accum: Binop::Add,
+                    op: Binop::Arg2,
+                    lhs: g.clone(),
+                    rhs1: arrayjit::ir::Buffer::Node(g.clone()),
+                    rhs2: arrayjit::ir::Buffer::MergeBuffer(g.clone()),
+                    projections: Projections::pointwise(&[3], 2),
+                };
+                let names = vec!["grad".to_string(), "merge".to_string()];
+                let batch_code = b
+                    .compile_batch(true, Some(&names), None, &bind, &[grad, merge])
+                    .unwrap();
+                assert_eq!(
+                    b.expected_merge_nodes(&batch_code),
+                    vec![None, Some(g.clone())]
+                );
+                let mut ctxs = vec![];
+                let mut grads = vec![];
+                let mut merges = vec![];
+                for (i, d) in devs.iter().enumerate() {
+                    let ctx = b.init(d).unwrap();
+                    let (ctx, rs) = b.link_batch(&[], &ctx, &batch_code).unwrap();
+                    b.from_host(&ctx, &batch).unwrap();
+                    let rg = rs[0].clone().unwrap();
+                    rg.bindings().set("row", i as i64).unwrap();
+                    rg.schedule().unwrap();
+                    grads.push(rg);
+                    merges.push(rs[1].clone().unwrap());
+                    ctxs.push(ctx);
+                }
+                // Tree: round with stride 1 merges 1->0, 3->2; stride 2 merges 2->0.
+                let mut stride = 1;
+                while stride < n {
+                    for to in (0..n).step_by(2 * stride) {
+                        let from = to + stride;
+                        if from < n {
+                            b.await_device(&devs[from]).unwrap();
+                            assert!(b
+                                .device_to_device(&g, mode, &ctxs[to], &ctxs[from])
+                                .unwrap());
+                            merges[to].schedule().unwrap();
+                            // Streaming reads the source's buffer: keep it until merged.
+                            b.await_device(&devs[to]).unwrap();
+                        }
+                    }
+                    stride *= 2;
+                }
+                b.await_device(&devs[0]).unwrap();
+                let mut host = Ndarray::zeros(Prec::Double, &[3]);
+                b.buffer_to_host(&mut host, &ctxs[0].get_buffer(&g).unwrap())
+                    .unwrap();
+                let want: Vec<f64> = (0..3)
+                    .map(|j| (0..n).map(|i| data[i * 3 + j]).sum())
+                    .collect();
+                assert_eq!(host.to_f64_vec(), want, "{} {mode:?}", b.name());
+                if mode == MergeBufferUse::Copy {
+                    assert!(devs[0].merge_storage_size().unwrap() >= 24);
+                }
+                sums.push(host.to_f64_vec());
+                // A mismatched merge node fails at the call, naming both nodes.
+                let other = temp("other_node", &[3], Prec::Double);
+                other.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+                let oc = b
+                    .compile(
+                        true,
+                        Some("other"),
+                        &bind,
+                        &Assignments::Fetch {
+                            array: other.clone(),
+                            fetch_op: FetchOp::Constant(1.0),
+                        },
+                    )
+                    .unwrap();
+                let ro = b.link(&[], &ctxs[1], &oc).unwrap();
+                ro.schedule().unwrap();
+                b.await_device(&devs[1]).unwrap();
+                let err = b
+                    .device_to_device(&other, mode, &ctxs[0], ro.context())
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("other_node") && err.contains('g'), "{err}");
+                // A node absent from the source is an error too.
+                let err = b
+                    .device_to_device(&other, mode, &ctxs[0], &ctxs[2])
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("other_node"), "{err}");
+                // A routine run with the wrong node in the merge buffer fails, naming both.
+                devs[0]
+                    .merge_buffer()
+                    .set(ro.context().get_buffer(&other).unwrap(), other.clone());
+                let err = match merges[0].schedule() {
+                    Err(e) => e.to_string(),
+                    Ok(()) => b.await_device(&devs[0]).unwrap_err().to_string(),
+                };
+                assert!(err.contains("other_node") && err.contains("merge"), "{err}");
+                b.unsafe_cleanup();
+            }
+            assert_eq!(sums[0], sums[1]);
+        }
+    });
+}
+
+#[test]
+fn a_panicking_task_is_reported_and_other_devices_keep_working() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 2);
+            let counter = Arc::new(AtomicUsize::new(0));
+            let res = b.schedule(&devs[0], Task::new("exploding task", || panic!("boom")));
+            if devs[0].has_worker() {
+                res.unwrap();
+                let err = b.await_device(&devs[0]).unwrap_err().to_string();
+                assert!(
+                    err.contains("exploding task") && err.contains("boom"),
+                    "{err}"
+                );
+            } else {
+                let err = res.unwrap_err().to_string();
+                assert!(
+                    err.contains("exploding task") && err.contains("boom"),
+                    "{err}"
+                );
+            }
+            // Reported once; the device works again.
+            b.await_device(&devs[0]).unwrap();
+            for d in &devs {
+                let c = counter.clone();
+                b.schedule(
+                    d,
+                    Task::new("count", move || {
+                        c.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+                b.await_device(d).unwrap();
+            }
+            assert_eq!(counter.load(Ordering::SeqCst), 2);
+            // An error returned by a task is reported by the next schedule as well.
+            if devs[1].has_worker() {
+                b.schedule(
+                    &devs[1],
+                    Task::new("failing task", || Err(arrayjit::Error::Usage("bad".into()))),
+                )
+                .unwrap();
+                while !b.is_idle(&devs[1]) {
+                    std::thread::yield_now();
+                }
+                let err = b
+                    .schedule(&devs[1], Task::new("next", || Ok(())))
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("failing task"), "{err}");
+            }
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn ten_thousand_tiny_tasks_per_device() {
+    with_watchdog(120, || {
+        for b in backends() {
+            let n = 4;
+            let devs = devices(b.as_ref(), n);
+            let one = input("one", &[1], Prec::Double, &[1.0]);
+            let acc = temp("acc", &[1], Prec::Double);
+            acc.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+            let bind = Bindings::empty();
+            let code = b
+                .compile(
+                    true,
+                    Some("inc"),
+                    &bind,
+                    &binop(
+                        &acc,
+                        Binop::Arg2,
+                        false,
+                        Binop::Add,
+                        &acc,
+                        &one,
+                        "0,0->0",
+                        &bind,
+                    ),
+                )
+                .unwrap();
+            let routines: Vec<Routine> = devs
+                .iter()
+                .map(|d| {
+                    let r = b.link(&[], &b.init(d).unwrap(), &code).unwrap();
+                    b.from_host(r.context(), &one).unwrap();
+                    r
+                })
+                .collect();
+            for _ in 0..10_000 {
+                for r in &routines {
+                    r.schedule().unwrap();
+                }
+            }
+            for (d, r) in devs.iter().zip(&routines) {
+                b.await_device(d).unwrap();
+                let mut h = Ndarray::zeros(Prec::Double, &[1]);
+                b.buffer_to_host(&mut h, &r.context().get_buffer(&acc).unwrap())
+                    .unwrap();
+                assert_eq!(h.to_f64_vec(), vec![10_000.0], "{}", d.name());
+            }
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn is_idle_reflects_queued_work() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        let devs = devices(&b, 1);
+        let d = &devs[0];
+        b.await_device(d).unwrap();
+        assert!(b.is_idle(d));
+        let (tx, rx) = mpsc::channel::<()>();
+        b.schedule(
+            d,
+            Task::new("blocked", move || {
+                rx.recv().ok();
+                Ok(())
+            }),
+        )
+        .unwrap();
+        b.schedule(d, Task::new("behind", || Ok(()))).unwrap();
+        assert!(!b.is_idle(d));
+        tx.send(()).unwrap();
+        b.await_device(d).unwrap();
+        assert!(b.is_idle(d));
+        println!("{}", sexp_of_device(d));
+    });
+}
+
+#[test]
+fn cleanup_then_initialize_again() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 2);
+            let x = input("x", &[2], Prec::Single, &[1., 2.]);
+            let y = output("y", &[2], Prec::Single);
+            let bind = Bindings::empty();
+            let code = b
+                .compile(
+                    true,
+                    Some("neg"),
+                    &bind,
+                    &unop(&y, Binop::Arg2, false, Unop::Neg, &x, "i->i", &bind),
+                )
+                .unwrap();
+            let r = b.link(&[], &b.init(&devs[1]).unwrap(), &code).unwrap();
+            b.unsafe_cleanup();
+            assert!(!b.is_initialized());
+            assert!(b.get_device(0).is_err());
+            assert!(r.schedule().is_err(), "a released device must refuse work");
+            b.initialize(Config::PhysicalDevicesOnly);
+            let d = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
+            assert_eq!(b.to_subordinal(&d), 0);
+            let code = b
+                .compile(
+                    true,
+                    Some("neg"),
+                    &bind,
+                    &unop(&y, Binop::Arg2, false, Unop::Neg, &x, "i->i", &bind),
+                )
+                .unwrap();
+            let ctx = b.init(&d).unwrap();
+            let r = b.link(&[], &ctx, &code).unwrap();
+            assert!(b.from_host(r.context(), &x).unwrap());
+            r.schedule().unwrap();
+            assert!(b.to_host(r.context(), &y).unwrap());
+            b.await_device(&d).unwrap();
+            assert_eq!(y.host_values().unwrap(), vec![-1., -2.]);
+            // Not hosted or not in context: false.
+            let t = temp("t", &[2], Prec::Single);
+            assert!(!b.from_host(r.context(), &t).unwrap());
+            assert!(!b.to_host(&ctx, &y).unwrap());
+            assert_eq!(b.get_ctx_device(r.context()).unwrap(), d);
+            assert!(b.get_name(&d).starts_with(b.name()));
+            let text = format!(
+                "{} {} {}",
+                sexp_of_routine(&r),
+                sexp_of_code(&code),
+                sexp_of_context(&ctx)
+            );
+            assert!(text.contains("neg") && text.contains('y'), "{text}");
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn device_counts_follow_config() {
+    let m = MulticoreBackend::new();
+    m.initialize(Config::ForParallelCopying);
+    let expected = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(m.num_physical_devices(), expected);
+    let p = m.get_device(0).unwrap();
+    assert_eq!(m.suggested_num_virtual_devices(&p), 2);
+    assert!(m.get_device(expected).is_err());
+    let s = SyncBackend::new();
+    s.initialize(Config::MostParallelDevices);
+    assert_eq!(s.num_physical_devices(), 1);
+    let p = s.get_device(0).unwrap();
+    for i in 0..5 {
+        assert_eq!(s.to_subordinal(&s.new_virtual_device(&p).unwrap()), i);
+    }
+}
