@@ -36,8 +36,14 @@ fn compiler_errors_and_missing_compiler() {
     // With a debug directory the message points at the kept source and the dumps are there.
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("ARRAYJIT_DEBUG_DIR", dir.path());
-    let err = backend.compile(true, Some("kept"), &b, &chain()).unwrap_err().to_string();
-    assert!(err.contains(&dir.path().join("kept.c").display().to_string()), "{err}");
+    let err = backend
+        .compile(true, Some("kept"), &b, &chain())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&dir.path().join("kept.c").display().to_string()),
+        "{err}"
+    );
     std::env::remove_var("ARRAYJIT_CFLAGS");
     backend.compile(true, Some("fine"), &b, &chain()).unwrap();
     let files: Vec<String> = std::fs::read_dir(dir.path())
@@ -45,10 +51,16 @@ fn compiler_errors_and_missing_compiler() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     for want in ["fine.c", "fine.cmd", "fine.log", "arrayjit.h"] {
-        assert!(files.iter().any(|f| f == want), "{want} missing from {files:?}");
+        assert!(
+            files.iter().any(|f| f == want),
+            "{want} missing from {files:?}"
+        );
     }
     for want in ["assignments.txt", "unoptimized.ll.txt", "optimized.ll.txt"] {
-        assert!(files.iter().any(|f| f.ends_with(want)), "{want} missing from {files:?}");
+        assert!(
+            files.iter().any(|f| f.ends_with(want)),
+            "{want} missing from {files:?}"
+        );
     }
     std::env::remove_var("ARRAYJIT_DEBUG_DIR");
 
@@ -58,6 +70,9 @@ fn compiler_errors_and_missing_compiler() {
         array: z,
         fetch_op: FetchOp::Imported("arrayjit_no_such_function".into()),
     };
-    let err = backend.compile(true, Some("imp"), &b, &imp).unwrap_err().to_string();
+    let err = backend
+        .compile(true, Some("imp"), &b, &imp)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("arrayjit_no_such_function"), "{err}");
 }
