@@ -399,7 +399,7 @@ fn batches_postponed_code_contexts_and_merge_buffer() {
     ));
     // from_prior_context names the missing node.
     let err = backend
-        .link(&[sum.clone()], &mb, &ctx_b, &other)
+        .link(std::slice::from_ref(&sum), &mb, &ctx_b, &other)
         .unwrap_err()
         .to_string();
     assert!(err.contains("sum"), "{err}");

@@ -215,6 +215,7 @@ pub trait Backend: Send + Sync {
     /// If the array is both hosted and in-context, schedules a copy from host to context and
     /// returns true, otherwise returns false. The caller must synchronize the device before the
     /// host's data is overwritten.
+    #[allow(clippy::wrong_self_convention)] // the seed API's name
     fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);

@@ -32,6 +32,7 @@ pub fn temp(name: &str, dims: &[usize], prec: Prec) -> Tnode {
 }
 
 /// `lhs (accum)= op(a, b)` with an einsum spec.
+#[allow(clippy::too_many_arguments)]
 pub fn binop(
     lhs: &Tnode,
     accum: Binop,
@@ -54,6 +55,7 @@ pub fn binop(
 }
 
 /// `lhs (accum)= op(a)` with an einsum spec.
+#[allow(clippy::too_many_arguments)]
 pub fn unop(
     lhs: &Tnode,
     accum: Binop,

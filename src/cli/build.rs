@@ -1,0 +1,689 @@
+//! From a parsed [`Program`] to library objects: tensor nodes, static indices, assignments per
+//! routine and a validated run plan. Every semantic error carries the JSON path of the
+//! offending value, so that it can be reported with the routine/statement and line.
+
+use super::locate::{json_path, JsonPath, Seg};
+use super::program::{
+    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, Program, Statement, Step, TensorDecl,
+};
+use crate::ir::einsum;
+use crate::ir::tnode::provenance;
+use crate::ir::{
+    Assignments, Bindings, Binop, Buffer, FetchOp, HostedMode, InitOp, MemoryMode, Projections,
+    StaticSymbol, Tnode, Unop,
+};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The largest tensor the CLI creates, in bytes (a guard against typos such as an extra
+/// zero in `dims` turning into an allocation failure, which would abort the process).
+pub const MAX_TENSOR_BYTES: u128 = 1 << 34;
+
+/// A semantic error: a message and the JSON path of the value it is about.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramError {
+    /// Where in the document, if known.
+    pub path: Option<JsonPath>,
+    /// What is wrong.
+    pub msg: String,
+}
+
+impl ProgramError {
+    /// An error about the value at `path`.
+    pub fn at(path: JsonPath, msg: impl Into<String>) -> ProgramError {
+        ProgramError {
+            path: Some(path),
+            msg: msg.into(),
+        }
+    }
+    /// An error without a place in the file.
+    pub fn nowhere(msg: impl Into<String>) -> ProgramError {
+        ProgramError {
+            path: None,
+            msg: msg.into(),
+        }
+    }
+}
+
+type Res<T> = Result<T, ProgramError>;
+
+/// A validated run step.
+#[derive(Clone, Debug)]
+pub enum PlanStep {
+    /// Set bindings of the routine with this index, then run it.
+    Run {
+        /// Index into [`Built::routine_names`].
+        routine: usize,
+        /// Static index values to set before running.
+        bindings: Vec<(String, i64)>,
+        /// Where the step is (for run-time errors).
+        path: JsonPath,
+    },
+    /// Repeat the steps.
+    Repeat {
+        /// How many times.
+        count: u64,
+        /// The steps.
+        steps: Vec<PlanStep>,
+    },
+}
+
+/// Everything built from a program.
+pub struct Built {
+    /// The tensors in declaration order, with their names.
+    pub tensors: Vec<(String, Tnode)>,
+    /// The static indices shared by all routines.
+    pub bindings: Bindings,
+    /// The routine names, in order.
+    pub routine_names: Vec<String>,
+    /// The routines' assignments, in order.
+    pub assignments: Vec<Assignments>,
+    /// The validated run steps.
+    pub plan: Vec<PlanStep>,
+    /// The printed tensors (name, node), in print order.
+    pub print: Vec<(String, Tnode)>,
+}
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+fn names_list(names: impl IntoIterator<Item = &'static str>) -> String {
+    names.into_iter().collect::<Vec<_>>().join(", ")
+}
+
+fn with(path: &[Seg], more: JsonPath) -> JsonPath {
+    let mut p = path.to_vec();
+    p.extend(more);
+    p
+}
+
+struct Builder<'a> {
+    tensors: HashMap<&'a str, Tnode>,
+    bindings: Bindings,
+}
+
+impl<'a> Builder<'a> {
+    fn tensor(&self, name: &str, path: JsonPath) -> Res<Tnode> {
+        self.tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ProgramError::at(path, format!("unknown tensor {}", quote(name))))
+    }
+
+    fn static_index(&self, name: &str, path: JsonPath) -> Res<StaticSymbol> {
+        self.bindings.find(name).cloned().ok_or_else(|| {
+            let known: Vec<String> = self.bindings.0.iter().map(|s| quote(&s.name)).collect();
+            ProgramError::at(
+                path,
+                if known.is_empty() {
+                    format!(
+                        "unknown static index {} (the program declares no static_indices)",
+                        quote(name)
+                    )
+                } else {
+                    format!(
+                        "unknown static index {} (declared: {})",
+                        quote(name),
+                        known.join(", ")
+                    )
+                },
+            )
+        })
+    }
+
+    fn statements(&self, code: &[Statement], path: &[Seg]) -> Res<Assignments> {
+        let items = code
+            .iter()
+            .enumerate()
+            .map(|(i, st)| self.statement(st, &with(path, json_path![i])))
+            .collect::<Res<Vec<_>>>()?;
+        Ok(Assignments::seq(items))
+    }
+
+    fn statement(&self, st: &Statement, path: &[Seg]) -> Res<Assignments> {
+        match st {
+            Statement::Block(b) => Ok(Assignments::block(
+                &b.comment,
+                self.statements(&b.code, &with(path, json_path!["code"]))?,
+            )),
+            Statement::Assign(a) => self.assign(a, path),
+            Statement::Fetch(f) => {
+                let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
+                let fetch_op = match &f.kind {
+                    FetchKind::Constant(c) => FetchOp::Constant(*c),
+                    FetchKind::EmbedIndex(s) => FetchOp::EmbedSymbol(
+                        self.static_index(s, with(path, json_path!["embed_index"]))?,
+                    ),
+                    FetchKind::Slice { src, index } => {
+                        let sliced = self.tensor(src, with(path, json_path!["slice"]))?;
+                        let batch_idx =
+                            self.static_index(index, with(path, json_path!["index"]))?;
+                        let sd = sliced.dims();
+                        if sd.len() != array.dims().len() + 1 || &sd[1..] != array.dims() {
+                            return Err(ProgramError::at(
+                                with(path, json_path!["slice"]),
+                                format!(
+                                    "shapes mismatch: slice source {} has dims {:?}, but slicing \
+                                     into {} (dims {:?}) needs dims [N, {}]",
+                                    quote(src),
+                                    sd,
+                                    quote(&f.lhs),
+                                    array.dims(),
+                                    array
+                                        .dims()
+                                        .iter()
+                                        .map(|d| d.to_string())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ),
+                            ));
+                        }
+                        if let Some(r) = batch_idx.range {
+                            if r > sd[0] {
+                                return Err(ProgramError::at(
+                                    with(path, json_path!["index"]),
+                                    format!(
+                                        "static index {} has range {r}, larger than the {} \
+                                         slices of {}",
+                                        quote(index),
+                                        sd[0],
+                                        quote(src)
+                                    ),
+                                ));
+                            }
+                        }
+                        FetchOp::Slice { batch_idx, sliced }
+                    }
+                };
+                Ok(Assignments::Fetch { array, fetch_op })
+            }
+        }
+    }
+
+    fn assign(&self, a: &AssignDecl, path: &[Seg]) -> Res<Assignments> {
+        let lhs = self.tensor(&a.lhs, with(path, json_path!["assign"]))?;
+        let args_path = with(path, json_path!["args"]);
+        let mut args = vec![];
+        for (i, arg) in a.args.iter().enumerate() {
+            args.push(match arg {
+                ArgDecl::Tensor(n) => {
+                    Buffer::Node(self.tensor(n, with(&args_path, json_path![i]))?)
+                }
+                ArgDecl::Merge(n) => {
+                    Buffer::MergeBuffer(self.tensor(n, with(&args_path, json_path![i, "merge"]))?)
+                }
+            });
+        }
+        let op_path = with(path, json_path!["op"]);
+        let unary_names = || names_list(Unop::ALL.iter().map(|o| o.name()));
+        let binary_names = || names_list(Binop::ALL.iter().map(|o| o.name()));
+        enum Op {
+            Un(Unop),
+            Bin(Binop),
+        }
+        let op = match args.len() {
+            1 => match (Unop::from_name(&a.op), Binop::from_name(&a.op)) {
+                (Some(u), _) => Op::Un(u),
+                (None, Some(_)) => {
+                    return Err(ProgramError::at(
+                        op_path,
+                        format!(
+                            "wrong arity: operation {} is binary, but the assignment has 1 \
+                             argument",
+                            quote(&a.op)
+                        ),
+                    ))
+                }
+                (None, None) => {
+                    return Err(ProgramError::at(
+                        op_path,
+                        format!(
+                            "unknown unary operation {} (unary operations: {})",
+                            quote(&a.op),
+                            unary_names()
+                        ),
+                    ))
+                }
+            },
+            2 => match (Binop::from_name(&a.op), Unop::from_name(&a.op)) {
+                (Some(b), _) => Op::Bin(b),
+                (None, Some(_)) => {
+                    return Err(ProgramError::at(
+                        op_path,
+                        format!(
+                            "wrong arity: operation {} is unary, but the assignment has 2 \
+                             arguments",
+                            quote(&a.op)
+                        ),
+                    ))
+                }
+                (None, None) => {
+                    return Err(ProgramError::at(
+                        op_path,
+                        format!(
+                            "unknown binary operation {} (binary operations: {})",
+                            quote(&a.op),
+                            binary_names()
+                        ),
+                    ))
+                }
+            },
+            n => {
+                return Err(ProgramError::at(
+                    args_path,
+                    format!("wrong arity: an assignment takes 1 or 2 arguments, got {n}"),
+                ))
+            }
+        };
+        let accum = match a.accum.as_deref() {
+            None | Some("set") => Binop::Arg2,
+            Some(name) => Binop::from_name(name).ok_or_else(|| {
+                ProgramError::at(
+                    with(path, json_path!["accum"]),
+                    format!(
+                        "unknown accumulator {}: expected \"set\" or a binary operation ({})",
+                        quote(name),
+                        binary_names()
+                    ),
+                )
+            })?,
+        };
+        let projections = match &a.logic {
+            None => {
+                for (i, arg) in args.iter().enumerate() {
+                    let tn = arg.tnode();
+                    if tn.dims() != lhs.dims() {
+                        return Err(ProgramError::at(
+                            with(&args_path, json_path![i]),
+                            format!(
+                                "shapes mismatch: without \"logic\" every argument must have the \
+                                 dims of {} {:?}, but argument {} {} has dims {:?}; give a \
+                                 \"logic\" spec to broadcast or reduce",
+                                quote(&a.lhs),
+                                lhs.dims(),
+                                i + 1,
+                                quote(&tn.name()),
+                                tn.dims()
+                            ),
+                        ));
+                    }
+                }
+                Projections::pointwise(lhs.dims(), args.len())
+            }
+            Some(spec) => {
+                let dims: Vec<&[usize]> = args.iter().map(|b| b.tnode().dims()).collect();
+                einsum::projections(spec, lhs.dims(), &dims, &self.bindings)
+                    .map_err(|e| ProgramError::at(with(path, json_path!["logic"]), e.to_string()))?
+            }
+        };
+        let mut args = args.into_iter();
+        Ok(match op {
+            Op::Un(op) => Assignments::AccumUnop {
+                initialize_neutral: a.init_neutral,
+                accum,
+                op,
+                lhs,
+                rhs: args.next().expect("one argument"),
+                projections,
+            },
+            Op::Bin(op) => Assignments::AccumBinop {
+                initialize_neutral: a.init_neutral,
+                accum,
+                op,
+                lhs,
+                rhs1: args.next().expect("two arguments"),
+                rhs2: args.next().expect("two arguments"),
+                projections,
+            },
+        })
+    }
+}
+
+/// Creates a tensor node from its declaration (see the module docs of [`crate::cli`] for the
+/// hosting rules).
+fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) -> Res<Tnode> {
+    let name = decl.name.as_str();
+    if name.is_empty() {
+        return Err(ProgramError::at(
+            with(path, json_path!["name"]),
+            "a tensor name must not be empty",
+        ));
+    }
+    let dims_path = with(path, json_path!["dims"]);
+    if decl.dims.is_empty() || decl.dims.contains(&0) {
+        return Err(ProgramError::at(
+            dims_path,
+            format!(
+                "dims {:?} must be non-empty and every dim at least 1 (a scalar has dims [1])",
+                decl.dims
+            ),
+        ));
+    }
+    let prec = decl.prec.prec();
+    let bytes = decl
+        .dims
+        .iter()
+        .try_fold(prec.size_in_bytes() as u128, |acc, &d| {
+            acc.checked_mul(d as u128)
+        });
+    if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+        return Err(ProgramError::at(
+            dims_path,
+            format!(
+                "dims {:?} of precision {prec} are too large (the limit is {MAX_TENSOR_BYTES} \
+                 bytes per tensor)",
+                decl.dims
+            ),
+        ));
+    }
+    let init_path = with(path, json_path!["init"]);
+    let mem_path = with(path, json_path!["memory"]);
+    let lib = |p: &JsonPath| {
+        let p = p.clone();
+        move |e: crate::Error| ProgramError::at(p, e.to_string())
+    };
+    // The host data, when the init is something other than zeros.
+    let data_init: Option<InitOp> = match &decl.init {
+        None | Some(InitDecl::Zeros) => None,
+        Some(InitDecl::Range) => Some(InitOp::RangeOverOffsets),
+        Some(InitDecl::Values { values, strict }) => {
+            if values.is_empty() {
+                return Err(ProgramError::at(init_path, "\"values\" must not be empty"));
+            }
+            Some(InitOp::ConstantFill {
+                values: values.clone(),
+                strict: *strict,
+            })
+        }
+        Some(InitDecl::Uniform { seed }) => Some(InitOp::StandardUniform { seed: *seed }),
+        Some(InitDecl::File(f)) => Some(InitOp::FileMapped {
+            path: base_dir.join(f),
+        }),
+    };
+    let label = [name];
+    let create = || -> Res<Tnode> {
+        match &data_init {
+            Some(init) => Tnode::with_init(&label, &decl.dims, prec, init).map_err(lib(&init_path)),
+            None => Tnode::new(&label, &decl.dims, prec).map_err(lib(&dims_path)),
+        }
+    };
+    match decl.memory {
+        None => {
+            let tn = create()?;
+            if decl.init.is_some() || printed {
+                tn.ensure_hosted().map_err(lib(&path.to_vec()))?;
+            }
+            Ok(tn)
+        }
+        Some(MemoryDecl::Hosted) => {
+            let tn = create()?;
+            tn.update_memory_mode(
+                MemoryMode::Hosted(HostedMode::Nonconstant),
+                provenance::USER,
+            )
+            .map_err(lib(&mem_path))?;
+            tn.ensure_hosted().map_err(lib(&mem_path))?;
+            Ok(tn)
+        }
+        Some(MemoryDecl::OnDevice) => {
+            // A non-zero init gets a host array that only stages the data for `from_host`;
+            // a printed tensor gets one to receive `to_host`.
+            let tn = create()?;
+            tn.update_memory_mode(MemoryMode::OnDevice, provenance::USER)
+                .map_err(lib(&mem_path))?;
+            if printed {
+                tn.ensure_hosted().map_err(lib(&mem_path))?;
+            }
+            Ok(tn)
+        }
+        Some(m @ (MemoryDecl::Virtual | MemoryDecl::Local)) => {
+            if data_init.is_some() {
+                return Err(ProgramError::at(
+                    mem_path,
+                    format!(
+                        "a tensor with memory {} cannot have an init other than \"zeros\": its \
+                         values never come from the host (use \"on_device\" or \"hosted\")",
+                        quote(m.name())
+                    ),
+                ));
+            }
+            if printed {
+                return Err(ProgramError::at(
+                    mem_path,
+                    format!(
+                        "the tensor is printed, but memory {} keeps its values off the host \
+                         (use \"on_device\" or \"hosted\", or drop \"memory\")",
+                        quote(m.name())
+                    ),
+                ));
+            }
+            let tn = create()?;
+            let mode = if m == MemoryDecl::Virtual {
+                MemoryMode::Virtual
+            } else {
+                MemoryMode::Local
+            };
+            tn.update_memory_mode(mode, provenance::USER)
+                .map_err(lib(&mem_path))?;
+            Ok(tn)
+        }
+    }
+}
+
+fn plan(
+    steps: &[Step],
+    path: &[Seg],
+    routines: &HashMap<&str, usize>,
+    bindings: &Bindings,
+) -> Res<Vec<PlanStep>> {
+    let mut out = vec![];
+    for (i, step) in steps.iter().enumerate() {
+        let here = with(path, json_path![i]);
+        match step {
+            Step::Routine {
+                routine,
+                bindings: values,
+            } => {
+                let &r = routines.get(routine.as_str()).ok_or_else(|| {
+                    let mut known: Vec<&&str> = routines.keys().collect();
+                    known.sort();
+                    ProgramError::at(
+                        with(&here, json_path!["routine"]),
+                        format!(
+                            "unknown routine {} (routines: {})",
+                            quote(routine),
+                            known
+                                .iter()
+                                .map(|k| quote(k))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                })?;
+                let mut sets = vec![];
+                for (name, &v) in values {
+                    let vpath = with(&here, json_path!["bindings", name.as_str()]);
+                    let Some(s) = bindings.find(name) else {
+                        return Err(ProgramError::at(
+                            vpath,
+                            format!(
+                                "routine {}: unknown static index {}",
+                                quote(routine),
+                                quote(name)
+                            ),
+                        ));
+                    };
+                    let limit = s.range.map_or(i32::MAX as i64, |r| r as i64);
+                    if v < 0 || v >= limit {
+                        return Err(ProgramError::at(
+                            vpath,
+                            format!(
+                                "routine {}: static index {} = {v} is out of range 0..{limit}",
+                                quote(routine),
+                                quote(name)
+                            ),
+                        ));
+                    }
+                    sets.push((name.clone(), v));
+                }
+                out.push(PlanStep::Run {
+                    routine: r,
+                    bindings: sets,
+                    path: here,
+                });
+            }
+            Step::Repeat { count, steps } => {
+                if *count < 0 {
+                    return Err(ProgramError::at(
+                        with(&here, json_path!["repeat"]),
+                        format!("repeat count {count} must not be negative"),
+                    ));
+                }
+                out.push(PlanStep::Repeat {
+                    count: *count as u64,
+                    steps: plan(steps, &with(&here, json_path!["steps"]), routines, bindings)?,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Builds tensors, static indices, routines and the run plan; relative `file` inits are
+/// resolved against `base_dir`.
+pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
+    // Names first: duplicates, and what is printed.
+    let mut tensor_index: HashMap<&str, usize> = HashMap::new();
+    for (i, t) in prog.tensors.iter().enumerate() {
+        if let Some(prev) = tensor_index.insert(t.name.as_str(), i) {
+            return Err(ProgramError::at(
+                json_path!["tensors", i, "name"],
+                format!(
+                    "duplicate tensor name {} (first declared as tensor #{})",
+                    quote(&t.name),
+                    prev + 1
+                ),
+            ));
+        }
+    }
+    let mut printed = vec![false; prog.tensors.len()];
+    for (i, name) in prog.print.iter().enumerate() {
+        let path = json_path!["print", i];
+        let Some(&t) = tensor_index.get(name.as_str()) else {
+            return Err(ProgramError::at(
+                path,
+                format!("cannot print unknown tensor {}", quote(name)),
+            ));
+        };
+        if printed[t] {
+            return Err(ProgramError::at(
+                path,
+                format!("tensor {} is printed twice", quote(name)),
+            ));
+        }
+        printed[t] = true;
+    }
+
+    let mut bindings = Bindings::empty();
+    for (i, s) in prog.static_indices.iter().enumerate() {
+        let path = json_path!["static_indices", i];
+        if s.name.is_empty() {
+            return Err(ProgramError::at(
+                with(&path, json_path!["name"]),
+                "a static index name must not be empty",
+            ));
+        }
+        if bindings.find(&s.name).is_some() {
+            return Err(ProgramError::at(
+                with(&path, json_path!["name"]),
+                format!("duplicate static index {}", quote(&s.name)),
+            ));
+        }
+        if s.range == Some(0) {
+            return Err(ProgramError::at(
+                with(&path, json_path!["range"]),
+                "a static index range must be at least 1",
+            ));
+        }
+        bindings.0.push(StaticSymbol::new(&s.name, s.range));
+    }
+
+    let mut tensors = vec![];
+    let mut b = Builder {
+        tensors: HashMap::new(),
+        bindings,
+    };
+    for (i, t) in prog.tensors.iter().enumerate() {
+        let tn = make_tensor(t, &json_path!["tensors", i], base_dir, printed[i])?;
+        b.tensors.insert(t.name.as_str(), tn.clone());
+        tensors.push((t.name.clone(), tn));
+    }
+
+    let mut routine_index: HashMap<&str, usize> = HashMap::new();
+    let mut assignments = vec![];
+    for (i, r) in prog.routines.iter().enumerate() {
+        let path = json_path!["routines", i];
+        if r.name.is_empty() {
+            return Err(ProgramError::at(
+                with(&path, json_path!["name"]),
+                "a routine name must not be empty",
+            ));
+        }
+        if routine_index.insert(r.name.as_str(), i).is_some() {
+            return Err(ProgramError::at(
+                with(&path, json_path!["name"]),
+                format!("duplicate routine name {}", quote(&r.name)),
+            ));
+        }
+        assignments.push(b.statements(&r.code, &with(&path, json_path!["code"]))?);
+    }
+
+    // A tensor used by more than one routine must persist between them.
+    let per_routine: Vec<Vec<Tnode>> = assignments.iter().map(|a| a.nodes()).collect();
+    for (i, (_, tn)) in tensors.iter().enumerate() {
+        let users: Vec<&str> = prog
+            .routines
+            .iter()
+            .zip(&per_routine)
+            .filter(|(_, nodes)| nodes.contains(tn))
+            .map(|(r, _)| r.name.as_str())
+            .collect();
+        if users.len() > 1 {
+            tn.update_memory_mode(MemoryMode::Materialized, provenance::SHARED_BY_ROUTINES)
+                .map_err(|e| {
+                    let at = if prog.tensors[i].memory.is_some() {
+                        "memory"
+                    } else {
+                        "name"
+                    };
+                    ProgramError::at(
+                        json_path!["tensors", i, at],
+                        format!(
+                            "used by routines {} and so must persist between them: {e}",
+                            users
+                                .iter()
+                                .map(|u| quote(u))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    )
+                })?;
+        }
+    }
+
+    let plan = plan(&prog.run, &json_path!["run"], &routine_index, &b.bindings)?;
+    let print = prog
+        .print
+        .iter()
+        .map(|n| (n.clone(), b.tensors[n.as_str()].clone()))
+        .collect();
+    Ok(Built {
+        tensors,
+        bindings: b.bindings,
+        routine_names: prog.routines.iter().map(|r| r.name.clone()).collect(),
+        assignments,
+        plan,
+        print,
+    })
+}

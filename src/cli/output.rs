@@ -1,0 +1,196 @@
+//! Printing tensors: the JSON object of `arrayjit run` and the tables of `--format table`.
+
+use crate::ir::Prec;
+use half::f16;
+
+/// A value's text: the shortest decimal that reads back as the same value of `prec`.
+///
+/// Bytes print as integers. Floats print like Rust's `{}` (shortest round-trip digits), but in
+/// exponent form (`1e20`, `1.5e-7`) when `|x| >= 1e16` or `0 < |x| < 1e-5`. Halves use the
+/// fewest significant digits that round back to the same `f16`. Non-finite values print as
+/// `inf`, `-inf` and `nan` (the JSON output quotes them). Negative zero prints as `-0`.
+pub fn format_value(prec: Prec, v: f64) -> String {
+    if v.is_nan() {
+        return "nan".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    match prec {
+        Prec::Byte => format!("{}", v as u8),
+        Prec::Half => format_f64(shortest_half(f16::from_f64(v))),
+        Prec::Single => {
+            let x = v as f32;
+            let a = x.abs();
+            if a >= 1e16 || (a < 1e-5 && a != 0.0) {
+                format!("{x:e}")
+            } else {
+                format!("{x}")
+            }
+        }
+        Prec::Double => format_f64(v),
+    }
+}
+
+fn format_f64(x: f64) -> String {
+    let a = x.abs();
+    if a >= 1e16 || (a < 1e-5 && a != 0.0) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// The `f64` with the fewest significant decimal digits that converts back to `h`.
+fn shortest_half(h: f16) -> f64 {
+    let exact = h.to_f64();
+    if exact == 0.0 {
+        return exact;
+    }
+    for digits in 1..=17 {
+        let s = format!("{:.*e}", digits - 1, exact);
+        if let Ok(y) = s.parse::<f64>() {
+            if f16::from_f64(y).to_bits() == h.to_bits() {
+                return y;
+            }
+        }
+    }
+    exact
+}
+
+/// A value as JSON: a number, or the strings `"inf"`, `"-inf"`, `"nan"`.
+pub fn json_value(prec: Prec, v: f64) -> String {
+    let s = format_value(prec, v);
+    if v.is_finite() {
+        s
+    } else {
+        format!("\"{s}\"")
+    }
+}
+
+/// One printed tensor.
+pub struct Printed<'a> {
+    /// The name.
+    pub name: &'a str,
+    /// The dims.
+    pub dims: &'a [usize],
+    /// The precision.
+    pub prec: Prec,
+    /// The values, row-major.
+    pub values: &'a [f64],
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"?\"".into())
+}
+
+/// The JSON object printed by `arrayjit run`, one member per line:
+/// `{"NAME": {"dims": [...], "prec": "...", "values": [...]}, ...}`.
+pub fn to_json(tensors: &[Printed<'_>]) -> String {
+    let mut out = String::from("{");
+    for (i, t) in tensors.iter().enumerate() {
+        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+        let values: Vec<String> = t.values.iter().map(|&v| json_value(t.prec, v)).collect();
+        out.push_str(if i == 0 { "\n  " } else { ",\n  " });
+        out.push_str(&format!(
+            "{}: {{\"dims\": [{}], \"prec\": \"{}\", \"values\": [{}]}}",
+            json_string(t.name),
+            dims.join(", "),
+            t.prec.name(),
+            values.join(", ")
+        ));
+    }
+    out.push_str(if tensors.is_empty() { "}\n" } else { "\n}\n" });
+    out
+}
+
+/// Human-readable tables: a header `NAME: dims [..], PREC` per tensor, then its values
+/// right-aligned in columns of one width: a 1-D tensor as one row, a 2-D tensor as rows and
+/// columns, and higher-dimensional tensors as a sequence of 2-D slices, each introduced by its
+/// leading indices (`[0, 1, :, :]`).
+pub fn to_table(tensors: &[Printed<'_>]) -> String {
+    let mut out = String::new();
+    for (k, t) in tensors.iter().enumerate() {
+        if k > 0 {
+            out.push('\n');
+        }
+        let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+        out.push_str(&format!(
+            "{}: dims [{}], {}\n",
+            t.name,
+            dims.join(", "),
+            t.prec.name()
+        ));
+        let cells: Vec<String> = t.values.iter().map(|&v| format_value(t.prec, v)).collect();
+        let width = cells.iter().map(|c| c.chars().count()).max().unwrap_or(1);
+        let (rows, cols) = match t.dims.len() {
+            0 => (1, 1),
+            1 => (1, t.dims[0]),
+            n => (t.dims[n - 2], t.dims[n - 1]),
+        };
+        let slice = (rows * cols).max(1);
+        let lead = if t.dims.len() > 2 {
+            &t.dims[..t.dims.len() - 2]
+        } else {
+            &[][..]
+        };
+        for (s, chunk) in cells.chunks(slice).enumerate() {
+            if !lead.is_empty() {
+                // The leading indices of slice `s`.
+                let mut idx = vec![0; lead.len()];
+                let mut rem = s;
+                for (i, &d) in lead.iter().enumerate().rev() {
+                    idx[i] = rem % d;
+                    rem /= d;
+                }
+                let mut parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+                parts.extend([":".to_string(), ":".to_string()]);
+                out.push_str(&format!("[{}]\n", parts.join(", ")));
+            }
+            for row in chunk.chunks(cols.max(1)) {
+                let line: Vec<String> = row.iter().map(|c| format!("{c:>width$}")).collect();
+                out.push_str("  ");
+                out.push_str(&line.join("  "));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_values() {
+        assert_eq!(format_value(Prec::Single, 0.1f32 as f64), "0.1");
+        assert_eq!(format_value(Prec::Single, 3.0), "3");
+        assert_eq!(format_value(Prec::Single, 1e20), "1e20");
+        assert_eq!(format_value(Prec::Single, 1.5e-7f32 as f64), "1.5e-7");
+        assert_eq!(format_value(Prec::Double, 0.1 + 0.2), "0.30000000000000004");
+        assert_eq!(format_value(Prec::Half, f16::from_f64(0.1).to_f64()), "0.1");
+        assert_eq!(format_value(Prec::Half, 65504.0), "65500");
+        assert_eq!(
+            format_value(Prec::Half, f16::from_f64(1e-7).to_f64()),
+            "1e-7"
+        );
+        assert_eq!(format_value(Prec::Byte, 255.0), "255");
+        assert_eq!(format_value(Prec::Double, -0.0), "-0");
+        assert_eq!(json_value(Prec::Double, f64::NEG_INFINITY), "\"-inf\"");
+        assert_eq!(json_value(Prec::Half, f64::NAN), "\"nan\"");
+    }
+
+    #[test]
+    fn every_half_round_trips() {
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            if !h.is_finite() {
+                continue;
+            }
+            let s = format_value(Prec::Half, h.to_f64());
+            let back = f16::from_f64(s.parse::<f64>().unwrap());
+            assert_eq!(back.to_bits(), h.to_bits(), "{s}");
+        }
+    }
+}

@@ -1,0 +1,609 @@
+//! The program file model: what `arrayjit run` and `arrayjit emit-c` read (see
+//! `PROGRAM_FORMAT.md`).
+//!
+//! Every struct rejects unknown fields. The shapes that JSON cannot express as one serde
+//! derive (an `init` that is a string or an object, a statement or run step whose kind is
+//! given by which keys it has, numbers that may be written as `"inf"`) have hand-written
+//! `Deserialize` impls, so that every error still carries serde_json's line and column.
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A whole program file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Program {
+    /// The tensors, in declaration order.
+    #[serde(default)]
+    pub tensors: Vec<TensorDecl>,
+    /// The static indices, shared by every routine.
+    #[serde(default)]
+    pub static_indices: Vec<StaticDecl>,
+    /// The routines, compiled together as one batch.
+    #[serde(default)]
+    pub routines: Vec<RoutineDecl>,
+    /// What to run, in order.
+    #[serde(default)]
+    pub run: Vec<Step>,
+    /// The tensors to print, in order.
+    #[serde(default)]
+    pub print: Vec<String>,
+}
+
+/// A tensor declaration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorDecl {
+    /// The unique name (also the node's label).
+    pub name: String,
+    /// The dims: non-empty, each at least 1.
+    pub dims: Vec<usize>,
+    /// The precision (default single).
+    #[serde(default)]
+    pub prec: PrecDecl,
+    /// How the host array is filled; a tensor with an `init` is hosted.
+    #[serde(default)]
+    pub init: Option<InitDecl>,
+    /// An explicit memory mode.
+    #[serde(default)]
+    pub memory: Option<MemoryDecl>,
+}
+
+/// A precision as written in a program file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecDecl {
+    /// `"byte"`
+    Byte,
+    /// `"half"`
+    Half,
+    /// `"single"` (the default)
+    #[default]
+    Single,
+    /// `"double"`
+    Double,
+}
+
+impl PrecDecl {
+    /// The library's precision.
+    pub fn prec(self) -> crate::ir::Prec {
+        use crate::ir::Prec;
+        match self {
+            PrecDecl::Byte => Prec::Byte,
+            PrecDecl::Half => Prec::Half,
+            PrecDecl::Single => Prec::Single,
+            PrecDecl::Double => Prec::Double,
+        }
+    }
+}
+
+/// An explicit memory mode as written in a program file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryDecl {
+    /// `"virtual"`: inlined where used, never materialized.
+    Virtual,
+    /// `"local"`: materialized only during one routine call.
+    Local,
+    /// `"on_device"`: kept in the context across calls.
+    OnDevice,
+    /// `"hosted"`: kept in the context and on the host.
+    Hosted,
+}
+
+impl MemoryDecl {
+    /// The name as written in program files.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryDecl::Virtual => "virtual",
+            MemoryDecl::Local => "local",
+            MemoryDecl::OnDevice => "on_device",
+            MemoryDecl::Hosted => "hosted",
+        }
+    }
+}
+
+/// How a tensor's host array is filled.
+#[derive(Clone, Debug, PartialEq)]
+pub enum InitDecl {
+    /// `"zeros"`
+    Zeros,
+    /// `"range"`: each cell holds its row-major offset.
+    Range,
+    /// `{"values": [...], "strict": bool}`
+    Values {
+        /// The values, row-major.
+        values: Vec<f64>,
+        /// Whether there must be exactly one value per cell (default true); otherwise the
+        /// values repeat cyclically.
+        strict: bool,
+    },
+    /// `{"uniform": {"seed": N}}`
+    Uniform {
+        /// The generator's seed.
+        seed: u64,
+    },
+    /// `{"file": "path"}`: raw bytes in the tensor's precision; a relative path is resolved
+    /// against the program file's directory.
+    File(String),
+}
+
+/// A static index declaration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticDecl {
+    /// The name used in `{name}` einsum entries, fetches and run bindings.
+    pub name: String,
+    /// Valid values are `0..range`.
+    #[serde(default)]
+    pub range: Option<usize>,
+}
+
+/// A routine: a name and its statements.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutineDecl {
+    /// The unique routine name.
+    pub name: String,
+    /// The statements, in order.
+    pub code: Vec<Statement>,
+}
+
+/// One statement of a routine or block.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Statement {
+    /// `{"assign": ..., "op": ..., "args": [...], ...}`
+    Assign(AssignDecl),
+    /// `{"fetch": ..., ...}`
+    Fetch(FetchDecl),
+    /// `{"comment": ..., "code": [...]}`
+    Block(BlockDecl),
+}
+
+/// An assignment statement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AssignDecl {
+    /// The tensor written.
+    pub lhs: String,
+    /// The operation's name (unary with one argument, binary with two).
+    pub op: String,
+    /// The arguments.
+    pub args: Vec<ArgDecl>,
+    /// The einsum-style spec; pointwise when absent.
+    pub logic: Option<String>,
+    /// `"set"` or a binary operation's name; `None` means `"set"`.
+    pub accum: Option<String>,
+    /// Whether to fill with the accumulator's neutral element first.
+    pub init_neutral: bool,
+}
+
+/// An argument of an assignment.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArgDecl {
+    /// A tensor name.
+    Tensor(String),
+    /// `{"merge": NAME}`: this device's merge buffer, holding NAME.
+    Merge(String),
+}
+
+/// A fetch statement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FetchDecl {
+    /// The tensor filled.
+    pub lhs: String,
+    /// What it is filled with.
+    pub kind: FetchKind,
+}
+
+/// What a fetch fills its tensor with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FetchKind {
+    /// `"constant": c`
+    Constant(f64),
+    /// `"slice": SRC, "index": STATIC`
+    Slice {
+        /// The tensor sliced (dims `[n] ++ lhs dims`).
+        src: String,
+        /// The static index selecting the slice.
+        index: String,
+    },
+    /// `"embed_index": STATIC`
+    EmbedIndex(String),
+}
+
+/// A block statement: a comment labelling a list of statements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockDecl {
+    /// The comment.
+    pub comment: String,
+    /// The statements.
+    pub code: Vec<Statement>,
+}
+
+/// A run step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// `{"routine": NAME, "bindings": {STATIC: value}}`
+    Routine {
+        /// The routine run.
+        routine: String,
+        /// Values given to static indices before running.
+        bindings: BTreeMap<String, i64>,
+    },
+    /// `{"repeat": N, "steps": [...]}`
+    Repeat {
+        /// How many times (must not be negative).
+        count: i64,
+        /// The steps repeated.
+        steps: Vec<Step>,
+    },
+}
+
+/// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scalar(pub f64);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number or one of the strings \"inf\", \"-inf\", \"nan\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                match v {
+                    "inf" => Ok(Scalar(f64::INFINITY)),
+                    "-inf" => Ok(Scalar(f64::NEG_INFINITY)),
+                    "nan" => Ok(Scalar(f64::NAN)),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Stores a field's value, rejecting a second occurrence of the key.
+fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+    map: &mut A,
+    slot: &mut Option<T>,
+    key: &'static str,
+) -> Result<(), A::Error> {
+    if slot.is_some() {
+        return Err(de::Error::duplicate_field(key));
+    }
+    *slot = Some(map.next_value()?);
+    Ok(())
+}
+
+const INIT_FIELDS: &[&str] = &["values", "strict", "uniform", "file"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UniformDecl {
+    seed: u64,
+}
+
+impl<'de> Deserialize<'de> for InitDecl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = InitDecl;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "an init: \"zeros\", \"range\", {\"values\": [...], \"strict\": bool}, \
+                     {\"uniform\": {\"seed\": N}} or {\"file\": \"path\"}",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<InitDecl, E> {
+                match v {
+                    "zeros" => Ok(InitDecl::Zeros),
+                    "range" => Ok(InitDecl::Range),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<InitDecl, A::Error> {
+                let mut values: Option<Vec<Scalar>> = None;
+                let mut strict: Option<bool> = None;
+                let mut uniform: Option<UniformDecl> = None;
+                let mut file: Option<String> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "values" => put(&mut map, &mut values, "values")?,
+                        "strict" => put(&mut map, &mut strict, "strict")?,
+                        "uniform" => put(&mut map, &mut uniform, "uniform")?,
+                        "file" => put(&mut map, &mut file, "file")?,
+                        other => return Err(de::Error::unknown_field(other, INIT_FIELDS)),
+                    }
+                }
+                let kinds = values.is_some() as u8 + uniform.is_some() as u8 + file.is_some() as u8;
+                if kinds != 1 {
+                    return Err(de::Error::custom(
+                        "an init object needs exactly one of the keys \"values\", \"uniform\" \
+                         or \"file\"",
+                    ));
+                }
+                if strict.is_some() && values.is_none() {
+                    return Err(de::Error::custom("\"strict\" only goes with \"values\""));
+                }
+                Ok(if let Some(values) = values {
+                    InitDecl::Values {
+                        values: values.into_iter().map(|s| s.0).collect(),
+                        strict: strict.unwrap_or(true),
+                    }
+                } else if let Some(u) = uniform {
+                    InitDecl::Uniform { seed: u.seed }
+                } else {
+                    InitDecl::File(file.unwrap_or_default())
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for ArgDecl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ArgDecl;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tensor name or {\"merge\": NAME}")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ArgDecl, E> {
+                Ok(ArgDecl::Tensor(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ArgDecl, A::Error> {
+                let mut merge: Option<String> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "merge" => put(&mut map, &mut merge, "merge")?,
+                        other => return Err(de::Error::unknown_field(other, &["merge"])),
+                    }
+                }
+                merge
+                    .map(ArgDecl::Merge)
+                    .ok_or_else(|| de::Error::missing_field("merge"))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+const STATEMENT_FIELDS: &[&str] = &[
+    "assign",
+    "op",
+    "args",
+    "logic",
+    "accum",
+    "init_neutral",
+    "fetch",
+    "constant",
+    "slice",
+    "index",
+    "embed_index",
+    "comment",
+    "code",
+];
+const ASSIGN_FIELDS: &[&str] = &["assign", "op", "args", "logic", "accum", "init_neutral"];
+const FETCH_FIELDS: &[&str] = &["fetch", "constant", "slice", "index", "embed_index"];
+const BLOCK_FIELDS: &[&str] = &["comment", "code"];
+
+fn quoted_list(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl<'de> Deserialize<'de> for Statement {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Statement;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a statement: an object with \"assign\", \"fetch\" or \"comment\"")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Statement, A::Error> {
+                let mut assign: Option<String> = None;
+                let mut op: Option<String> = None;
+                let mut args: Option<Vec<ArgDecl>> = None;
+                let mut logic: Option<String> = None;
+                let mut accum: Option<String> = None;
+                let mut init_neutral: Option<bool> = None;
+                let mut fetch: Option<String> = None;
+                let mut constant: Option<Scalar> = None;
+                let mut slice: Option<String> = None;
+                let mut index: Option<String> = None;
+                let mut embed_index: Option<String> = None;
+                let mut comment: Option<String> = None;
+                let mut code: Option<Vec<Statement>> = None;
+                let mut seen: Vec<&'static str> = vec![];
+                while let Some(key) = map.next_key::<String>()? {
+                    let k: &'static str = match key.as_str() {
+                        "assign" => "assign",
+                        "op" => "op",
+                        "args" => "args",
+                        "logic" => "logic",
+                        "accum" => "accum",
+                        "init_neutral" => "init_neutral",
+                        "fetch" => "fetch",
+                        "constant" => "constant",
+                        "slice" => "slice",
+                        "index" => "index",
+                        "embed_index" => "embed_index",
+                        "comment" => "comment",
+                        "code" => "code",
+                        other => return Err(de::Error::unknown_field(other, STATEMENT_FIELDS)),
+                    };
+                    match k {
+                        "assign" => put(&mut map, &mut assign, k)?,
+                        "op" => put(&mut map, &mut op, k)?,
+                        "args" => put(&mut map, &mut args, k)?,
+                        "logic" => put(&mut map, &mut logic, k)?,
+                        "accum" => put(&mut map, &mut accum, k)?,
+                        "init_neutral" => put(&mut map, &mut init_neutral, k)?,
+                        "fetch" => put(&mut map, &mut fetch, k)?,
+                        "constant" => put(&mut map, &mut constant, k)?,
+                        "slice" => put(&mut map, &mut slice, k)?,
+                        "index" => put(&mut map, &mut index, k)?,
+                        "embed_index" => put(&mut map, &mut embed_index, k)?,
+                        "comment" => put(&mut map, &mut comment, k)?,
+                        _ => put(&mut map, &mut code, k)?,
+                    }
+                    seen.push(k);
+                }
+                let kinds: Vec<&str> = [
+                    ("assign", assign.is_some()),
+                    ("fetch", fetch.is_some()),
+                    ("comment", comment.is_some()),
+                ]
+                .iter()
+                .filter(|(_, present)| *present)
+                .map(|(k, _)| *k)
+                .collect();
+                let (kind_name, allowed) = match kinds.as_slice() {
+                    ["assign"] => ("an assignment", ASSIGN_FIELDS),
+                    ["fetch"] => ("a fetch", FETCH_FIELDS),
+                    ["comment"] => ("a block", BLOCK_FIELDS),
+                    [] => {
+                        return Err(de::Error::custom(
+                            "a statement needs one of the keys \"assign\" (assignment), \
+                             \"fetch\" (fetch) or \"comment\" (block)",
+                        ))
+                    }
+                    many => {
+                        return Err(de::Error::custom(format!(
+                            "a statement has only one of the keys \"assign\", \"fetch\" and \
+                             \"comment\", this one has {}",
+                            quoted_list(many)
+                        )))
+                    }
+                };
+                if let Some(k) = seen.iter().find(|k| !allowed.contains(k)) {
+                    return Err(de::Error::custom(format!(
+                        "field \"{k}\" does not belong in {kind_name} (its fields: {})",
+                        quoted_list(allowed)
+                    )));
+                }
+                if let Some(lhs) = assign {
+                    return Ok(Statement::Assign(AssignDecl {
+                        lhs,
+                        op: op.ok_or_else(|| de::Error::missing_field("op"))?,
+                        args: args.ok_or_else(|| de::Error::missing_field("args"))?,
+                        logic,
+                        accum,
+                        init_neutral: init_neutral.unwrap_or(false),
+                    }));
+                }
+                if let Some(lhs) = fetch {
+                    let n = constant.is_some() as u8
+                        + slice.is_some() as u8
+                        + embed_index.is_some() as u8;
+                    if n != 1 {
+                        return Err(de::Error::custom(
+                            "a fetch needs exactly one of the keys \"constant\", \"slice\" \
+                             (with \"index\") or \"embed_index\"",
+                        ));
+                    }
+                    if index.is_some() && slice.is_none() {
+                        return Err(de::Error::custom(
+                            "\"index\" only goes with \"slice\" in a fetch",
+                        ));
+                    }
+                    let kind = if let Some(c) = constant {
+                        FetchKind::Constant(c.0)
+                    } else if let Some(src) = slice {
+                        FetchKind::Slice {
+                            src,
+                            index: index.ok_or_else(|| de::Error::missing_field("index"))?,
+                        }
+                    } else {
+                        FetchKind::EmbedIndex(embed_index.unwrap_or_default())
+                    };
+                    return Ok(Statement::Fetch(FetchDecl { lhs, kind }));
+                }
+                Ok(Statement::Block(BlockDecl {
+                    comment: comment.unwrap_or_default(),
+                    code: code.ok_or_else(|| de::Error::missing_field("code"))?,
+                }))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+const STEP_FIELDS: &[&str] = &["routine", "bindings", "repeat", "steps"];
+
+impl<'de> Deserialize<'de> for Step {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Step;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a run step: {\"routine\": NAME, \"bindings\": {...}} or \
+                     {\"repeat\": N, \"steps\": [...]}",
+                )
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
+                let mut routine: Option<String> = None;
+                let mut bindings: Option<BTreeMap<String, i64>> = None;
+                let mut repeat: Option<i64> = None;
+                let mut steps: Option<Vec<Step>> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "routine" => put(&mut map, &mut routine, "routine")?,
+                        "bindings" => put(&mut map, &mut bindings, "bindings")?,
+                        "repeat" => put(&mut map, &mut repeat, "repeat")?,
+                        "steps" => put(&mut map, &mut steps, "steps")?,
+                        other => return Err(de::Error::unknown_field(other, STEP_FIELDS)),
+                    }
+                }
+                match (routine, repeat) {
+                    (Some(routine), None) => {
+                        if steps.is_some() {
+                            return Err(de::Error::custom("\"steps\" only goes with \"repeat\""));
+                        }
+                        Ok(Step::Routine {
+                            routine,
+                            bindings: bindings.unwrap_or_default(),
+                        })
+                    }
+                    (None, Some(count)) => {
+                        if bindings.is_some() {
+                            return Err(de::Error::custom(
+                                "\"bindings\" only goes with \"routine\"",
+                            ));
+                        }
+                        Ok(Step::Repeat {
+                            count,
+                            steps: steps.ok_or_else(|| de::Error::missing_field("steps"))?,
+                        })
+                    }
+                    (Some(_), Some(_)) => Err(de::Error::custom(
+                        "a run step has either \"routine\" or \"repeat\", not both",
+                    )),
+                    (None, None) => Err(de::Error::custom(
+                        "a run step needs \"routine\" (with optional \"bindings\") or \
+                         \"repeat\" (with \"steps\")",
+                    )),
+                }
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
