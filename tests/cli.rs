@@ -983,3 +983,93 @@ fn library_errors_name_the_routine() {
     let e = run_err(&f);
     assert!(e.contains("recursion"), "{e}");
 }
+
+#[test]
+fn example_data_parallel_on_both_backends() {
+    // Column sums of range(4x3) times w = [1, 2, 3], by hand: [18, 22, 26] * w.
+    let want = vec![18.0, 44.0, 78.0];
+    let (v, _) = run_ok(&example("data_parallel.json"));
+    assert_eq!(tensor(&v, "g").2, want);
+    let text = std::fs::read_to_string(example("data_parallel.json")).unwrap();
+    let p = Prog::new();
+    for (backend, merge) in [
+        ("sync", "streaming"),
+        ("sync", "copy"),
+        ("multicore", "copy"),
+    ] {
+        let t = text
+            .replace("\"multicore\"", &format!("\"{backend}\""))
+            .replace("\"streaming\"", &format!("\"{merge}\""));
+        let (v, _) = run_ok(&p.write(&format!("{backend}_{merge}.json"), &t));
+        assert_eq!(tensor(&v, "g").2, want, "{backend} {merge}");
+    }
+}
+
+#[test]
+fn multi_device_steps_and_errors() {
+    let p = Prog::new();
+    let prog = |devices: &str, run: &str| {
+        format!(
+            r#"{{ {devices}
+  "tensors": [
+    {{"name": "x", "dims": [2], "init": {{"values": [1, 2]}}}},
+    {{"name": "y", "dims": [2]}},
+    {{"name": "acc", "dims": [2]}}
+  ],
+  "routines": [
+    {{"name": "double", "code": [{{"assign": "y", "op": "add", "args": ["x", "x"]}}]}},
+    {{"name": "merge", "code": [{{"assign": "acc", "accum": "add", "op": "identity", "args": [{{"merge": "y"}}]}}]}}
+  ],
+  "run": [{run}],
+  "print": ["y", "acc"]
+}}"#
+        )
+    };
+    // Device 1 doubles, its y is copied (plain copy) to device 0, and merged twice into acc.
+    let ok = prog(
+        r#""devices": 2,"#,
+        r#"{"routine": "double", "device": 1},
+           {"copy": "y", "from": 1, "to": 0},
+           {"copy": "y", "from": 1, "to": 0, "merge": "copy"},
+           {"repeat": 2, "steps": [{"routine": "merge", "device": 0}]},
+           {"await": 0}"#,
+    );
+    let (v, _) = run_ok(&p.write("ok.json", &ok));
+    assert_eq!(tensor(&v, "y").2, vec![2.0, 4.0]);
+    assert_eq!(tensor(&v, "acc").2, vec![4.0, 8.0]);
+    // Errors: a device that does not exist, a copy in a single-device program, a merge of
+    // the wrong node, a copy to itself.
+    let cases = [
+        (
+            prog(r#""devices": 2,"#, r#"{"routine": "double", "device": 2}"#),
+            "device 2",
+        ),
+        (
+            prog("", r#"{"copy": "y", "from": 1, "to": 0}"#),
+            "multi-device",
+        ),
+        (
+            prog(
+                r#""devices": 2,"#,
+                r#"{"copy": "x", "from": 1, "to": 0, "merge": "streaming"}"#,
+            ),
+            "tensor x",
+        ),
+        (
+            prog(r#""devices": 2,"#, r#"{"copy": "y", "from": 1, "to": 1}"#),
+            "itself",
+        ),
+        (
+            prog(r#""devices": 2, "backend": "gpu","#, r#"{"await": "all"}"#),
+            "backend",
+        ),
+        (prog(r#""devices": 2,"#, r#"{"await": "some"}"#), "all"),
+    ];
+    for (i, (text, needle)) in cases.iter().enumerate() {
+        let err = run_err(&p.write(&format!("bad{i}.json"), text));
+        assert!(err.contains(needle), "case {i}: {err}");
+    }
+    // The merge-node mismatch names both nodes.
+    let err = run_err(&p.write("bad_merge.json", &cases[2].0));
+    assert!(err.contains("y") && err.contains("merg"), "{err}");
+}

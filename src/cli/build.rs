@@ -4,7 +4,8 @@
 
 use super::locate::{json_path, JsonPath, Seg};
 use super::program::{
-    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, Program, Statement, Step, TensorDecl,
+    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Statement, Step,
+    TensorDecl,
 };
 use crate::ir::einsum;
 use crate::ir::tnode::provenance;
@@ -54,6 +55,8 @@ pub enum PlanStep {
     Run {
         /// Index into [`Built::routine_names`].
         routine: usize,
+        /// The device it runs on (0 for single-device programs).
+        device: usize,
         /// Static index values to set before running.
         bindings: Vec<(String, i64)>,
         /// Where the step is (for run-time errors).
@@ -65,6 +68,44 @@ pub enum PlanStep {
         count: u64,
         /// The steps.
         steps: Vec<PlanStep>,
+    },
+    /// Copy a tensor between devices (or into the destination's merge buffer).
+    Copy {
+        /// The tensor's name and node.
+        tensor: (String, Tnode),
+        /// Source device.
+        from: usize,
+        /// Destination device.
+        to: usize,
+        /// Merge-buffer use.
+        merge: MergeDecl,
+        /// Where the step is.
+        path: JsonPath,
+    },
+    /// Copy a hosted tensor from the host to a device.
+    FromHost {
+        /// The tensor's name and node.
+        tensor: (String, Tnode),
+        /// The device.
+        device: usize,
+        /// Where the step is.
+        path: JsonPath,
+    },
+    /// Copy a hosted tensor from a device to the host.
+    ToHost {
+        /// The tensor's name and node.
+        tensor: (String, Tnode),
+        /// The device.
+        device: usize,
+        /// Where the step is.
+        path: JsonPath,
+    },
+    /// Wait for a device (or all).
+    Await {
+        /// The device, or `None` for all.
+        device: Option<usize>,
+        /// Where the step is.
+        path: JsonPath,
     },
 }
 
@@ -82,6 +123,10 @@ pub struct Built {
     pub plan: Vec<PlanStep>,
     /// The printed tensors (name, node), in print order.
     pub print: Vec<(String, Tnode)>,
+    /// Number of devices of a multi-device program (`None`: single device, no device layer).
+    pub devices: Option<usize>,
+    /// The device backend's name (`multicore` or `sync`).
+    pub backend: String,
 }
 
 fn quote(s: &str) -> String {
@@ -471,12 +516,50 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
     }
 }
 
-fn plan(
-    steps: &[Step],
-    path: &[Seg],
-    routines: &HashMap<&str, usize>,
-    bindings: &Bindings,
-) -> Res<Vec<PlanStep>> {
+/// What run steps may refer to.
+struct PlanEnv<'a> {
+    routines: &'a HashMap<&'a str, usize>,
+    bindings: &'a Bindings,
+    tensors: &'a HashMap<&'a str, Tnode>,
+    /// Number of devices (1 for single-device programs).
+    devices: usize,
+    multi: bool,
+}
+
+impl PlanEnv<'_> {
+    fn device(&self, d: Option<usize>, path: JsonPath) -> Res<usize> {
+        let d = d.unwrap_or(0);
+        if !self.multi && d != 0 {
+            return Err(ProgramError::at(
+                path,
+                format!("device {d}: this program has one device (add \"devices\": N for more)"),
+            ));
+        }
+        if d >= self.devices {
+            return Err(ProgramError::at(
+                path,
+                format!(
+                    "device {d} does not exist: the program has {} devices",
+                    self.devices
+                ),
+            ));
+        }
+        Ok(d)
+    }
+
+    fn tensor(&self, name: &str, path: JsonPath) -> Res<(String, Tnode)> {
+        match self.tensors.get(name) {
+            Some(t) => Ok((name.to_string(), t.clone())),
+            None => Err(ProgramError::at(
+                path,
+                format!("unknown tensor {}", quote(name)),
+            )),
+        }
+    }
+}
+
+fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
+    let (routines, bindings) = (env.routines, env.bindings);
     let mut out = vec![];
     for (i, step) in steps.iter().enumerate() {
         let here = with(path, json_path![i]);
@@ -484,7 +567,9 @@ fn plan(
             Step::Routine {
                 routine,
                 bindings: values,
+                device,
             } => {
+                let device = env.device(*device, with(&here, json_path!["device"]))?;
                 let &r = routines.get(routine.as_str()).ok_or_else(|| {
                     let mut known: Vec<&&str> = routines.keys().collect();
                     known.sort();
@@ -529,6 +614,7 @@ fn plan(
                 }
                 out.push(PlanStep::Run {
                     routine: r,
+                    device,
                     bindings: sets,
                     path: here,
                 });
@@ -542,8 +628,62 @@ fn plan(
                 }
                 out.push(PlanStep::Repeat {
                     count: *count as u64,
-                    steps: plan(steps, &with(&here, json_path!["steps"]), routines, bindings)?,
+                    steps: plan(steps, &with(&here, json_path!["steps"]), env)?,
                 });
+            }
+            Step::Copy {
+                tensor,
+                from,
+                to,
+                merge,
+            } => {
+                if !env.multi {
+                    return Err(ProgramError::at(
+                        with(&here, json_path!["copy"]),
+                        "copying between devices needs a multi-device program (\"devices\": N)",
+                    ));
+                }
+                let tensor = env.tensor(tensor, with(&here, json_path!["copy"]))?;
+                let from = env.device(Some(*from), with(&here, json_path!["from"]))?;
+                let to = env.device(Some(*to), with(&here, json_path!["to"]))?;
+                if from == to {
+                    return Err(ProgramError::at(
+                        with(&here, json_path!["to"]),
+                        format!("copy of {} from device {from} to itself", quote(&tensor.0)),
+                    ));
+                }
+                out.push(PlanStep::Copy {
+                    tensor,
+                    from,
+                    to,
+                    merge: *merge,
+                    path: here,
+                });
+            }
+            Step::FromHost { tensor, device } => {
+                let tensor = env.tensor(tensor, with(&here, json_path!["from_host"]))?;
+                let device = env.device(*device, with(&here, json_path!["device"]))?;
+                out.push(PlanStep::FromHost {
+                    tensor,
+                    device,
+                    path: here,
+                });
+            }
+            Step::ToHost { tensor, device } => {
+                let tensor = env.tensor(tensor, with(&here, json_path!["to_host"]))?;
+                let device = env.device(*device, with(&here, json_path!["device"]))?;
+                out.push(PlanStep::ToHost {
+                    tensor,
+                    device,
+                    path: here,
+                });
+            }
+            Step::Await { device } => {
+                let device = match device {
+                    Some(d) => Some(env.device(Some(*d), with(&here, json_path!["await"]))?),
+                    None => None,
+                };
+                out.push(PlanStep::Await { device, path: here });
             }
         }
     }
@@ -672,7 +812,36 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         }
     }
 
-    let plan = plan(&prog.run, &json_path!["run"], &routine_index, &b.bindings)?;
+    if prog.devices == Some(0) {
+        return Err(ProgramError::at(
+            json_path!["devices"],
+            "a program needs at least one device",
+        ));
+    }
+    let backend = prog.backend.clone().unwrap_or_else(|| "multicore".into());
+    if !matches!(backend.as_str(), "multicore" | "sync") {
+        return Err(ProgramError::at(
+            json_path!["backend"],
+            format!(
+                "unknown backend {}: expected \"multicore\" or \"sync\"",
+                quote(&backend)
+            ),
+        ));
+    }
+    if prog.backend.is_some() && prog.devices.is_none() {
+        return Err(ProgramError::at(
+            json_path!["backend"],
+            "\"backend\" only applies to multi-device programs (add \"devices\": N)",
+        ));
+    }
+    let env = PlanEnv {
+        routines: &routine_index,
+        bindings: &b.bindings,
+        tensors: &b.tensors,
+        devices: prog.devices.unwrap_or(1),
+        multi: prog.devices.is_some(),
+    };
+    let plan = plan(&prog.run, &json_path!["run"], &env)?;
     let print = prog
         .print
         .iter()
@@ -685,5 +854,7 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         assignments,
         plan,
         print,
+        devices: prog.devices,
+        backend,
     })
 }

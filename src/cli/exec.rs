@@ -3,8 +3,13 @@
 use super::build::{Built, PlanStep, ProgramError};
 use super::locate::json_path;
 use super::output::Printed;
-use crate::backend::{CcBackend, Config, MergeBuffer, Routine};
+use super::program::MergeDecl;
+use crate::backend::{
+    backend_by_name, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
+    Routine,
+};
 use crate::ir::Assignments;
+use std::collections::HashSet;
 
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
@@ -59,13 +64,28 @@ pub fn emit_c(built: &Built) -> Result<String, ProgramError> {
     .map_err(|e| attribute(&be, built, e, "generating the C"))
 }
 
-fn execute(steps: &[PlanStep], routines: &[Routine], names: &[String]) -> Result<(), ProgramError> {
+fn set_bindings(r: &Routine, bindings: &[(String, i64)]) -> crate::Result<()> {
+    for (name, v) in bindings {
+        r.bindings().set(name, *v)?;
+    }
+    Ok(())
+}
+
+/// Runs the plan on the single device of the cc backend (everything synchronous).
+fn execute(
+    be: &CcBackend,
+    ctx: &Context,
+    steps: &[PlanStep],
+    routines: &[Routine],
+    names: &[String],
+) -> Result<(), ProgramError> {
     for step in steps {
         match step {
             PlanStep::Run {
                 routine,
                 bindings,
                 path,
+                ..
             } => {
                 let r = &routines[*routine];
                 let fail = |e: crate::Error| {
@@ -74,19 +94,291 @@ fn execute(steps: &[PlanStep], routines: &[Routine], names: &[String]) -> Result
                         format!("routine {}: {e}", quote(&names[*routine])),
                     )
                 };
-                for (name, v) in bindings {
-                    r.bindings().set(name, *v).map_err(fail)?;
-                }
+                set_bindings(r, bindings).map_err(fail)?;
                 r.run().map_err(fail)?;
             }
             PlanStep::Repeat { count, steps } => {
                 for _ in 0..*count {
-                    execute(steps, routines, names)?;
+                    execute(be, ctx, steps, routines, names)?;
                 }
+            }
+            PlanStep::FromHost { tensor, path, .. } => {
+                be.from_host(ctx, &tensor.1)
+                    .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
+            }
+            PlanStep::ToHost { tensor, path, .. } => {
+                be.to_host(ctx, &tensor.1)
+                    .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
+            }
+            PlanStep::Await { .. } => {}
+            PlanStep::Copy { path, .. } => {
+                return Err(ProgramError::at(
+                    path.clone(),
+                    "copying between devices needs a multi-device program",
+                ))
             }
         }
     }
     Ok(())
+}
+
+/// A multi-device run: the backend, every device's context and routines, and what each
+/// device's pending work reads from other devices (so that the CLI never lets a device
+/// overwrite a buffer another device still reads).
+struct Devices<'a> {
+    be: Box<dyn Backend>,
+    devices: Vec<Device>,
+    contexts: Vec<Context>,
+    routines: Vec<Vec<Routine>>,
+    names: &'a [String],
+    /// `readers[s]`: devices with scheduled copies that read device `s`'s buffers.
+    readers: Vec<HashSet<usize>>,
+    /// `streams_from[d]`: the device whose buffer `d`'s merge buffer points at (Streaming).
+    streams_from: Vec<Option<usize>>,
+}
+
+impl Devices<'_> {
+    fn fail(
+        &self,
+        path: &crate::cli::locate::JsonPath,
+    ) -> impl Fn(crate::Error) -> ProgramError + '_ {
+        let path = path.clone();
+        move |e| ProgramError::at(path.clone(), e.to_string())
+    }
+
+    fn await_device(&mut self, d: usize) -> crate::Result<()> {
+        self.be.await_device(&self.devices[d])?;
+        for r in &mut self.readers {
+            r.remove(&d);
+        }
+        Ok(())
+    }
+
+    /// Before device `s` overwrites its buffers: wait for every device still reading them.
+    fn before_write(&mut self, s: usize) -> crate::Result<()> {
+        let mut waiting: Vec<usize> = self.readers[s].iter().copied().collect();
+        waiting.extend((0..self.devices.len()).filter(|&d| self.streams_from[d] == Some(s)));
+        waiting.sort();
+        waiting.dedup();
+        for d in waiting {
+            self.await_device(d)?;
+        }
+        Ok(())
+    }
+
+    fn execute(&mut self, steps: &[PlanStep]) -> Result<(), ProgramError> {
+        for step in steps {
+            match step {
+                PlanStep::Run {
+                    routine,
+                    device,
+                    bindings,
+                    path,
+                } => {
+                    let name = &self.names[*routine];
+                    let wrap = |e: crate::Error| {
+                        ProgramError::at(
+                            path.clone(),
+                            format!("routine {} on device {device}: {e}", quote(name)),
+                        )
+                    };
+                    self.before_write(*device).map_err(wrap)?;
+                    let r = self.routines[*device][*routine].clone();
+                    if r.merge_node().is_some() {
+                        if let Some(s) = self.streams_from[*device] {
+                            // The merge buffer is another device's buffer: let it settle.
+                            self.await_device(s).map_err(wrap)?;
+                        }
+                    }
+                    set_bindings(&r, bindings).map_err(wrap)?;
+                    r.schedule().map_err(wrap)?;
+                }
+                PlanStep::Repeat { count, steps } => {
+                    for _ in 0..*count {
+                        self.execute(steps)?;
+                    }
+                }
+                PlanStep::Copy {
+                    tensor,
+                    from,
+                    to,
+                    merge,
+                    path,
+                } => {
+                    let mode = match merge {
+                        MergeDecl::No => MergeBufferUse::No,
+                        MergeDecl::Streaming => MergeBufferUse::Streaming,
+                        MergeDecl::Copy => MergeBufferUse::Copy,
+                    };
+                    // The source must be done computing; the destination's own buffer is
+                    // written by the copy.
+                    self.await_device(*from).map_err(self.fail(path))?;
+                    if mode == MergeBufferUse::No {
+                        self.before_write(*to).map_err(self.fail(path))?;
+                    }
+                    let copied = self
+                        .be
+                        .device_to_device(
+                            &tensor.1,
+                            mode,
+                            &self.contexts[*to],
+                            &self.contexts[*from],
+                        )
+                        .map_err(self.fail(path))?;
+                    if !copied {
+                        return Err(ProgramError::at(
+                            path.clone(),
+                            format!(
+                                "tensor {} is not on device {to} (no routine there uses it)",
+                                quote(&tensor.0)
+                            ),
+                        ));
+                    }
+                    if mode == MergeBufferUse::Streaming {
+                        self.streams_from[*to] = Some(*from);
+                    } else {
+                        if mode == MergeBufferUse::Copy {
+                            self.streams_from[*to] = None;
+                        }
+                        self.readers[*from].insert(*to);
+                    }
+                }
+                PlanStep::FromHost {
+                    tensor,
+                    device,
+                    path,
+                } => {
+                    self.before_write(*device).map_err(self.fail(path))?;
+                    self.be
+                        .from_host(&self.contexts[*device], &tensor.1)
+                        .map_err(self.fail(path))?;
+                }
+                PlanStep::ToHost {
+                    tensor,
+                    device,
+                    path,
+                } => {
+                    self.be
+                        .to_host(&self.contexts[*device], &tensor.1)
+                        .map_err(self.fail(path))?;
+                    self.await_device(*device).map_err(self.fail(path))?;
+                }
+                PlanStep::Await { device, path } => match device {
+                    Some(d) => self.await_device(*d).map_err(self.fail(path))?,
+                    None => {
+                        for d in 0..self.devices.len() {
+                            self.await_device(d).map_err(self.fail(path))?;
+                        }
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+}
+
+fn collect_printed(
+    built: &Built,
+) -> Result<Vec<(String, Vec<usize>, crate::ir::Prec, Vec<f64>)>, ProgramError> {
+    built
+        .print
+        .iter()
+        .map(|(name, tn)| {
+            let values = tn.host_values().ok_or_else(|| {
+                ProgramError::nowhere(format!("tensor {} has no host array", quote(name)))
+            })?;
+            Ok((name.clone(), tn.dims().to_vec(), tn.prec(), values))
+        })
+        .collect()
+}
+
+/// A multi-device run: every routine is linked on every device (device `i` on physical
+/// device `i mod P`), hosted tensors are copied to every device first, the plan's steps are
+/// scheduled, and at the end every device is awaited and hosted tensors are copied back from
+/// device 0.
+fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
+    let lib =
+        |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
+    let be = backend_by_name(&built.backend).map_err(lib("choosing the backend"))?;
+    be.initialize(Config::default());
+    let phys = be.num_physical_devices();
+    let mut devices = vec![];
+    for i in 0..n {
+        let p = be.get_device(i % phys).map_err(lib("creating devices"))?;
+        devices.push(be.new_virtual_device(&p).map_err(lib("creating devices"))?);
+    }
+    let mut contexts = vec![];
+    let mut routines = vec![];
+    let batch = if built.assignments.is_empty() {
+        None
+    } else {
+        Some(
+            be.compile_batch(
+                true,
+                Some(&built.routine_names),
+                None,
+                &built.bindings,
+                &built.assignments,
+            )
+            .map_err(|e| attribute(be.core().cc(), built, e, "compiling"))?,
+        )
+    };
+    for d in &devices {
+        let ctx = be.init(d).map_err(lib("initializing a device"))?;
+        let (ctx, rs) = match &batch {
+            None => (ctx, vec![]),
+            Some(b) => {
+                let (ctx, rs) = be
+                    .link_batch(&[], &ctx, b)
+                    .map_err(lib("linking the routines"))?;
+                (ctx, rs.into_iter().flatten().collect())
+            }
+        };
+        for (name, tn) in &built.tensors {
+            if tn.is_hosted() {
+                be.from_host(&ctx, tn).map_err(|e| {
+                    ProgramError::nowhere(format!(
+                        "copying tensor {} to the devices: {e}",
+                        quote(name)
+                    ))
+                })?;
+            }
+        }
+        contexts.push(ctx);
+        routines.push(rs);
+    }
+    let mut run = Devices {
+        be,
+        devices,
+        contexts,
+        routines,
+        names: &built.routine_names,
+        readers: vec![HashSet::new(); n],
+        streams_from: vec![None; n],
+    };
+    let result = run.execute(&built.plan).and_then(|()| {
+        for d in 0..n {
+            run.await_device(d)
+                .map_err(|e| ProgramError::nowhere(format!("device {d}: {e}")))?;
+        }
+        for (name, tn) in &built.tensors {
+            if tn.is_hosted() {
+                run.be.to_host(&run.contexts[0], tn).map_err(|e| {
+                    ProgramError::nowhere(format!(
+                        "copying tensor {} to the host: {e}",
+                        quote(name)
+                    ))
+                })?;
+            }
+        }
+        run.await_device(0)
+            .map_err(|e| ProgramError::nowhere(format!("device 0: {e}")))
+    });
+    run.be.unsafe_cleanup();
+    result?;
+    Ok(RunResult {
+        tensors: collect_printed(built)?,
+    })
 }
 
 /// The values of the printed tensors after a run.
@@ -117,6 +409,9 @@ impl RunResult {
 /// used by no routine, or only read where the backend reads host data directly) prints its
 /// host values, i.e. its init.
 pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
+    if let Some(n) = built.devices {
+        return run_devices(built, n);
+    }
     let be = backend();
     let lib =
         |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
@@ -153,7 +448,7 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
             })?;
         }
     }
-    execute(&built.plan, &routines, &built.routine_names)?;
+    execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
     for (name, tn) in &built.tensors {
         if tn.is_hosted() {
             be.to_host(&ctx, tn).map_err(|e| {
@@ -161,15 +456,6 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
             })?;
         }
     }
-    let tensors = built
-        .print
-        .iter()
-        .map(|(name, tn)| {
-            let values = tn.host_values().ok_or_else(|| {
-                ProgramError::nowhere(format!("tensor {} has no host array", quote(name)))
-            })?;
-            Ok((name.clone(), tn.dims().to_vec(), tn.prec(), values))
-        })
-        .collect::<Result<Vec<_>, ProgramError>>()?;
+    let tensors = collect_printed(built)?;
     Ok(RunResult { tensors })
 }

@@ -15,6 +15,13 @@ use std::fmt;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Program {
+    /// Number of virtual devices for a multi-device run; absent: one device, no device
+    /// backend.
+    #[serde(default)]
+    pub devices: Option<usize>,
+    /// The device backend for a multi-device run: `"multicore"` (default) or `"sync"`.
+    #[serde(default)]
+    pub backend: Option<String>,
     /// The tensors, in declaration order.
     #[serde(default)]
     pub tensors: Vec<TensorDecl>,
@@ -225,12 +232,14 @@ pub struct BlockDecl {
 /// A run step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    /// `{"routine": NAME, "bindings": {STATIC: value}}`
+    /// `{"routine": NAME, "bindings": {STATIC: value}, "device": D}`
     Routine {
         /// The routine run.
         routine: String,
         /// Values given to static indices before running.
         bindings: BTreeMap<String, i64>,
+        /// The device (multi-device programs; default 0).
+        device: Option<usize>,
     },
     /// `{"repeat": N, "steps": [...]}`
     Repeat {
@@ -239,6 +248,82 @@ pub enum Step {
         /// The steps repeated.
         steps: Vec<Step>,
     },
+    /// `{"copy": TENSOR, "from": S, "to": D, "merge": "no" | "streaming" | "copy"}`
+    Copy {
+        /// The tensor copied.
+        tensor: String,
+        /// The source device.
+        from: usize,
+        /// The destination device.
+        to: usize,
+        /// How the destination's merge buffer is used (default `"no"`).
+        merge: MergeDecl,
+    },
+    /// `{"from_host": TENSOR, "device": D}`
+    FromHost {
+        /// The tensor copied.
+        tensor: String,
+        /// The device (default 0).
+        device: Option<usize>,
+    },
+    /// `{"to_host": TENSOR, "device": D}`
+    ToHost {
+        /// The tensor copied.
+        tensor: String,
+        /// The device (default 0).
+        device: Option<usize>,
+    },
+    /// `{"await": D}` or `{"await": "all"}`
+    Await {
+        /// The device, or `None` for all devices.
+        device: Option<usize>,
+    },
+}
+
+/// How a `copy` step uses the destination device's merge buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MergeDecl {
+    /// Copy into the destination's own buffer of the tensor.
+    #[default]
+    No,
+    /// The destination's merge buffer points at the source's buffer.
+    Streaming,
+    /// Copy into the destination's merge buffer.
+    Copy,
+}
+
+/// The value of `"await"`: a device or `"all"`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct AwaitTarget(Option<usize>);
+
+impl<'de> Deserialize<'de> for AwaitTarget {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = AwaitTarget;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a device number or \"all\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<AwaitTarget, E> {
+                Ok(AwaitTarget(Some(v as usize)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<AwaitTarget, E> {
+                if v < 0 {
+                    return Err(E::invalid_value(de::Unexpected::Signed(v), &self));
+                }
+                Ok(AwaitTarget(Some(v as usize)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<AwaitTarget, E> {
+                if v == "all" {
+                    Ok(AwaitTarget(None))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`.
@@ -546,7 +631,20 @@ impl<'de> Deserialize<'de> for Statement {
     }
 }
 
-const STEP_FIELDS: &[&str] = &["routine", "bindings", "repeat", "steps"];
+const STEP_FIELDS: &[&str] = &[
+    "routine",
+    "bindings",
+    "device",
+    "repeat",
+    "steps",
+    "copy",
+    "from",
+    "to",
+    "merge",
+    "from_host",
+    "to_host",
+    "await",
+];
 
 impl<'de> Deserialize<'de> for Step {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -555,53 +653,115 @@ impl<'de> Deserialize<'de> for Step {
             type Value = Step;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(
-                    "a run step: {\"routine\": NAME, \"bindings\": {...}} or \
-                     {\"repeat\": N, \"steps\": [...]}",
+                    "a run step: {\"routine\": NAME, \"bindings\": {...}}, \
+                     {\"repeat\": N, \"steps\": [...]}, {\"copy\": T, \"from\": S, \"to\": D}, \
+                     {\"from_host\": T}, {\"to_host\": T} or {\"await\": D}",
                 )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
                 let mut routine: Option<String> = None;
                 let mut bindings: Option<BTreeMap<String, i64>> = None;
+                let mut device: Option<usize> = None;
                 let mut repeat: Option<i64> = None;
                 let mut steps: Option<Vec<Step>> = None;
+                let mut copy: Option<String> = None;
+                let mut from: Option<usize> = None;
+                let mut to: Option<usize> = None;
+                let mut merge: Option<MergeDecl> = None;
+                let mut from_host: Option<String> = None;
+                let mut to_host: Option<String> = None;
+                let mut await_: Option<AwaitTarget> = None;
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "routine" => put(&mut map, &mut routine, "routine")?,
                         "bindings" => put(&mut map, &mut bindings, "bindings")?,
+                        "device" => put(&mut map, &mut device, "device")?,
                         "repeat" => put(&mut map, &mut repeat, "repeat")?,
                         "steps" => put(&mut map, &mut steps, "steps")?,
+                        "copy" => put(&mut map, &mut copy, "copy")?,
+                        "from" => put(&mut map, &mut from, "from")?,
+                        "to" => put(&mut map, &mut to, "to")?,
+                        "merge" => put(&mut map, &mut merge, "merge")?,
+                        "from_host" => put(&mut map, &mut from_host, "from_host")?,
+                        "to_host" => put(&mut map, &mut to_host, "to_host")?,
+                        "await" => put(&mut map, &mut await_, "await")?,
                         other => return Err(de::Error::unknown_field(other, STEP_FIELDS)),
                     }
                 }
-                match (routine, repeat) {
-                    (Some(routine), None) => {
-                        if steps.is_some() {
-                            return Err(de::Error::custom("\"steps\" only goes with \"repeat\""));
-                        }
-                        Ok(Step::Routine {
-                            routine,
-                            bindings: bindings.unwrap_or_default(),
-                        })
-                    }
-                    (None, Some(count)) => {
-                        if bindings.is_some() {
-                            return Err(de::Error::custom(
-                                "\"bindings\" only goes with \"routine\"",
-                            ));
-                        }
-                        Ok(Step::Repeat {
-                            count,
-                            steps: steps.ok_or_else(|| de::Error::missing_field("steps"))?,
-                        })
-                    }
-                    (Some(_), Some(_)) => Err(de::Error::custom(
-                        "a run step has either \"routine\" or \"repeat\", not both",
-                    )),
-                    (None, None) => Err(de::Error::custom(
-                        "a run step needs \"routine\" (with optional \"bindings\") or \
-                         \"repeat\" (with \"steps\")",
-                    )),
+                let kinds = [
+                    routine.is_some(),
+                    repeat.is_some(),
+                    copy.is_some(),
+                    from_host.is_some(),
+                    to_host.is_some(),
+                    await_.is_some(),
+                ];
+                if kinds.iter().filter(|k| **k).count() > 1 {
+                    return Err(de::Error::custom(
+                        "a run step has exactly one of \"routine\", \"repeat\", \"copy\", \
+                         \"from_host\", \"to_host\", \"await\"",
+                    ));
                 }
+                // Keys that belong to another kind of step.
+                let stray = |ok: &[&str]| -> Result<(), A::Error> {
+                    let present = [
+                        ("bindings", bindings.is_some()),
+                        ("device", device.is_some()),
+                        ("steps", steps.is_some()),
+                        ("from", from.is_some()),
+                        ("to", to.is_some()),
+                        ("merge", merge.is_some()),
+                    ];
+                    for (k, p) in present {
+                        if p && !ok.contains(&k) {
+                            return Err(de::Error::custom(format!(
+                                "\"{k}\" does not go with this kind of run step"
+                            )));
+                        }
+                    }
+                    Ok(())
+                };
+                if let Some(routine) = routine {
+                    stray(&["bindings", "device"])?;
+                    return Ok(Step::Routine {
+                        routine,
+                        bindings: bindings.unwrap_or_default(),
+                        device,
+                    });
+                }
+                if let Some(count) = repeat {
+                    stray(&["steps"])?;
+                    return Ok(Step::Repeat {
+                        count,
+                        steps: steps.ok_or_else(|| de::Error::missing_field("steps"))?,
+                    });
+                }
+                if let Some(tensor) = copy {
+                    stray(&["from", "to", "merge"])?;
+                    return Ok(Step::Copy {
+                        tensor,
+                        from: from.ok_or_else(|| de::Error::missing_field("from"))?,
+                        to: to.ok_or_else(|| de::Error::missing_field("to"))?,
+                        merge: merge.unwrap_or_default(),
+                    });
+                }
+                if let Some(tensor) = from_host {
+                    stray(&["device"])?;
+                    return Ok(Step::FromHost { tensor, device });
+                }
+                if let Some(tensor) = to_host {
+                    stray(&["device"])?;
+                    return Ok(Step::ToHost { tensor, device });
+                }
+                if let Some(AwaitTarget(device)) = await_ {
+                    stray(&[])?;
+                    return Ok(Step::Await { device });
+                }
+                Err(de::Error::custom(
+                    "a run step needs \"routine\" (with optional \"bindings\" and \"device\"), \
+                     \"repeat\" (with \"steps\"), \"copy\" (with \"from\", \"to\", \"merge\"), \
+                     \"from_host\", \"to_host\" or \"await\"",
+                ))
             }
         }
         d.deserialize_map(V)
