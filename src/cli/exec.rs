@@ -277,9 +277,7 @@ impl Devices<'_> {
     }
 }
 
-fn collect_printed(
-    built: &Built,
-) -> Result<Vec<(String, Vec<usize>, crate::ir::Prec, Vec<f64>)>, ProgramError> {
+fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, ProgramError> {
     built
         .print
         .iter()
@@ -381,10 +379,13 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
     })
 }
 
+/// A printed tensor: name, dims, precision, values.
+pub type PrintedTensor = (String, Vec<usize>, crate::ir::Prec, Vec<f64>);
+
 /// The values of the printed tensors after a run.
 pub struct RunResult {
     /// (name, dims, precision, values) per printed tensor, in print order.
-    pub tensors: Vec<(String, Vec<usize>, crate::ir::Prec, Vec<f64>)>,
+    pub tensors: Vec<PrintedTensor>,
 }
 
 impl RunResult {
