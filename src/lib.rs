@@ -1,4 +1,4 @@
-//! arrayjit: compiles n-dimensional array computations to native code through C.
+#![doc = include_str!("../README.md")]
 //!
 //! The stages, one module each: [`ir`] (what the user writes) → [`lower`] (loop IR) →
 //! [`optimize`] (tracing, inlining, simplification) → [`codegen`] (C text) → [`compile`]
@@ -6,9 +6,11 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod cli;
 pub mod codegen;
 pub mod compile;
 pub mod error;
+pub mod interp;
 pub mod ir;
 pub mod lower;
 pub mod optimize;

@@ -207,12 +207,12 @@ impl Writer {
                 let n = self.names.scope(id);
                 if done.insert(id.id) {
                     let pad = "  ".repeat(indent);
-                    let _ = writeln!(pre, "{pad}{} {n} = 0;", id.tn.prec().c_type());
                     let _ = writeln!(
                         pre,
                         "{pad}/* {} */",
                         sanitize_comment(&format!("inlined {}", id.tn.name()))
                     );
+                    let _ = writeln!(pre, "{pad}{} {n} = 0;", id.tn.prec().c_type());
                     let mut body_text = String::new();
                     self.stmt(body, indent, &mut body_text);
                     pre.push_str(&body_text);
