@@ -32,7 +32,9 @@ fn scheduling(c: &mut Criterion) {
             b.await_device(&d).unwrap();
         })
     });
-    c.bench_function("await on an idle device", |bench| bench.iter(|| b.await_device(&d).unwrap()));
+    c.bench_function("await on an idle device", |bench| {
+        bench.iter(|| b.await_device(&d).unwrap())
+    });
 }
 
 fn copies(c: &mut Criterion) {
@@ -40,7 +42,9 @@ fn copies(c: &mut Criterion) {
     b.initialize(Config::default());
     let p = b.get_device(0).unwrap();
     let src_dev = b.new_virtual_device(&p).unwrap();
-    let dst_dev = b.new_virtual_device(&b.get_device(b.num_physical_devices() - 1).unwrap()).unwrap();
+    let dst_dev = b
+        .new_virtual_device(&b.get_device(b.num_physical_devices() - 1).unwrap())
+        .unwrap();
     let mut g = c.benchmark_group("copy");
     for n in [1usize << 10, 1 << 16, 1 << 20] {
         let tn = Tnode::new(&["t"], &[n], Prec::Single).unwrap();
@@ -50,33 +54,50 @@ fn copies(c: &mut Criterion) {
                 true,
                 Some("fill"),
                 &Bindings::empty(),
-                &Assignments::Fetch { array: tn.clone(), fetch_op: FetchOp::Constant(1.0) },
+                &Assignments::Fetch {
+                    array: tn.clone(),
+                    fetch_op: FetchOp::Constant(1.0),
+                },
             )
             .unwrap();
         let rs = b.link(&[], &b.init(&src_dev).unwrap(), &code).unwrap();
         let rd = b.link(&[], &b.init(&dst_dev).unwrap(), &code).unwrap();
         let bytes = (n * 4) as u64;
         g.throughput(Throughput::Bytes(bytes));
-        g.bench_with_input(BenchmarkId::new("device_to_device", bytes), &n, |bench, _| {
-            bench.iter(|| {
-                b.device_to_device(&tn, MergeBufferUse::No, rd.context(), rs.context()).unwrap();
-                b.await_device(&dst_dev).unwrap();
-            })
-        });
-        g.bench_with_input(BenchmarkId::new("device_to_device merge Copy", bytes), &n, |bench, _| {
-            bench.iter(|| {
-                b.device_to_device(&tn, MergeBufferUse::Copy, rd.context(), rs.context()).unwrap();
-                b.await_device(&dst_dev).unwrap();
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("device_to_device", bytes),
+            &n,
+            |bench, _| {
+                bench.iter(|| {
+                    b.device_to_device(&tn, MergeBufferUse::No, rd.context(), rs.context())
+                        .unwrap();
+                    b.await_device(&dst_dev).unwrap();
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("device_to_device merge Copy", bytes),
+            &n,
+            |bench, _| {
+                bench.iter(|| {
+                    b.device_to_device(&tn, MergeBufferUse::Copy, rd.context(), rs.context())
+                        .unwrap();
+                    b.await_device(&dst_dev).unwrap();
+                })
+            },
+        );
         let src = vec![1u8; n * 4];
         let mut dst = vec![0u8; n * 4];
-        g.bench_with_input(BenchmarkId::new("memcpy baseline", bytes), &n, |bench, _| {
-            bench.iter(|| {
-                dst.copy_from_slice(std::hint::black_box(&src));
-                std::hint::black_box(&dst);
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("memcpy baseline", bytes),
+            &n,
+            |bench, _| {
+                bench.iter(|| {
+                    dst.copy_from_slice(std::hint::black_box(&src));
+                    std::hint::black_box(&dst);
+                })
+            },
+        );
     }
     g.finish();
 }
