@@ -290,7 +290,7 @@ fn lower_accum(
         &product,
         accum_body(initialize_neutral, bijective, accum, lhs, &p.project_lhs, v),
     );
-    if initialize_neutral && !bijective && accum != Binop::Arg2 {
+    if initialize_neutral && !bijective {
         Llc::Seq(vec![fill_neutral(lhs, accum), body])
     } else {
         body
