@@ -35,6 +35,7 @@ fn config(root: &Path) -> CompilerConfig {
         debug_dir: None,
         timeout: Duration::from_secs(120),
         temp_root: Some(root.to_path_buf()),
+        cache_dir: None,
     }
 }
 
@@ -298,9 +299,91 @@ fn default_flags_from_env_compile() {
     let root = tempfile::tempdir().unwrap();
     let cfg = CompilerConfig {
         temp_root: Some(root.path().to_path_buf()),
+        cache_dir: None,
         ..CompilerConfig::from_env().unwrap()
     };
     let lib = compile_and_load(&cfg, DOUBLER, "defaults", &[]).unwrap();
     assert_eq!(call(lib.entry("f").unwrap(), 10), 20.0);
     assert_empty(root.path());
+}
+
+#[test]
+fn cache_hits_same_source_and_misses_changed_flags() {
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(root.path());
+    cfg.cache_dir = Some(cache.path().to_path_buf());
+    let a = compile_and_load(&cfg, DOUBLER, "cached", &[]).unwrap();
+    assert!(!a.from_cache());
+    let b = compile_and_load(&cfg, DOUBLER, "cached", &[]).unwrap();
+    assert!(b.from_cache());
+    assert_eq!(call(b.entry("f").unwrap(), 4), 8.0);
+    let files = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let entries = files(cache.path());
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0].ends_with(".so"), "{entries:?}");
+    // A changed flag is a different key.
+    cfg.opt_level = "2".into();
+    let c = compile_and_load(&cfg, DOUBLER, "cached", &[]).unwrap();
+    assert!(!c.from_cache());
+    assert_eq!(files(cache.path()).len(), 2);
+    // A changed source too.
+    let other = DOUBLER.replace("2.0", "3.0");
+    let d = compile_and_load(&cfg, &other, "cached", &[]).unwrap();
+    assert!(!d.from_cache());
+    assert_eq!(call(d.entry("f").unwrap(), 4), 12.0);
+    assert!(files(root.path()).is_empty(), "temporary files left behind");
+}
+
+#[test]
+fn cache_is_shared_between_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let log = dir.path().join("compiles.log");
+    let real = CompilerConfig::from_env().unwrap().compiler;
+    let wrapper = dir.path().join("cc-wrapper");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" != --version ]; then echo compile >> '{}'; fi\nexec '{}' \"$@\"\n",
+            log.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    let program = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs/matmul.json");
+    let run = |extra_flags: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+            .arg("run")
+            .arg(&program)
+            .env("ARRAYJIT_CC", &wrapper)
+            .env("ARRAYJIT_CACHE_DIR", &cache)
+            .env("ARRAYJIT_CFLAGS", extra_flags)
+            .env_remove("ARRAYJIT_CACHE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let compiles = || fs::read_to_string(&log).unwrap_or_default().lines().count();
+    let first = run("");
+    assert_eq!(compiles(), 1);
+    let second = run("");
+    assert_eq!(compiles(), 1, "the second process must hit the cache");
+    assert_eq!(first, second);
+    run("-fno-math-errno");
+    assert_eq!(compiles(), 2, "a changed flag must miss the cache");
 }
