@@ -11,10 +11,16 @@ use std::sync::Arc;
 /// synchronizing those accesses is the caller's job (as in the seed API: await a device before
 /// reading what it wrote).
 pub struct Buffer {
+    /// The allocation as returned by the allocator.
+    raw: NonNull<u8>,
+    /// `raw` rounded up to a multiple of [`ALIGN`].
     ptr: NonNull<u8>,
     size: usize,
     layout: Layout,
 }
+
+/// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
+const ALIGN: usize = 64;
 
 // SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving or sharing the handle
 // between threads is sound. Concurrent access to the bytes goes through raw pointers whose
@@ -29,14 +35,28 @@ pub type BufferPtr = Arc<Buffer>;
 impl Buffer {
     /// A zero-filled buffer of `size` bytes.
     pub fn new(size: usize) -> Result<BufferPtr> {
-        let layout = Layout::from_size_align(size.max(1), 64)
-            .map_err(|e| Error::Usage(format!("cannot allocate a buffer of {size} bytes: {e}")))?;
-        // SAFETY: the layout has non-zero size (at least 1 byte).
+        // Over-allocate with the allocator's natural alignment so that `alloc_zeroed` can use
+        // calloc (lazily zeroed pages for large buffers, instead of an eager memset), then align
+        // the start by hand.
+        let layout = size
+            .checked_add(ALIGN)
+            .and_then(|n| Layout::from_size_align(n, 16).ok())
+            .ok_or_else(|| Error::Usage(format!("cannot allocate a buffer of {size} bytes")))?;
+        // SAFETY: the layout has non-zero size (at least ALIGN bytes).
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or_else(|| {
+        let raw = NonNull::new(raw).ok_or_else(|| {
             Error::Usage(format!("out of memory allocating a buffer of {size} bytes"))
         })?;
-        Ok(Arc::new(Buffer { ptr, size, layout }))
+        let offset = raw.as_ptr().align_offset(ALIGN);
+        // SAFETY: offset < ALIGN, and the allocation has size + ALIGN bytes, so the aligned
+        // start and the `size` bytes after it stay inside the allocation.
+        let ptr = unsafe { NonNull::new_unchecked(raw.as_ptr().add(offset)) };
+        Ok(Arc::new(Buffer {
+            raw,
+            ptr,
+            size,
+            layout,
+        }))
     }
 
     /// Size in bytes.
@@ -111,8 +131,8 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: ptr was allocated with exactly this layout in Buffer::new and is freed once.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        // SAFETY: raw was allocated with exactly this layout in Buffer::new and is freed once.
+        unsafe { dealloc(self.raw.as_ptr(), self.layout) }
     }
 }
 

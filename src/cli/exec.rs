@@ -10,6 +10,7 @@ use crate::backend::{
 };
 use crate::ir::Assignments;
 use std::collections::HashSet;
+use std::time::Instant;
 
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
@@ -135,6 +136,8 @@ struct Devices<'a> {
     readers: Vec<HashSet<usize>>,
     /// `streams_from[d]`: the device whose buffer `d`'s merge buffer points at (Streaming).
     streams_from: Vec<Option<usize>>,
+    /// Time spent compiling the routines, in milliseconds.
+    compile_ms: f64,
 }
 
 impl Devices<'_> {
@@ -295,6 +298,35 @@ fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, ProgramError> {
 /// scheduled, and at the end every device is awaited and hosted tensors are copied back from
 /// device 0.
 fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
+    let mut run = prepare_devices(built, n)?;
+    let result = run.execute(&built.plan).and_then(|()| {
+        for d in 0..n {
+            run.await_device(d)
+                .map_err(|e| ProgramError::nowhere(format!("device {d}: {e}")))?;
+        }
+        for (name, tn) in &built.tensors {
+            if tn.is_hosted() {
+                run.be.to_host(&run.contexts[0], tn).map_err(|e| {
+                    ProgramError::nowhere(format!(
+                        "copying tensor {} to the host: {e}",
+                        quote(name)
+                    ))
+                })?;
+            }
+        }
+        run.await_device(0)
+            .map_err(|e| ProgramError::nowhere(format!("device 0: {e}")))
+    });
+    run.be.unsafe_cleanup();
+    result?;
+    Ok(RunResult {
+        tensors: collect_printed(built)?,
+    })
+}
+
+/// Creates the devices, compiles every routine once, links them on every device and copies
+/// hosted tensors to every device.
+fn prepare_devices(built: &Built, n: usize) -> Result<Devices<'_>, ProgramError> {
     let lib =
         |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
     let be = backend_by_name(&built.backend).map_err(lib("choosing the backend"))?;
@@ -307,6 +339,7 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
     }
     let mut contexts = vec![];
     let mut routines = vec![];
+    let start = Instant::now();
     let batch = if built.assignments.is_empty() {
         None
     } else {
@@ -321,6 +354,7 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
             .map_err(|e| attribute(be.core().cc(), built, e, "compiling"))?,
         )
     };
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     for d in &devices {
         let ctx = be.init(d).map_err(lib("initializing a device"))?;
         let (ctx, rs) = match &batch {
@@ -345,7 +379,7 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
         contexts.push(ctx);
         routines.push(rs);
     }
-    let mut run = Devices {
+    Ok(Devices {
         be,
         devices,
         contexts,
@@ -353,29 +387,7 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
         names: &built.routine_names,
         readers: vec![HashSet::new(); n],
         streams_from: vec![None; n],
-    };
-    let result = run.execute(&built.plan).and_then(|()| {
-        for d in 0..n {
-            run.await_device(d)
-                .map_err(|e| ProgramError::nowhere(format!("device {d}: {e}")))?;
-        }
-        for (name, tn) in &built.tensors {
-            if tn.is_hosted() {
-                run.be.to_host(&run.contexts[0], tn).map_err(|e| {
-                    ProgramError::nowhere(format!(
-                        "copying tensor {} to the host: {e}",
-                        quote(name)
-                    ))
-                })?;
-            }
-        }
-        run.await_device(0)
-            .map_err(|e| ProgramError::nowhere(format!("device 0: {e}")))
-    });
-    run.be.unsafe_cleanup();
-    result?;
-    Ok(RunResult {
-        tensors: collect_printed(built)?,
+        compile_ms,
     })
 }
 
@@ -413,6 +425,22 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
     if let Some(n) = built.devices {
         return run_devices(built, n);
     }
+    let (be, ctx, routines, _) = prepare_single(built)?;
+    execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
+    for (name, tn) in &built.tensors {
+        if tn.is_hosted() {
+            be.to_host(&ctx, tn).map_err(|e| {
+                ProgramError::nowhere(format!("copying tensor {} to the host: {e}", quote(name)))
+            })?;
+        }
+    }
+    let tensors = collect_printed(built)?;
+    Ok(RunResult { tensors })
+}
+
+/// Compiles and links every routine on the cc backend and copies hosted tensors to the
+/// device; returns the backend, the context, the routines and the compile time in ms.
+fn prepare_single(built: &Built) -> Result<(CcBackend, Context, Vec<Routine>, f64), ProgramError> {
     let be = backend();
     let lib =
         |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
@@ -420,6 +448,8 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
     let ctx = be
         .init("arrayjit")
         .map_err(lib("initializing the backend"))?;
+    let start = Instant::now();
+    let mut compile_ms = 0.0;
     let ctx = if built.assignments.is_empty() {
         ctx
     } else {
@@ -432,6 +462,7 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
                 &built.assignments,
             )
             .map_err(|e| attribute(&be, built, e, "compiling"))?;
+        compile_ms = start.elapsed().as_secs_f64() * 1e3;
         let (ctx, linked) = be
             .link_batch(&[], &MergeBuffer::new(), &ctx, &batch)
             .map_err(lib("linking the routines"))?;
@@ -449,14 +480,74 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
             })?;
         }
     }
-    execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
-    for (name, tn) in &built.tensors {
-        if tn.is_hosted() {
-            be.to_host(&ctx, tn).map_err(|e| {
-                ProgramError::nowhere(format!("copying tensor {} to the host: {e}", quote(name)))
-            })?;
+    Ok((be, ctx, routines, compile_ms))
+}
+
+/// Timings of `arrayjit bench`.
+#[derive(Clone, Debug)]
+pub struct BenchResult {
+    /// Compiling and linking every routine, in milliseconds.
+    pub compile_ms: f64,
+    /// The time of each timed execution of the run steps, in milliseconds.
+    pub run_ms: Vec<f64>,
+}
+
+impl BenchResult {
+    /// One JSON object: `{"compile_ms", "runs", "run_ms": {"median", "min", "max"}}`.
+    pub fn to_json(&self) -> String {
+        let mut v = self.run_ms.clone();
+        v.sort_by(f64::total_cmp);
+        let median = if v.is_empty() {
+            0.0
+        } else if v.len() % 2 == 1 {
+            v[v.len() / 2]
+        } else {
+            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+        };
+        let min = v.first().copied().unwrap_or(0.0);
+        let max = v.last().copied().unwrap_or(0.0);
+        format!(
+            "{{\"compile_ms\": {:.3}, \"runs\": {}, \"run_ms\": {{\"median\": {median:.6}, \"min\": {min:.6}, \"max\": {max:.6}}}}}\n",
+            self.compile_ms,
+            v.len()
+        )
+    }
+}
+
+/// Compiles the program once, copies hosted tensors to the device(s), then executes its run
+/// steps `warmup` times untimed and `runs` times timed (each timing covers the steps and, on
+/// several devices, awaiting them; not compilation or the initial host copies).
+pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, ProgramError> {
+    let mut run_ms = Vec::with_capacity(runs);
+    if let Some(n) = built.devices {
+        let mut devices = prepare_devices(built, n)?;
+        let compile_ms = devices.compile_ms;
+        let result = (|| {
+            for i in 0..warmup + runs {
+                let t = Instant::now();
+                devices.execute(&built.plan)?;
+                for d in 0..n {
+                    devices
+                        .await_device(d)
+                        .map_err(|e| ProgramError::nowhere(format!("device {d}: {e}")))?;
+                }
+                if i >= warmup {
+                    run_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            Ok(())
+        })();
+        devices.be.unsafe_cleanup();
+        result?;
+        return Ok(BenchResult { compile_ms, run_ms });
+    }
+    let (be, ctx, routines, compile_ms) = prepare_single(built)?;
+    for i in 0..warmup + runs {
+        let t = Instant::now();
+        execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
+        if i >= warmup {
+            run_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let tensors = collect_printed(built)?;
-    Ok(RunResult { tensors })
+    Ok(BenchResult { compile_ms, run_ms })
 }

@@ -53,9 +53,12 @@ Usage:
   arrayjit run FILE [--format json|table]   run the program FILE and print its `print` tensors
                                             (json, the default: one JSON object on stdout)
   arrayjit emit-c FILE                      print the C source of all routines of FILE
+  arrayjit bench FILE [--warmup N] [--runs N]
+                                            compile once, time the run steps (JSON: compile_ms,
+                                            run_ms median/min/max; no compilation or host copies)
   arrayjit --help                           print this help
 
-The program file format is described in PROGRAM_FORMAT.md.
+The program file format is described in README.md.
 ";
 
 /// Output format of `arrayjit run`.
@@ -82,6 +85,15 @@ pub enum Command {
         /// The program file.
         file: String,
     },
+    /// `arrayjit bench FILE [--warmup N] [--runs N]`
+    Bench {
+        /// The program file.
+        file: String,
+        /// Untimed executions of the run steps first (default 3).
+        warmup: usize,
+        /// Timed executions (default 10).
+        runs: usize,
+    },
     /// `arrayjit --help`
     Help,
 }
@@ -98,13 +110,42 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
     if cmd == "help" {
         return Ok(Command::Help);
     }
-    if cmd != "run" && cmd != "emit-c" {
+    if cmd != "run" && cmd != "emit-c" && cmd != "bench" {
         return Err(format!("unknown command {cmd:?}"));
     }
     let mut file: Option<String> = None;
     let mut format: Option<Format> = None;
+    let mut warmup: Option<usize> = None;
+    let mut runs: Option<usize> = None;
     let mut rest = args[1..].iter();
     while let Some(a) = rest.next() {
+        let count_flag = ["--warmup", "--runs"]
+            .into_iter()
+            .find(|f| a == f || a.starts_with(&format!("{f}=")));
+        if let Some(flag) = count_flag {
+            if cmd != "bench" {
+                return Err(format!("{cmd} does not take {flag}"));
+            }
+            let v = match a.strip_prefix(&format!("{flag}=")) {
+                Some(v) => v.to_string(),
+                None => rest
+                    .next()
+                    .ok_or_else(|| format!("{flag} needs a number"))?
+                    .clone(),
+            };
+            let n: usize = v
+                .parse()
+                .map_err(|_| format!("{flag} needs a non-negative number, got {v:?}"))?;
+            let slot = if flag == "--warmup" {
+                &mut warmup
+            } else {
+                &mut runs
+            };
+            if slot.replace(n).is_some() {
+                return Err(format!("{flag} given twice"));
+            }
+            continue;
+        }
         let value = if a == "--format" {
             Some(
                 rest.next()
@@ -142,6 +183,17 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             file,
             format: format.unwrap_or(Format::Json),
         },
+        "bench" => {
+            let runs = runs.unwrap_or(10);
+            if runs == 0 {
+                return Err("--runs must be at least 1".into());
+            }
+            Command::Bench {
+                file,
+                warmup: warmup.unwrap_or(3),
+                runs,
+            }
+        }
         _ => Command::EmitC { file },
     })
 }
@@ -207,6 +259,12 @@ fn execute(cmd: &Command) -> Result<String, String> {
         Command::EmitC { file } => {
             let (built, text) = load(file)?;
             exec::emit_c(&built).map_err(|e| render_program_error(file, &text, &e))
+        }
+        Command::Bench { file, warmup, runs } => {
+            let (built, text) = load(file)?;
+            let result = exec::bench(&built, *warmup, *runs)
+                .map_err(|e| render_program_error(file, &text, &e))?;
+            Ok(result.to_json())
         }
         Command::Run { file, format } => {
             let (built, text) = load(file)?;

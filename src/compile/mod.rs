@@ -87,7 +87,9 @@ impl CompilerConfig {
     /// Apart from `ARRAYJIT_ARCH_FLAGS`, a variable set to the empty string counts as unset.
     /// A malformed value is [`Error::Usage`].
     pub fn from_env() -> Result<CompilerConfig> {
-        Self::from_lookup(|name| std::env::var_os(name), detect_compiler)
+        let get = |name: &str| std::env::var_os(name);
+        let cache_dir = cache_dir_from(&get);
+        Self::from_lookup(get, || detect_compiler(cache_dir.as_deref()))
     }
 
     /// [`CompilerConfig::from_env`] with the environment and the fallback compiler detection
@@ -160,16 +162,7 @@ impl CompilerConfig {
             None => Duration::from_secs(DEFAULT_TIMEOUT_SECS),
         };
 
-        let cache_disabled = non_empty("ARRAYJIT_CACHE")
-            .is_some_and(|v| matches!(v.to_string_lossy().trim(), "0" | "false" | "off" | "no"));
-        let cache_dir = if cache_disabled {
-            None
-        } else {
-            non_empty("ARRAYJIT_CACHE_DIR")
-                .map(PathBuf::from)
-                .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("arrayjit")))
-                .or_else(|| non_empty("HOME").map(|h| PathBuf::from(h).join(".cache/arrayjit")))
-        };
+        let cache_dir = cache_dir_from(&get);
 
         Ok(CompilerConfig {
             compiler,
@@ -227,8 +220,57 @@ impl CompilerConfig {
     }
 }
 
-/// Asks the `cc` crate which C compiler it would use for the crate's target.
-fn detect_compiler() -> Result<PathBuf> {
+/// The compile cache directory: `ARRAYJIT_CACHE_DIR`, else `$XDG_CACHE_HOME/arrayjit`, else
+/// `$HOME/.cache/arrayjit`; `None` when `ARRAYJIT_CACHE=0` (or `off`, `false`, `no`).
+fn cache_dir_from(get: &impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
+    let non_empty = |name: &str| get(name).filter(|v| !v.is_empty());
+    let disabled = non_empty("ARRAYJIT_CACHE")
+        .is_some_and(|v| matches!(v.to_string_lossy().trim(), "0" | "false" | "off" | "no"));
+    if disabled {
+        return None;
+    }
+    non_empty("ARRAYJIT_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("arrayjit")))
+        .or_else(|| non_empty("HOME").map(|h| PathBuf::from(h).join(".cache/arrayjit")))
+}
+
+/// Asks the `cc` crate which C compiler it would use for the crate's target. The detection
+/// runs the compiler (tens of milliseconds), so its answer is kept for the process and, with a
+/// cache directory, in a file keyed by the target and `PATH` (used while the compiler it
+/// names still exists), so a new process does not pay for it again.
+fn detect_compiler(cache_dir: Option<&Path>) -> Result<PathBuf> {
+    use std::sync::OnceLock;
+    static DETECTED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let remembered = cache_dir.map(|dir| {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let key = fnv128(&[b"detected-cc", TARGET.as_bytes(), path.as_encoded_bytes()]);
+        dir.join(format!("detected-cc-{key:032x}"))
+    });
+    DETECTED
+        .get_or_init(|| {
+            if let Some(file) = &remembered {
+                if let Ok(text) = fs::read_to_string(file) {
+                    let p = PathBuf::from(text.trim_end_matches('\n'));
+                    if p.is_file() || find_in_path(p.as_os_str()).is_some() {
+                        return Ok(p);
+                    }
+                }
+            }
+            let found = detect_compiler_now().map_err(|e| e.to_string());
+            if let (Ok(p), Some(file)) = (&found, &remembered) {
+                write_atomically(file, &p.to_string_lossy());
+            }
+            found
+        })
+        .clone()
+        .map_err(|msg| match msg.strip_prefix("C compiler not found: ") {
+            Some(m) => Error::CompilerNotFound(m.to_string()),
+            None => Error::CompilerNotFound(msg),
+        })
+}
+
+fn detect_compiler_now() -> Result<PathBuf> {
     let tool = cc::Build::new()
         .target(TARGET)
         .host(TARGET)
@@ -494,7 +536,7 @@ pub fn compile_and_load(
     }
 
     // The compile cache: keyed by the source, the runtime header, the full command and the
-    // compiler's identity (its path and `--version` output).
+    // compiler's identity (its resolved path, size and modification time).
     let cached = config
         .cache_dir
         .as_ref()
@@ -601,48 +643,30 @@ fn fnv128(parts: &[&[u8]]) -> u128 {
     h
 }
 
-/// The compiler's `--version` output, once per process and compiler (None if it fails).
+/// The compiler's identity for the cache key: its resolved path (symlinks followed, bare
+/// names looked up in `PATH`) with the file's size and modification time, so that upgrading
+/// or replacing the compiler changes the key. A `stat`, not a process: a cache hit must cost
+/// only a few milliseconds. None if the compiler cannot be resolved (then the cache is
+/// bypassed).
 fn compiler_identity(config: &CompilerConfig) -> Option<String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<PathBuf, Option<String>>>> = OnceLock::new();
-    let seen = SEEN.get_or_init(Default::default);
-    if let Some(v) = seen.lock().ok()?.get(&config.compiler) {
-        return v.clone();
-    }
-    let version = run_version(config);
-    seen.lock()
-        .ok()?
-        .insert(config.compiler.clone(), version.clone());
-    version
+    use std::os::unix::fs::MetadataExt;
+    let path = if is_bare_name(&config.compiler) {
+        find_in_path(config.compiler.as_os_str())?
+    } else {
+        config.compiler.clone()
+    };
+    let real = fs::canonicalize(&path).ok()?;
+    let meta = fs::metadata(&real).ok()?;
+    Some(format!(
+        "{} {} {} {}",
+        real.display(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    ))
 }
 
-/// Runs `<compiler> --version` with the compile timeout.
-fn run_version(config: &CompilerConfig) -> Option<String> {
-    let mut child = Command::new(&config.compiler)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let mut out = child.stdout.take()?;
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        let _ = tx.send(s);
-    });
-    let text = rx.recv_timeout(config.timeout.min(Duration::from_secs(30)));
-    if text.is_err() {
-        let _ = child.kill();
-    }
-    let status = child.wait().ok()?;
-    let text = text.ok()?;
-    (status.success() && !text.trim().is_empty()).then_some(text)
-}
-
-/// The cache key of a compile, or None when the compiler cannot identify itself (then the
+/// The cache key of a compile, or None when the compiler cannot be identified (then the
 /// cache is bypassed rather than risk reusing another compiler's output).
 fn cache_key(config: &CompilerConfig, source: &str, command: &str) -> Option<String> {
     let identity = compiler_identity(config)?;
@@ -656,6 +680,20 @@ fn cache_key(config: &CompilerConfig, source: &str, command: &str) -> Option<Str
         source.as_bytes(),
     ]);
     Some(format!("{h:032x}"))
+}
+
+/// Writes a small file atomically (temporary file + rename); failures are ignored.
+fn write_atomically(dest: &Path, contents: &str) {
+    let Some(dir) = dest.parent() else { return };
+    if fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let Ok(mut tmp) = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir) else {
+        return;
+    };
+    if tmp.write_all(contents.as_bytes()).is_ok() {
+        let _ = tmp.persist(dest);
+    }
 }
 
 /// Copies a freshly built library into the cache atomically (a temporary file in the cache
@@ -1057,7 +1095,7 @@ mod tests {
     #[test]
     fn detection_works() {
         // The cc crate's detection must not panic outside a build script.
-        let p = detect_compiler().unwrap();
+        let p = detect_compiler(None).unwrap();
         assert!(!p.as_os_str().is_empty());
     }
 }
