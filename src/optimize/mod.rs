@@ -1,6 +1,7 @@
 //! The optimizer (SPEC section 4): tracing, memory-mode inference, virtualization (inlining),
 //! cleanup and simplification, turning lowered code into an [`Optimized`] routine body.
 
+mod loops;
 mod simplify;
 mod trace;
 mod virtualize;
@@ -25,6 +26,11 @@ pub struct Settings {
     pub max_tracing_dim: usize,
     /// Inline scalar nodes computed only from constants, however often they are read.
     pub inline_scalar_constexprs: bool,
+    /// A node whose computation costs more than this many operations per read (a large
+    /// reduction) is materialized rather than inlined.
+    pub max_inline_work: u64,
+    /// Run the loop-nest passes (loop interchange for locality).
+    pub loop_opts: bool,
 }
 
 impl Default for Settings {
@@ -34,6 +40,8 @@ impl Default for Settings {
             max_visits: 1,
             max_tracing_dim: 5,
             inline_scalar_constexprs: true,
+            max_inline_work: 64,
+            loop_opts: true,
         }
     }
 }
@@ -75,8 +83,13 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
         }
     }
     let code = if settings.enabled {
-        let code = virtualize::virtualize(code, &traced_store)?;
-        simplify(code)
+        let code = virtualize::virtualize(code, &traced_store, settings.max_inline_work)?;
+        let code = simplify(code);
+        if settings.loop_opts {
+            loops::optimize_loops(code)
+        } else {
+            code
+        }
     } else {
         code
     };

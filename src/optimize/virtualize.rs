@@ -350,8 +350,51 @@ fn inlinable(
     Ok(writers)
 }
 
-/// Inlines every node that can be, in order of first write.
-pub fn virtualize(code: Llc, traced: &TracedStore) -> Result<Llc> {
+/// How many scalar operations recomputing a node's computation costs per read: loops over
+/// the written iterators disappear (they are replaced by the read's indices), other loops
+/// (reductions) multiply.
+fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
+    fn value(v: &Llv) -> u64 {
+        match v {
+            Llv::LocalScope { body, .. } => stmt(body, &Pattern::new()),
+            Llv::Binop(_, a, b) => value(a).saturating_add(value(b)),
+            Llv::Unop(_, a) => value(a),
+            _ => 0,
+        }
+    }
+    fn stmt(c: &Llc, written: &Pattern) -> u64 {
+        match c {
+            Llc::Seq(v) => v
+                .iter()
+                .map(|c| stmt(c, written))
+                .fold(0, u64::saturating_add),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                let inner = stmt(body, written);
+                if written.contains_key(index) {
+                    inner
+                } else {
+                    inner.saturating_mul((to - from + 1).max(0) as u64)
+                }
+            }
+            Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
+            Llc::ZeroOut(_) => 1,
+            Llc::Noop | Llc::Comment(_) => 0,
+        }
+    }
+    stmt(c, written)
+}
+
+/// Inlines every node that can be, in order of first write. A node whose computation costs
+/// more than `max_work` operations per read (a large reduction) is materialized instead:
+/// recomputing it inside its consumer's loops would turn e.g. a matrix product into an
+/// inner-product loop nest with strided access.
+pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc> {
     let mut stmts = code.flatten();
     // Candidates in order of first write.
     let mut order: Vec<Tnode> = vec![];
@@ -368,7 +411,18 @@ pub fn virtualize(code: Llc, traced: &TracedStore) -> Result<Llc> {
         if !allowed || t.is_recurrent || t.read_only || tn.is_hosted() {
             continue;
         }
-        match inlinable(&stmts, &tn) {
+        let inl = inlinable(&stmts, &tn).and_then(|w| {
+            let work = w
+                .iter()
+                .map(|(i, p)| work_per_read(&stmts[*i], p))
+                .fold(0, u64::saturating_add);
+            if work > max_work {
+                Err("too costly to recompute per read")
+            } else {
+                Ok(w)
+            }
+        });
+        match inl {
             Ok(writers) => {
                 tn.update_memory_mode(MemoryMode::Virtual, provenance::INLINED)?;
                 let ws: Vec<(Llc, HashMap<Symbol, usize>)> = writers

@@ -1,0 +1,141 @@
+//! Loop-nest passes: interchange for locality keeps results bit-identical, and large
+//! reductions are materialized instead of being recomputed inside their consumers.
+
+mod common;
+use arrayjit::ir::*;
+use arrayjit::lower::{lower, Llc};
+use arrayjit::optimize::{optimize, Settings};
+use common::*;
+
+/// The loop iterators of the first perfect nest that writes `tn`, outermost first, as the
+/// indices (0-based) they take in `tn`'s operands: returned as the spec letters they came from.
+fn loop_order(code: &Llc) -> Vec<i64> {
+    fn go(c: &Llc, out: &mut Vec<i64>) -> bool {
+        match c {
+            Llc::Seq(v) => v.iter().any(|c| go(c, out)),
+            Llc::For { to, body, .. } => {
+                out.push(*to);
+                go(body, out);
+                true
+            }
+            _ => false,
+        }
+    }
+    let mut out = vec![];
+    go(code, &mut out);
+    out
+}
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % 1000) as f64 / 100.0 - 5.0
+        })
+        .collect()
+}
+
+#[test]
+fn matmul_becomes_i_j_k_and_stays_bit_identical() {
+    let (n, k, m) = (5, 7, 9);
+    let b = Bindings::empty();
+    let av = values(n * k, 1);
+    let bv = values(k * m, 2);
+    let run = |loop_opts: bool| {
+        let x = input("x", &[n, k], Prec::Single, &av);
+        let w = input("w", &[k, m], Prec::Single, &bv);
+        let y = output("y", &[n, m], Prec::Single);
+        let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
+        let settings = Settings {
+            loop_opts,
+            ..Default::default()
+        };
+        let o = optimize("mm", lower(&a).unwrap(), &settings).unwrap();
+        let backend = arrayjit::backend::CcBackend::with_settings(settings);
+        let (r, _) = build(&backend, "mm", &b, &a).unwrap();
+        (
+            loop_order(&o.code),
+            run_and_read(&backend, &r, &[&y]).remove(0),
+        )
+    };
+    let (order_off, plain) = run(false);
+    let (order_on, interchanged) = run(true);
+    // Extents (as `to` bounds): i (4), k (8), j (6) before; i, j, k after.
+    assert_eq!(order_off, vec![4, 8, 6]);
+    assert_eq!(order_on, vec![4, 6, 8]);
+    assert_eq!(plain, interchanged, "interchange must not change any bit");
+    // And both match a plain f32 computation in the same summation order (the C compiler
+    // may contract a*b+c into one fused multiply-add, so not bit for bit).
+    for i in 0..n {
+        for c in 0..m {
+            let mut s = 0f32;
+            for j in 0..k {
+                s += av[i * k + j] as f32 * bv[j * m + c] as f32;
+            }
+            assert!((plain[i * m + c] - s as f64).abs() <= 1e-5 * (s.abs() as f64).max(1.0));
+        }
+    }
+}
+
+#[test]
+fn reduction_order_is_kept_and_illegal_nests_are_left_alone() {
+    let b = Bindings::empty();
+    // Two reduction iterators: their relative order must stay.
+    let x = input("x", &[3, 4, 5], Prec::Double, &values(60, 3));
+    let s = output("s", &[5], Prec::Double);
+    let a = unop(&s, Binop::Add, true, Unop::Identity, &x, "ijk->k", &b);
+    let o = optimize("r", lower(&a).unwrap(), &Settings::default()).unwrap();
+    // k is written and contiguous: it moves innermost; i stays before j.
+    assert_eq!(loop_order(&o.code), vec![2, 3, 4]);
+    // Row sums: j is contiguous already.
+    let x2 = input("x2", &[6, 8], Prec::Single, &values(48, 4));
+    let s2 = output("s2", &[6], Prec::Single);
+    let a2 = unop(&s2, Binop::Add, true, Unop::Identity, &x2, "ij->i", &b);
+    let o2 = optimize("r2", lower(&a2).unwrap(), &Settings::default()).unwrap();
+    assert_eq!(loop_order(&o2.code), vec![5, 7]);
+    // y[i, j] = y[j, i] + 1 reads y at another cell: the order must not change.
+    let y = input("y", &[4, 4], Prec::Single, &values(16, 5));
+    let one = input("one", &[1], Prec::Single, &[1.0]);
+    let a3 = binop(&y, Binop::Arg2, false, Binop::Add, &y, &one, "ji,0->ij", &b);
+    let before = loop_order(&lower(&a3).unwrap());
+    let o3 = optimize("t", lower(&a3).unwrap(), &Settings::default()).unwrap();
+    assert_eq!(loop_order(&o3.code), before);
+}
+
+#[test]
+fn large_reductions_are_materialized_not_recomputed() {
+    let b = Bindings::empty();
+    let (n, k, m) = (4, 100, 3);
+    let xv = values(n * k, 6);
+    let wv = values(k * m, 7);
+    let x = input("x", &[n, k], Prec::Double, &xv);
+    let w = input("w", &[k, m], Prec::Double, &wv);
+    let h = temp("h", &[n, m], Prec::Double);
+    let y = output("y", &[n, m], Prec::Double);
+    let a = Assignments::seq([
+        binop(&h, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b),
+        unop(&y, Binop::Arg2, false, Unop::Relu, &h, "ik->ik", &b),
+    ]);
+    let (got, src) = compute(&a, &b, &[&y]);
+    assert_eq!(h.memory_mode(), Some(MemoryMode::Local), "{src}");
+    for i in 0..n {
+        for c in 0..m {
+            let s: f64 = (0..k).map(|j| xv[i * k + j] * wv[j * m + c]).sum();
+            assert!((got[0][i * m + c] - s.max(0.0)).abs() < 1e-9);
+        }
+    }
+    // A small reduction is still inlined.
+    let x = input("x", &[n, 3], Prec::Double, &values(n * 3, 8));
+    let w = input("w", &[3, m], Prec::Double, &values(3 * m, 9));
+    let h = temp("h", &[n, m], Prec::Double);
+    let y = output("y", &[n, m], Prec::Double);
+    let a = Assignments::seq([
+        binop(&h, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b),
+        unop(&y, Binop::Arg2, false, Unop::Relu, &h, "ik->ik", &b),
+    ]);
+    compute(&a, &b, &[&y]);
+    assert_eq!(h.memory_mode(), Some(MemoryMode::Virtual));
+}
