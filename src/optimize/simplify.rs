@@ -1,7 +1,7 @@
 //! Simplification: constant folding, algebraic identities, reassociation of constants,
 //! collapsing trivial local scopes, and unrolling integer powers.
 
-use crate::ir::{Binop, Unop};
+use crate::ir::{Binop, Prec, Unop};
 use crate::lower::{Llc, Llv};
 
 /// Largest integer exponent unrolled into multiplications.
@@ -42,12 +42,14 @@ pub fn simplify(c: Llc) -> Llc {
                 }
             }
         }
-        Llc::Set { tn, idcs, value } => Llc::Set {
-            tn,
-            idcs,
-            value: simplify_value(value),
-        },
-        Llc::SetLocal(id, value) => Llc::SetLocal(id, simplify_value(value)),
+        Llc::Set { tn, idcs, value } => {
+            let value = simplify_value(value, tn.prec());
+            Llc::Set { tn, idcs, value }
+        }
+        Llc::SetLocal(id, value) => {
+            let value = simplify_value(value, id.tn.prec());
+            Llc::SetLocal(id, value)
+        }
         c => c,
     }
 }
@@ -82,8 +84,13 @@ fn uses_local(v: &Llv, id: &crate::lower::ScopeId) -> bool {
     hit
 }
 
-/// Simplifies a value.
-pub fn simplify_value(v: Llv) -> Llv {
+/// Simplifies a value computed for storing into a node of precision `target`.
+///
+/// A local scope that only sets its local once becomes the bare expression when that loses
+/// nothing: when the inlined node's precision is exactly the type `target` computes in
+/// (single into half/single, double into byte/double). Otherwise the local stays, so the
+/// value is computed in the inlined node's own compute type and rounded to its precision.
+pub fn simplify_value(v: Llv, target: Prec) -> Llv {
     use Llv::Constant as C;
     match v {
         Llv::LocalScope {
@@ -92,8 +99,9 @@ pub fn simplify_value(v: Llv) -> Llv {
             orig_indices,
         } => {
             let body = simplify(*body);
+            let exact = id.tn.prec().c_type() == target.compute_c_type();
             if let Llc::SetLocal(i, value) = &body {
-                if *i == id && !uses_local(value, &id) {
+                if exact && *i == id && !uses_local(value, &id) {
                     return value.clone();
                 }
             }
@@ -104,7 +112,7 @@ pub fn simplify_value(v: Llv) -> Llv {
             }
         }
         Llv::Unop(op, a) => {
-            let a = simplify_value(*a);
+            let a = simplify_value(*a, target);
             match (op, a) {
                 (_, C(x)) => C(op.interpret(x)),
                 (Unop::Identity, a) => a,
@@ -112,8 +120,8 @@ pub fn simplify_value(v: Llv) -> Llv {
             }
         }
         Llv::Binop(op, a, b) => {
-            let a = simplify_value(*a);
-            let b = simplify_value(*b);
+            let a = simplify_value(*a, target);
+            let b = simplify_value(*b, target);
             match (op, a, b) {
                 (op, C(x), C(y)) => C(op.interpret(x, y)),
                 (Binop::Arg1, a, _) => a,
@@ -128,13 +136,13 @@ pub fn simplify_value(v: Llv) -> Llv {
                     if op2 == op && matches!(*c1, C(_)) =>
                 {
                     let C(c1) = *c1 else { unreachable!() };
-                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))))
+                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))), target)
                 }
                 (op @ (Binop::Add | Binop::Mul), C(c2), Llv::Binop(op2, x, c1))
                     if op2 == op && matches!(*c1, C(_)) =>
                 {
                     let C(c1) = *c1 else { unreachable!() };
-                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))))
+                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))), target)
                 }
                 (Binop::ToPowOf, base, C(e))
                     if e.fract() == 0.0

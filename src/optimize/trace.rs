@@ -50,6 +50,8 @@ type Cell = Vec<i64>;
 struct NodeState {
     written_cells: HashSet<Cell>,
     any_write: bool,
+    /// Some single store covered every cell (a full loop nest over the node's dims).
+    fully_written: bool,
     zeroed: bool,
     visits: HashMap<Cell, usize>,
     reads: usize,
@@ -60,6 +62,8 @@ struct NodeState {
 struct Tracer<'a> {
     settings: &'a Settings,
     env: HashMap<Symbol, i64>,
+    /// The bounds of the enclosing loops.
+    ranges: HashMap<Symbol, (i64, i64)>,
     /// Loop iterators whose loop was cut short by sampling.
     truncated: HashSet<Symbol>,
     nodes: BTreeMap<Tnode, NodeState>,
@@ -89,16 +93,25 @@ impl Tracer<'_> {
         (cell, exact)
     }
 
+    /// Whether a store at `idcs` inside the current loops writes every cell of `tn`.
+    fn covers_all_cells(&self, tn: &Tnode, idcs: &[AxisIndex]) -> bool {
+        let mut seen = HashSet::new();
+        idcs.iter().zip(tn.dims()).all(|(ix, &d)| match ix {
+            AxisIndex::Fixed(0) => d == 1,
+            AxisIndex::Fixed(_) => false,
+            AxisIndex::Iterator(s) => {
+                seen.insert(*s) && self.ranges.get(s) == Some(&(0, d as i64 - 1))
+            }
+        })
+    }
+
     fn read(&mut self, tn: &Tnode, idcs: &[AxisIndex], own: Option<(&Tnode, &[AxisIndex])>) {
         let (cell, exact) = self.cell(idcs);
         let st = self.nodes.entry(tn.clone()).or_default();
         st.reads += 1;
-        let written = st.zeroed
-            || if exact {
-                st.written_cells.contains(&cell)
-            } else {
-                st.any_write
-            };
+        // A cell whose coordinates are not all known (a static index, or a loop cut short by
+        // sampling) counts as written only if every cell of the node was.
+        let written = st.zeroed || st.fully_written || (exact && st.written_cells.contains(&cell));
         if !written {
             st.recurrent = true;
         }
@@ -141,11 +154,13 @@ impl Tracer<'_> {
                 if n > limit {
                     self.truncated.insert(*index);
                 }
+                self.ranges.insert(*index, (*from, *to));
                 for i in *from..=(*to).min(from + limit - 1) {
                     self.env.insert(*index, i);
                     self.stmt(body);
                 }
                 self.env.remove(index);
+                self.ranges.remove(index);
                 self.truncated.remove(index);
             }
             Llc::ZeroOut(tn) => {
@@ -159,7 +174,9 @@ impl Tracer<'_> {
             Llc::Set { tn, idcs, value } => {
                 self.value(value, Some((tn, idcs)));
                 let (cell, _) = self.cell(idcs);
+                let full = self.covers_all_cells(tn, idcs);
                 let st = self.nodes.entry(tn.clone()).or_default();
+                st.fully_written |= full;
                 st.written_cells.insert(cell);
                 st.any_write = true;
                 st.writes += 1;
@@ -174,6 +191,7 @@ pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
     let mut t = Tracer {
         settings,
         env: HashMap::new(),
+        ranges: HashMap::new(),
         truncated: HashSet::new(),
         nodes: BTreeMap::new(),
     };

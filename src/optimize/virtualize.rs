@@ -438,13 +438,16 @@ pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc>
                     .collect();
             }
             Err("not read in this routine") => {
-                // Cleanup: a node declared virtual and never read computes nothing useful.
                 if tn.memory_mode() == Some(MemoryMode::Virtual) {
+                    // Cleanup: a node declared virtual and never read computes nothing useful.
                     stmts.retain(|s| {
                         let mut w = HashSet::new();
                         writes_of(s, &mut w);
                         !w.contains(&tn)
                     });
+                } else {
+                    // Written (perhaps updated in place) and never consumed here: an output.
+                    tn.update_memory_mode(MemoryMode::Materialized, provenance::OUTPUT)?;
                 }
             }
             Err(_) => tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?,
