@@ -182,6 +182,8 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
             let ok = match ix {
                 AxisIndex::Fixed(i) => *i < d,
                 AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
+                // Never produced by projections.
+                AxisIndex::Affine { .. } => false,
             };
             if !ok {
                 return bad(format!(

@@ -139,3 +139,97 @@ fn large_reductions_are_materialized_not_recomputed() {
     compute(&a, &b, &[&y]);
     assert_eq!(h.memory_mode(), Some(MemoryMode::Virtual));
 }
+
+#[test]
+fn long_reductions_get_independent_accumulators() {
+    let b = Bindings::empty();
+    for prec in [Prec::Single, Prec::Double] {
+        for n in [32usize, 37, 100, 257] {
+            let xv = values(3 * n, n as u64);
+            for acc in [Binop::Add, Binop::Max, Binop::Min, Binop::Sub] {
+                let run = |loop_opts: bool| {
+                    let x = input("x", &[3, n], prec, &xv);
+                    // An inlined intermediate inside the reduced expression, and the index.
+                    let sq = temp("sq", &[3, n], prec);
+                    let s = output("s", &[3], prec);
+                    let a = Assignments::seq([
+                        binop(&sq, Binop::Arg2, false, Binop::Mul, &x, &x, "ij,ij->ij", &b),
+                        unop(&s, acc, true, Unop::Identity, &sq, "ij->i", &b),
+                    ]);
+                    let settings = Settings {
+                        loop_opts,
+                        ..Default::default()
+                    };
+                    let backend = arrayjit::backend::CcBackend::with_settings(settings);
+                    let (r, src) = build(&backend, "red", &b, &a).unwrap();
+                    (run_and_read(&backend, &r, &[&s]).remove(0), src)
+                };
+                let (plain, _) = run(false);
+                let (fast, src) = run(true);
+                assert!(src.contains("s_acc_"), "{src}");
+                for i in 0..3 {
+                    let row = xv[i * n..(i + 1) * n].iter().map(|v| round_to(prec, v * v));
+                    let want = match acc {
+                        Binop::Add => row.sum::<f64>(),
+                        Binop::Sub => -row.sum::<f64>(),
+                        Binop::Max => row.fold(f64::NEG_INFINITY, f64::max),
+                        _ => row.fold(f64::INFINITY, f64::min),
+                    };
+                    let tol = if prec == Prec::Single { 1e-4 } else { 1e-12 };
+                    for got in [plain[i], fast[i]] {
+                        assert!(
+                            (got - want).abs() <= tol * want.abs().max(1.0),
+                            "{prec} n={n} {acc}: got {got}, want {want}"
+                        );
+                    }
+                    if matches!(acc, Binop::Max | Binop::Min) {
+                        assert_eq!(plain[i], fast[i], "max and min are exact");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn short_and_half_precision_reductions_are_left_sequential() {
+    let b = Bindings::empty();
+    let x = input("x", &[2, 64], Prec::Half, &values(128, 11));
+    let s = output("s", &[2], Prec::Half);
+    let (_, src) = compute(
+        &unop(&s, Binop::Add, true, Unop::Identity, &x, "ij->i", &b),
+        &b,
+        &[&s],
+    );
+    assert!(!src.contains("_acc_"), "{src}");
+    let x = input("x", &[2, 20], Prec::Single, &values(40, 12));
+    let s = output("s", &[2], Prec::Single);
+    let (_, src) = compute(
+        &unop(&s, Binop::Add, true, Unop::Identity, &x, "ij->i", &b),
+        &b,
+        &[&s],
+    );
+    assert!(!src.contains("_acc_"), "{src}");
+}
+
+#[test]
+fn the_interpreter_runs_strip_mined_code() {
+    let b = Bindings::empty();
+    let n = 70;
+    let xv = values(2 * n, 21);
+    let x = input("x", &[2, n], Prec::Double, &xv);
+    let s = output("s", &[2], Prec::Double);
+    let a = unop(&s, Binop::Add, true, Unop::Identity, &x, "ij->i", &b);
+    let o = optimize("red", lower(&a).unwrap(), &Settings::default()).unwrap();
+    assert!(
+        arrayjit::lower::to_doc(&o.code).contains('*'),
+        "expected a strip-mined index"
+    );
+    let mut mem = arrayjit::interp::Memory::new();
+    mem.load_from_hosts(&a.nodes());
+    arrayjit::interp::run(&o.code, &[], &mut mem).unwrap();
+    for i in 0..2 {
+        let want: f64 = xv[i * n..(i + 1) * n].iter().sum();
+        assert!((mem.get(&s).unwrap()[i] - want).abs() < 1e-9);
+    }
+}

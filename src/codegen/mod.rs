@@ -153,6 +153,18 @@ impl Writer {
                         format!("{n} * {stride}")
                     });
                 }
+                AxisIndex::Affine {
+                    outer,
+                    stride: strip,
+                    inner,
+                } => {
+                    let (o, i) = (self.names.symbol(*outer), self.names.symbol(*inner));
+                    terms.push(if stride == 1 {
+                        format!("{o} * {strip} + {i}")
+                    } else {
+                        format!("{o} * {} + {i} * {stride}", strip * stride)
+                    });
+                }
             }
             stride *= dims[k];
         }
@@ -198,6 +210,14 @@ impl Writer {
             Llv::EmbedIndex(AxisIndex::Iterator(s)) => {
                 let n = self.names.symbol(*s);
                 Self::convert("int", in_float, n)
+            }
+            Llv::EmbedIndex(AxisIndex::Affine {
+                outer,
+                stride,
+                inner,
+            }) => {
+                let (o, i) = (self.names.symbol(*outer), self.names.symbol(*inner));
+                Self::convert("int", in_float, format!("({o} * {stride} + {i})"))
             }
             Llv::GetLocal(id) => {
                 let n = self.names.scope(id);

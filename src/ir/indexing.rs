@@ -54,6 +54,27 @@ pub enum AxisIndex {
     Fixed(usize),
     /// A loop iterator or a static symbol.
     Iterator(Symbol),
+    /// `outer * stride + inner`, for strip-mined loops. Only the optimizer's loop passes
+    /// produce it (never a spec or a projection).
+    Affine {
+        /// The outer (strip) iterator.
+        outer: Symbol,
+        /// The strip length.
+        stride: usize,
+        /// The inner iterator, `0..stride`.
+        inner: Symbol,
+    },
+}
+
+impl AxisIndex {
+    /// The symbols the index depends on.
+    pub fn symbols(&self) -> Vec<Symbol> {
+        match self {
+            AxisIndex::Fixed(_) => vec![],
+            AxisIndex::Iterator(s) => vec![*s],
+            AxisIndex::Affine { outer, inner, .. } => vec![*outer, *inner],
+        }
+    }
 }
 
 impl fmt::Display for AxisIndex {
@@ -61,6 +82,11 @@ impl fmt::Display for AxisIndex {
         match self {
             AxisIndex::Fixed(i) => write!(f, "{i}"),
             AxisIndex::Iterator(s) => write!(f, "{s}"),
+            AxisIndex::Affine {
+                outer,
+                stride,
+                inner,
+            } => write!(f, "{outer}*{stride}+{inner}"),
         }
     }
 }

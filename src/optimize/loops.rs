@@ -7,15 +7,39 @@
 //! innermost the loop that makes the most accesses contiguous (stride 1) or invariant, and
 //! the fewest strided: a matrix product `c[i,k] += a[i,j] * b[j,k]` becomes the i-j-k order
 //! whose inner loop walks rows of `c` and `b`, which the C compiler vectorizes.
+//!
+//! **Vectorizable reductions.** A reduction loop `s = s + e(j)` (also max, min, sub) carries
+//! a dependency through `s`, so without `-ffast-math` a C compiler must add one element at a
+//! time. When the loop walks memory contiguously and is long enough, the pass gives it `V`
+//! independent accumulators (a local array: 16 lanes for single precision, 8 for double, one
+//! 64-byte vector), strip-mining `j = jo * V + l`:
+//!
+//! ```text
+//! acc[l] = neutral                        for l in 0..V
+//! acc[l] = acc[l] + e(jo * V + l)         for jo in 0..n/V, l in 0..V   (vectorizes)
+//! acc[0] = acc[0] + e(j)                  for the remaining j
+//! s = s + ((acc[0] + acc[1]) + ...)       a balanced tree
+//! ```
+//!
+//! This reassociates the sum (results change in the last bits, as with any parallel
+//! reduction); max and min are exact. Only single and double results are rewritten: half and
+//! byte results round at every step, which the rewrite would not preserve.
 
-use crate::ir::{AxisIndex, Symbol, Tnode};
+use crate::ir::tnode::provenance;
+use crate::ir::{AxisIndex, Binop, MemoryMode, Prec, Symbol, Tnode};
 use crate::lower::{Llc, Llv};
 
-/// Runs the loop-nest passes.
-pub fn optimize_loops(code: Llc) -> Llc {
+/// Runs the loop-nest passes; returns the code and the local arrays they introduced.
+pub fn optimize_loops(code: Llc) -> (Llc, Vec<Tnode>) {
+    let mut locals = vec![];
+    let code = pass(code, &mut locals);
+    (code, locals)
+}
+
+fn pass(code: Llc, locals: &mut Vec<Tnode>) -> Llc {
     match code {
-        Llc::Seq(v) => Llc::Seq(v.into_iter().map(optimize_loops).collect()),
-        c @ Llc::For { .. } => interchange(c),
+        Llc::Seq(v) => Llc::Seq(v.into_iter().map(|c| pass(c, locals)).collect()),
+        c @ Llc::For { .. } => vectorize_reduction(interchange(c), locals),
         c => c,
     }
 }
@@ -86,8 +110,22 @@ fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
     let dims = tn.dims();
     let mut total = 0;
     for (k, ix) in idcs.iter().enumerate() {
-        if *ix == AxisIndex::Iterator(s) {
-            total += dims[k + 1..].iter().product::<usize>();
+        let axis = dims[k + 1..].iter().product::<usize>();
+        match ix {
+            AxisIndex::Iterator(x) if *x == s => total += axis,
+            AxisIndex::Affine {
+                outer,
+                stride,
+                inner,
+            } => {
+                if *outer == s {
+                    total += axis * stride;
+                }
+                if *inner == s {
+                    total += axis;
+                }
+            }
+            _ => {}
         }
     }
     total
@@ -105,8 +143,7 @@ fn score(s: Symbol, lhs: (&Tnode, &[AxisIndex]), reads: &[(Tnode, Vec<AxisIndex>
 fn interchange(c: Llc) -> Llc {
     let (mut loops, body) = perfect_nest(c);
     let Llc::Set { tn, idcs, value } = &body else {
-        // Not a perfect nest around one store: optimize what is inside.
-        let body = optimize_loops(body);
+        // Not a perfect nest around one store: leave it.
         return rebuild(loops, body);
     };
     if loops.len() < 2 {
@@ -139,4 +176,217 @@ fn interchange(c: Llc) -> Llc {
         loops.push(l);
     }
     rebuild(loops, body)
+}
+
+/// Replaces iterator `j` by `by` in every index of a value (including inside local scopes).
+fn subst_value(v: &Llv, j: Symbol, by: AxisIndex) -> Llv {
+    let idx = |i: &AxisIndex| if *i == AxisIndex::Iterator(j) { by } else { *i };
+    let idcs = |v: &[AxisIndex]| v.iter().map(idx).collect::<Vec<_>>();
+    match v {
+        Llv::Get(t, i) => Llv::Get(t.clone(), idcs(i)),
+        Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(t.clone(), idcs(i)),
+        Llv::EmbedIndex(i) => Llv::EmbedIndex(idx(i)),
+        Llv::Binop(op, a, b) => Llv::Binop(
+            *op,
+            Box::new(subst_value(a, j, by)),
+            Box::new(subst_value(b, j, by)),
+        ),
+        Llv::Unop(op, a) => Llv::Unop(*op, Box::new(subst_value(a, j, by))),
+        Llv::LocalScope {
+            id,
+            body,
+            orig_indices,
+        } => Llv::LocalScope {
+            id: id.clone(),
+            body: Box::new(subst_llc(body, j, by)),
+            orig_indices: idcs(orig_indices),
+        },
+        v => v.clone(),
+    }
+}
+
+fn subst_llc(c: &Llc, j: Symbol, by: AxisIndex) -> Llc {
+    match c {
+        Llc::Seq(v) => Llc::Seq(v.iter().map(|c| subst_llc(c, j, by)).collect()),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index: *index,
+            from: *from,
+            to: *to,
+            body: Box::new(subst_llc(body, j, by)),
+            trace_it: *trace_it,
+        },
+        Llc::Set { tn, idcs, value } => Llc::Set {
+            tn: tn.clone(),
+            idcs: idcs
+                .iter()
+                .map(|i| if *i == AxisIndex::Iterator(j) { by } else { *i })
+                .collect(),
+            value: subst_value(value, j, by),
+        },
+        Llc::SetLocal(id, v) => Llc::SetLocal(id.clone(), subst_value(v, j, by)),
+        c => c.clone(),
+    }
+}
+
+/// Whether a value mentions iterator `j` anywhere (including inside local scopes).
+fn mentions(v: &Llv, j: Symbol) -> bool {
+    let has = |i: &[AxisIndex]| i.iter().any(|ix| ix.symbols().contains(&j));
+    match v {
+        Llv::Get(_, i) | Llv::GetMergeBuffer(_, i) => has(i),
+        Llv::EmbedIndex(ix) => ix.symbols().contains(&j),
+        Llv::Binop(_, a, b) => mentions(a, j) || mentions(b, j),
+        Llv::Unop(_, a) => mentions(a, j),
+        Llv::LocalScope { body, .. } => mentions_llc(body, j),
+        Llv::GetLocal(_) | Llv::GetCFunction(_) | Llv::Constant(_) => false,
+    }
+}
+
+fn mentions_llc(c: &Llc, j: Symbol) -> bool {
+    match c {
+        Llc::Seq(v) => v.iter().any(|c| mentions_llc(c, j)),
+        Llc::For { body, .. } => mentions_llc(body, j),
+        Llc::Set { idcs, value, .. } => {
+            idcs.iter().any(|ix| ix.symbols().contains(&j)) || mentions(value, j)
+        }
+        Llc::SetLocal(_, v) => mentions(v, j),
+        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => false,
+    }
+}
+
+/// Rewrites the innermost reduction loop of a nest with independent accumulators.
+fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
+    let (mut loops, body) = perfect_nest(c);
+    let Some(red) = loops.last() else {
+        return body;
+    };
+    let (j, from, to) = (red.index, red.from, red.to);
+    let Llc::Set { tn, idcs, value } = &body else {
+        return rebuild(loops, body);
+    };
+    let lanes: i64 = match tn.prec() {
+        Prec::Single => 16,
+        Prec::Double => 8,
+        Prec::Half | Prec::Byte => return rebuild(loops, body),
+    };
+    let n = to - from + 1;
+    let Llv::Binop(op, acc_read, e) = value else {
+        return rebuild(loops, body);
+    };
+    let reduce_op = match op {
+        Binop::Add | Binop::Sub => Binop::Add,
+        Binop::Max | Binop::Min => *op,
+        _ => return rebuild(loops, body),
+    };
+    let own = matches!(&**acc_read, Llv::Get(t, i) if t == tn && i == idcs);
+    let mut rs = vec![];
+    reads(e, &mut rs);
+    let contiguous = rs.iter().any(|(t, i)| stride(t, i, j) == 1);
+    if !own
+        || from != 0
+        || n < 2 * lanes
+        || idcs.iter().any(|ix| ix.symbols().contains(&j))
+        || rs.iter().any(|(t, _)| t == tn)
+        || !contiguous
+        || !mentions(e, j)
+    {
+        return rebuild(loops, body);
+    }
+    let Ok(acc) = Tnode::new(
+        &[&tn.label().join("_"), "acc"],
+        &[lanes as usize],
+        tn.prec(),
+    ) else {
+        return rebuild(loops, body);
+    };
+    if acc
+        .update_memory_mode(MemoryMode::Local, provenance::DEFAULTED)
+        .is_err()
+    {
+        return rebuild(loops, body);
+    }
+    locals.push(acc.clone());
+    let lane = Symbol::fresh();
+    let at = |i: AxisIndex| vec![i];
+    let get = |i: AxisIndex| Llv::Get(acc.clone(), at(i));
+    let update = |i: AxisIndex, e: Llv| Llc::Set {
+        tn: acc.clone(),
+        idcs: at(i),
+        value: Llv::Binop(reduce_op, Box::new(get(i)), Box::new(e)),
+    };
+    let strips = n / lanes;
+    let for_ = |index: Symbol, from: i64, to: i64, body: Llc| Llc::For {
+        index,
+        from,
+        to,
+        body: Box::new(body),
+        trace_it: true,
+    };
+    let mut stmts = vec![for_(
+        lane,
+        0,
+        lanes - 1,
+        Llc::Set {
+            tn: acc.clone(),
+            idcs: at(AxisIndex::Iterator(lane)),
+            value: Llv::Constant(reduce_op.neutral()),
+        },
+    )];
+    let jo = Symbol::fresh();
+    let lane2 = Symbol::fresh();
+    let strided = AxisIndex::Affine {
+        outer: jo,
+        stride: lanes as usize,
+        inner: lane2,
+    };
+    stmts.push(for_(
+        jo,
+        0,
+        strips - 1,
+        for_(
+            lane2,
+            0,
+            lanes - 1,
+            update(AxisIndex::Iterator(lane2), subst_value(e, j, strided)),
+        ),
+    ));
+    if strips * lanes < n {
+        let rest = Symbol::fresh();
+        stmts.push(for_(
+            rest,
+            strips * lanes,
+            n - 1,
+            update(
+                AxisIndex::Fixed(0),
+                subst_value(e, j, AxisIndex::Iterator(rest)),
+            ),
+        ));
+    }
+    // A balanced tree over the lanes.
+    let mut level: Vec<Llv> = (0..lanes as usize)
+        .map(|l| get(AxisIndex::Fixed(l)))
+        .collect();
+    while level.len() > 1 {
+        level = level
+            .chunks(2)
+            .map(|p| match p {
+                [a, b] => Llv::Binop(reduce_op, Box::new(a.clone()), Box::new(b.clone())),
+                [a] => a.clone(),
+                _ => Llv::Constant(reduce_op.neutral()),
+            })
+            .collect();
+    }
+    let total = level.pop().unwrap_or(Llv::Constant(reduce_op.neutral()));
+    stmts.push(Llc::Set {
+        tn: tn.clone(),
+        idcs: idcs.clone(),
+        value: Llv::Binop(*op, acc_read.clone(), Box::new(total)),
+    });
+    loops.pop();
+    rebuild(loops, Llc::Seq(stmts))
 }

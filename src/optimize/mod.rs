@@ -82,11 +82,14 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
             tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::TOO_MANY_VISITS)?;
         }
     }
+    let mut locals: Vec<Tnode> = vec![];
     let code = if settings.enabled {
         let code = virtualize::virtualize(code, &traced_store, settings.max_inline_work)?;
         let code = simplify(code);
         if settings.loop_opts {
-            loops::optimize_loops(code)
+            let (code, new_locals) = loops::optimize_loops(code);
+            locals = new_locals;
+            code
         } else {
             code
         }
@@ -119,6 +122,7 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
             nodes.push((tn.clone(), mode));
         }
     }
+    nodes.extend(locals.into_iter().map(|t| (t, MemoryMode::Local)));
     nodes.sort_by(|a, b| a.0.cmp(&b.0));
     let merge_node = merge_node(&code)?;
     Ok(Optimized {

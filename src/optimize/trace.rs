@@ -72,22 +72,28 @@ struct Tracer<'a> {
 impl Tracer<'_> {
     fn cell(&self, idcs: &[AxisIndex]) -> (Cell, bool) {
         let mut exact = true;
+        let mut value = |s: &Symbol| match self.env.get(s) {
+            Some(v) => {
+                if self.truncated.contains(s) {
+                    exact = false;
+                }
+                *v
+            }
+            None => {
+                exact = false;
+                -1 - s.0 as i64
+            }
+        };
         let cell = idcs
             .iter()
             .map(|i| match i {
                 AxisIndex::Fixed(k) => *k as i64,
-                AxisIndex::Iterator(s) => match self.env.get(s) {
-                    Some(v) => {
-                        if self.truncated.contains(s) {
-                            exact = false;
-                        }
-                        *v
-                    }
-                    None => {
-                        exact = false;
-                        -1 - s.0 as i64
-                    }
-                },
+                AxisIndex::Iterator(s) => value(s),
+                AxisIndex::Affine {
+                    outer,
+                    stride,
+                    inner,
+                } => value(outer) * *stride as i64 + value(inner),
             })
             .collect();
         (cell, exact)
@@ -98,7 +104,7 @@ impl Tracer<'_> {
         let mut seen = HashSet::new();
         idcs.iter().zip(tn.dims()).all(|(ix, &d)| match ix {
             AxisIndex::Fixed(0) => d == 1,
-            AxisIndex::Fixed(_) => false,
+            AxisIndex::Fixed(_) | AxisIndex::Affine { .. } => false,
             AxisIndex::Iterator(s) => {
                 seen.insert(*s) && self.ranges.get(s) == Some(&(0, d as i64 - 1))
             }

@@ -1,0 +1,643 @@
+//! The reference interpreter: runs the loop IR directly in Rust, without a C compiler.
+//!
+//! The interpreter executes [`Llc`] code (as produced by [`crate::lower::lower`], optimized or
+//! not) statement by statement on a [`Memory`] that holds one `Vec<f64>` per node. It shares no
+//! code with the C writer: it reads only the IR types and the meaning of each operation from
+//! the operation table ([`crate::ir::Binop::interpret`], [`crate::ir::Unop::interpret`]).
+//! It exists
+//!
+//! - as an *oracle* for testing: the differential tests run random programs both through the
+//!   compiled C and through [`run_assignments`] and compare the results;
+//! - as a *debugging aid* for users: a program can be run without a C compiler, with every
+//!   out-of-bounds index reported as an error naming the tensor instead of a crash (it is
+//!   meant to back `arrayjit run --interpret`), and its intermediate tensors can be inspected
+//!   afterwards (every node the code writes stays in the [`Memory`], including ones that the
+//!   compiled code would keep in registers or in routine-local arrays).
+//!
+//! # Using it
+//!
+//! 1. Put the inputs into a [`Memory`]: [`Memory::load_from_hosts`] copies the host arrays of
+//!    hosted nodes (like `from_host`), [`Memory::set`] sets any node's values directly.
+//! 2. Run: [`run_assignments`] lowers assignments and runs them as written (no optimization,
+//!    no memory-mode decisions: the same nodes can still be compiled afterwards);
+//!    [`run_optimized`] runs the body the optimizer produced for a compiled routine
+//!    (`Code::optimized()` of the cc backend), to tell optimizer problems from C problems;
+//!    [`run`] runs any loop IR. Static index values are passed as `(symbol, value)` pairs.
+//! 3. Read results with [`Memory::get`], or copy them back into the host arrays with
+//!    [`Memory::store_to_hosts`] (like `to_host`). The memory keeps every node between runs,
+//!    so running again continues from the current state, as a routine does on a device.
+//!
+//! A merge buffer is set with [`Memory::set_merge`]; imported C functions
+//! ([`crate::ir::FetchOp::Imported`]) are replaced by Rust closures registered with
+//! [`Memory::set_function`].
+//! # Semantics
+//!
+//! - **Values** of a node are kept as `f64`, always already rounded to the node's precision.
+//! - **Operations** are computed in `f64`, with the operation table's `interpret` functions.
+//! - **Operands** are converted to the *compute type* of the precision being written (the
+//!   node of the enclosing `Set`, or the virtual node of the enclosing `SetLocal`; see
+//!   [`Prec::compute_c_type`]), exactly as the generated C converts them: reading a `double`
+//!   node, a constant, an index value or the result of an imported function while writing a
+//!   `half` or `single` node rounds the operand to `f32` ([`Prec::round_compute`]). Operands of
+//!   other precisions are exact in every compute type.
+//! - **Stores**: every `Set` rounds to the written node's precision ([`Prec::round`]; bytes
+//!   truncate toward zero and saturate to `0..=255`, NaN becomes 0), and every `SetLocal`
+//!   rounds to the precision of the local's (virtual) node.
+//! - `ZeroOut` fills a node with zeros; a `LocalScope` starts its local at 0, runs its body
+//!   and yields the local.
+//! - Nodes that the memory does not hold yet are created filled with zeros when first touched.
+//!   With [`run_optimized`], nodes that the optimizer made `Local` are zeroed before each run
+//!   (as the generated C declares them zero-initialized in the function).
+//!
+//! The only differences from compiled code are therefore the intermediate results of
+//! expressions that C computes in `float` (for half and single nodes), which the interpreter
+//! keeps in `f64`, the C compiler's freedom to contract `a * b + c` into a fused
+//! multiply-add, and the last bits of some `libm` functions.
+//!
+//! # Errors
+//!
+//! Before anything is executed, the code is checked against the memory and the static index
+//! values, so that a failing run leaves the memory untouched:
+//!
+//! - a static index value outside its declared range is [`Error::BindingOutOfRange`];
+//! - a static index value (or a fixed index, or a loop range) that would index outside the
+//!   axis of a tensor is an [`Error::Usage`] naming the tensor, the axis and the index;
+//! - an index symbol that is neither a loop iterator nor one of the given static indices, a
+//!   merge buffer that does not hold the node the code reads from it
+//!   ([`Error::MergeBufferMismatch`]), or an imported C function that was not registered with
+//!   [`Memory::set_function`] are errors too.
+//!
+//! The interpreter never panics on malformed code; every access is also bounds-checked while
+//! running.
+//!
+//! # Example
+//!
+//! ```
+//! use arrayjit::interp::{self, Memory};
+//! use arrayjit::ir::einsum::projections;
+//! use arrayjit::ir::{Assignments, Bindings, Binop, Buffer, Prec, Tnode};
+//!
+//! let x = Tnode::new(&["x"], &[2, 3], Prec::Single).unwrap();
+//! let s = Tnode::new(&["s"], &[2], Prec::Single).unwrap();
+//! let b = Bindings::empty();
+//! let sum_rows = Assignments::AccumUnop {
+//!     initialize_neutral: true,
+//!     accum: Binop::Add,
+//!     op: arrayjit::ir::Unop::Identity,
+//!     lhs: s.clone(),
+//!     rhs: Buffer::Node(x.clone()),
+//!     projections: projections("ij->i", s.dims(), &[x.dims()], &b).unwrap(),
+//! };
+//! let mut mem = Memory::new();
+//! mem.set(&x, vec![1., 2., 3., 4., 5., 6.]).unwrap();
+//! interp::run_assignments(&sum_rows, &[], &mut mem).unwrap();
+//! assert_eq!(mem.get(&s).unwrap(), &[6., 15.]);
+//! ```
+
+use crate::error::{Error, Result};
+use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, StaticSymbol, Symbol, Tnode};
+use crate::lower::{self, Llc, Llv};
+use crate::optimize::Optimized;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+/// A Rust function standing in for an imported C function `double NAME(void)`
+/// ([`crate::ir::FetchOp::Imported`]).
+pub type ImportedFn = Arc<dyn Fn() -> f64 + Send + Sync>;
+
+/// The name [`run`] and [`run_assignments`] use for the routine in error messages.
+pub const DEFAULT_ROUTINE_NAME: &str = "interpreted routine";
+
+/// The state an interpreted routine runs on: the values of every node, this device's merge
+/// buffer, and the functions standing in for imported C functions.
+///
+/// Values are stored as `f64`, rounded to each node's precision.
+#[derive(Clone, Default)]
+pub struct Memory {
+    nodes: HashMap<Tnode, Vec<f64>>,
+    merge: Option<(Tnode, Vec<f64>)>,
+    functions: HashMap<String, ImportedFn>,
+}
+
+impl fmt::Debug for Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut nodes: Vec<(&Tnode, &Vec<f64>)> = self.nodes.iter().collect();
+        nodes.sort_by(|a, b| a.0.cmp(b.0));
+        let mut names: Vec<&String> = self.functions.keys().collect();
+        names.sort();
+        f.debug_struct("Memory")
+            .field("nodes", &nodes)
+            .field("merge", &self.merge)
+            .field("functions", &names)
+            .finish()
+    }
+}
+
+fn check_len(tn: &Tnode, values: &[f64], what: &str) -> Result<()> {
+    if values.len() != tn.numel() {
+        return Err(Error::Usage(format!(
+            "{what} for tensor {} (dims {:?}): expected {} values, got {}",
+            tn.name(),
+            tn.dims(),
+            tn.numel(),
+            values.len()
+        )));
+    }
+    Ok(())
+}
+
+impl Memory {
+    /// An empty memory: no nodes, an empty merge buffer, no imported functions.
+    pub fn new() -> Self {
+        Memory::default()
+    }
+
+    /// Sets all values of a node (row-major), rounding them to the node's precision.
+    ///
+    /// An error if the number of values differs from the node's number of cells.
+    pub fn set(&mut self, tn: &Tnode, values: Vec<f64>) -> Result<()> {
+        check_len(tn, &values, "interpreter memory")?;
+        let p = tn.prec();
+        let values = values.into_iter().map(|v| p.round(v)).collect();
+        self.nodes.insert(tn.clone(), values);
+        Ok(())
+    }
+
+    /// The values of a node, if the memory holds it.
+    pub fn get(&self, tn: &Tnode) -> Option<&[f64]> {
+        self.nodes.get(tn).map(Vec::as_slice)
+    }
+
+    /// Removes a node from the memory, returning its values.
+    pub fn remove(&mut self, tn: &Tnode) -> Option<Vec<f64>> {
+        self.nodes.remove(tn)
+    }
+
+    /// The nodes the memory holds, in order of node id.
+    pub fn nodes(&self) -> Vec<Tnode> {
+        let mut v: Vec<Tnode> = self.nodes.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Makes the merge buffer hold `tn` with the given values (rounded to `tn`'s precision).
+    ///
+    /// An error if the number of values differs from the node's number of cells.
+    pub fn set_merge(&mut self, tn: &Tnode, values: Vec<f64>) -> Result<()> {
+        check_len(tn, &values, "interpreter merge buffer")?;
+        let p = tn.prec();
+        self.merge = Some((tn.clone(), values.into_iter().map(|v| p.round(v)).collect()));
+        Ok(())
+    }
+
+    /// What the merge buffer holds, if anything.
+    pub fn merge(&self) -> Option<(&Tnode, &[f64])> {
+        self.merge.as_ref().map(|(t, v)| (t, v.as_slice()))
+    }
+
+    /// Empties the merge buffer.
+    pub fn clear_merge(&mut self) {
+        self.merge = None;
+    }
+
+    /// Registers a Rust function to be called where the code calls the imported C function
+    /// `name` (a [`crate::ir::FetchOp::Imported`] fetch).
+    pub fn set_function(&mut self, name: &str, f: impl Fn() -> f64 + Send + Sync + 'static) {
+        self.functions.insert(name.to_string(), Arc::new(f));
+    }
+
+    /// Copies the host arrays of the given nodes that are hosted into the memory (like
+    /// `from_host`); returns how many were copied. Nodes without a host array are skipped.
+    pub fn load_from_hosts<'a>(&mut self, nodes: impl IntoIterator<Item = &'a Tnode>) -> usize {
+        let mut n = 0;
+        for tn in nodes {
+            if let Some(values) = tn.host_values() {
+                self.nodes.insert(tn.clone(), values);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Copies the values of the given nodes that are hosted and held by the memory back into
+    /// their host arrays (like `to_host`); returns how many were copied.
+    pub fn store_to_hosts<'a>(&self, nodes: impl IntoIterator<Item = &'a Tnode>) -> Result<usize> {
+        let mut n = 0;
+        for tn in nodes {
+            if let (true, Some(values)) = (tn.is_hosted(), self.nodes.get(tn)) {
+                tn.set_host_values(values)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn values_mut(&mut self, tn: &Tnode) -> &mut Vec<f64> {
+        self.nodes
+            .entry(tn.clone())
+            .or_insert_with(|| vec![0.0; tn.numel()])
+    }
+}
+
+/// Runs loop IR (optimized or not) on `mem`.
+///
+/// `statics` gives the value of every static index the code uses. Every node the code reads
+/// or writes persists in `mem` (nodes missing from it are created zeroed). Errors are
+/// described in the [module documentation](self); the code is checked before anything runs.
+pub fn run(code: &Llc, statics: &[(StaticSymbol, i64)], mem: &mut Memory) -> Result<()> {
+    run_named(DEFAULT_ROUTINE_NAME, code, statics, mem)
+}
+
+/// Like [`run`], with the routine's name for error messages.
+pub fn run_named(
+    routine: &str,
+    code: &Llc,
+    statics: &[(StaticSymbol, i64)],
+    mem: &mut Memory,
+) -> Result<()> {
+    let mut m = Machine::new(routine, statics, mem)?;
+    m.check_stmt(code, &mut vec![])?;
+    m.exec(code)
+}
+
+/// Runs an optimized routine body: its `Local` nodes are zeroed first (as the generated C
+/// zero-initializes them on every call); every other node persists in `mem`.
+pub fn run_optimized(
+    o: &Optimized,
+    statics: &[(StaticSymbol, i64)],
+    mem: &mut Memory,
+) -> Result<()> {
+    let mut m = Machine::new(&o.name, statics, mem)?;
+    m.check_stmt(&o.code, &mut vec![])?;
+    for (tn, mode) in &o.nodes {
+        if *mode == MemoryMode::Local {
+            m.mem.nodes.insert(tn.clone(), vec![0.0; tn.numel()]);
+        }
+    }
+    m.exec(&o.code)
+}
+
+/// Lowers assignments and runs the *unoptimized* loop IR on `mem` (see [`run`]).
+///
+/// This does not touch the nodes' memory modes: the same nodes can be compiled afterwards.
+pub fn run_assignments(
+    asgns: &Assignments,
+    statics: &[(StaticSymbol, i64)],
+    mem: &mut Memory,
+) -> Result<()> {
+    let name = asgns.first_comment().unwrap_or(DEFAULT_ROUTINE_NAME);
+    let code = lower::lower(asgns)?;
+    run_named(name, &code, statics, mem)
+}
+
+struct Machine<'m> {
+    routine: &'m str,
+    mem: &'m mut Memory,
+    /// Loop iterators currently bound.
+    env: HashMap<Symbol, i64>,
+    statics: HashMap<Symbol, (&'m StaticSymbol, i64)>,
+    locals: HashMap<u32, f64>,
+}
+
+/// A loop iterator in scope during checking: its symbol and its range.
+type Bound = (Symbol, i64, i64);
+
+impl<'m> Machine<'m> {
+    fn new(
+        routine: &'m str,
+        statics: &'m [(StaticSymbol, i64)],
+        mem: &'m mut Memory,
+    ) -> Result<Machine<'m>> {
+        let mut map = HashMap::new();
+        for (s, v) in statics {
+            if let Some(range) = s.range {
+                if *v < 0 || *v as u64 >= range as u64 {
+                    return Err(Error::BindingOutOfRange {
+                        routine: routine.to_string(),
+                        index: s.name.clone(),
+                        value: *v,
+                        limit: range,
+                    });
+                }
+            }
+            map.insert(s.symbol, (s, *v));
+        }
+        Ok(Machine {
+            routine,
+            mem,
+            env: HashMap::new(),
+            statics: map,
+            locals: HashMap::new(),
+        })
+    }
+
+    // ---- Checking (before running) ----
+
+    fn check_index(
+        &self,
+        tn: &Tnode,
+        what: &str,
+        idcs: &[AxisIndex],
+        bound: &[Bound],
+    ) -> Result<()> {
+        let dims = tn.dims();
+        if idcs.len() != dims.len() {
+            return Err(Error::Usage(format!(
+                "routine {}: {what} tensor {} (dims {dims:?}) with {} indices",
+                self.routine,
+                tn.name(),
+                idcs.len()
+            )));
+        }
+        for (axis, (ix, &d)) in idcs.iter().zip(dims).enumerate() {
+            let bad = |desc: String| {
+                Err(Error::Usage(format!(
+                    "routine {}: {what} tensor {} out of bounds: {desc} indexes axis {axis}, whose extent is {d}",
+                    self.routine,
+                    tn.name()
+                )))
+            };
+            match ix {
+                AxisIndex::Fixed(k) => {
+                    if *k >= d {
+                        return bad(format!("fixed index {k}"));
+                    }
+                }
+                AxisIndex::Iterator(s) => {
+                    if let Some(&(_, from, to)) = bound.iter().rev().find(|b| b.0 == *s) {
+                        if from <= to && (from < 0 || to >= d as i64) {
+                            return bad(format!("loop iterator {s} ranging over {from}..={to}"));
+                        }
+                    } else if let Some((st, v)) = self.statics.get(s) {
+                        if *v < 0 || *v >= d as i64 {
+                            return bad(format!("static index {} = {v}", st.name));
+                        }
+                    } else {
+                        return Err(self.unbound(*s, &format!("{what} tensor {}", tn.name())));
+                    }
+                }
+                AxisIndex::Affine {
+                    outer,
+                    stride,
+                    inner,
+                } => {
+                    let range =
+                        |s: &Symbol| bound.iter().rev().find(|b| b.0 == *s).map(|b| (b.1, b.2));
+                    match (range(outer), range(inner)) {
+                        (Some((of, ot)), Some((inf, it))) => {
+                            if of <= ot && inf <= it {
+                                let lo = of * *stride as i64 + inf;
+                                let hi = ot * *stride as i64 + it;
+                                if lo < 0 || hi >= d as i64 {
+                                    return bad(format!(
+                                        "strip-mined index {ix} ranging over {lo}..={hi}"
+                                    ));
+                                }
+                            }
+                        }
+                        _ => {
+                            return Err(
+                                self.unbound(*outer, &format!("{what} tensor {}", tn.name()))
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unbound(&self, s: Symbol, place: &str) -> Error {
+        Error::Usage(format!(
+            "routine {}: index {s} (used when {place}) is neither a loop iterator nor one of the \
+             given static indices",
+            self.routine
+        ))
+    }
+
+    fn check_stmt(&self, c: &Llc, bound: &mut Vec<Bound>) -> Result<()> {
+        match c {
+            Llc::Noop | Llc::Comment(_) => Ok(()),
+            Llc::Seq(v) => v.iter().try_for_each(|c| self.check_stmt(c, bound)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                bound.push((*index, *from, *to));
+                let r = self.check_stmt(body, bound);
+                bound.pop();
+                r
+            }
+            Llc::ZeroOut(_) => Ok(()),
+            Llc::Set { tn, idcs, value } => {
+                self.check_index(tn, "writing", idcs, bound)?;
+                self.check_value(value, bound)
+            }
+            Llc::SetLocal(_, value) => self.check_value(value, bound),
+        }
+    }
+
+    fn check_value(&self, v: &Llv, bound: &mut Vec<Bound>) -> Result<()> {
+        match v {
+            Llv::LocalScope { body, .. } => self.check_stmt(body, bound),
+            Llv::GetLocal(_) | Llv::Constant(_) => Ok(()),
+            Llv::Get(tn, idcs) => self.check_index(tn, "reading", idcs, bound),
+            Llv::GetMergeBuffer(tn, idcs) => {
+                self.merge_values(tn)?;
+                self.check_index(tn, "reading the merge buffer holding", idcs, bound)
+            }
+            Llv::GetCFunction(name) => self.function(name).map(|_| ()),
+            Llv::Binop(_, a, b) => {
+                self.check_value(a, bound)?;
+                self.check_value(b, bound)
+            }
+            Llv::Unop(_, a) => self.check_value(a, bound),
+            Llv::EmbedIndex(AxisIndex::Fixed(_)) => Ok(()),
+            Llv::EmbedIndex(AxisIndex::Affine { outer, inner, .. }) => {
+                if [outer, inner]
+                    .iter()
+                    .all(|s| bound.iter().any(|b| b.0 == **s))
+                {
+                    Ok(())
+                } else {
+                    Err(self.unbound(*outer, "embedding an index value"))
+                }
+            }
+            Llv::EmbedIndex(AxisIndex::Iterator(s)) => {
+                if bound.iter().any(|b| b.0 == *s) || self.statics.contains_key(s) {
+                    Ok(())
+                } else {
+                    Err(self.unbound(*s, "embedding an index value"))
+                }
+            }
+        }
+    }
+
+    fn merge_values(&self, tn: &Tnode) -> Result<&[f64]> {
+        match &self.mem.merge {
+            Some((t, v)) if t == tn && v.len() == tn.numel() => Ok(v),
+            other => Err(Error::MergeBufferMismatch {
+                routine: self.routine.to_string(),
+                expected: tn.name(),
+                found: match other {
+                    Some((t, _)) => t.name(),
+                    None => "nothing".into(),
+                },
+            }),
+        }
+    }
+
+    fn function(&self, name: &str) -> Result<ImportedFn> {
+        self.mem.functions.get(name).cloned().ok_or_else(|| {
+            Error::Usage(format!(
+                "routine {}: the imported C function {name:?} is not available to the \
+                 interpreter (register a stand-in with Memory::set_function)",
+                self.routine
+            ))
+        })
+    }
+
+    // ---- Running ----
+
+    fn index(&self, ix: &AxisIndex) -> Result<i64> {
+        let sym = |s: &Symbol| match self.env.get(s) {
+            Some(v) => Ok(*v),
+            None => match self.statics.get(s) {
+                Some((_, v)) => Ok(*v),
+                None => Err(self.unbound(*s, "running")),
+            },
+        };
+        match ix {
+            AxisIndex::Fixed(k) => Ok(*k as i64),
+            AxisIndex::Iterator(s) => sym(s),
+            AxisIndex::Affine {
+                outer,
+                stride,
+                inner,
+            } => Ok(sym(outer)? * *stride as i64 + sym(inner)?),
+        }
+    }
+
+    fn offset(&self, tn: &Tnode, idcs: &[AxisIndex]) -> Result<usize> {
+        let dims = tn.dims();
+        if idcs.len() != dims.len() {
+            return Err(Error::Usage(format!(
+                "routine {}: tensor {} (dims {dims:?}) indexed with {} indices",
+                self.routine,
+                tn.name(),
+                idcs.len()
+            )));
+        }
+        let mut off = 0usize;
+        for (axis, (ix, &d)) in idcs.iter().zip(dims).enumerate() {
+            let i = self.index(ix)?;
+            if i < 0 || i >= d as i64 {
+                return Err(Error::Usage(format!(
+                    "routine {}: index {i} ({ix}) on axis {axis} of tensor {} is out of bounds \
+                     (extent {d})",
+                    self.routine,
+                    tn.name()
+                )));
+            }
+            off = off * d + i as usize;
+        }
+        Ok(off)
+    }
+
+    fn exec(&mut self, c: &Llc) -> Result<()> {
+        match c {
+            Llc::Noop | Llc::Comment(_) => Ok(()),
+            Llc::Seq(v) => v.iter().try_for_each(|c| self.exec(c)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                let prev = self.env.remove(index);
+                let mut r = Ok(());
+                for i in *from..=*to {
+                    self.env.insert(*index, i);
+                    r = self.exec(body);
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                match prev {
+                    Some(p) => self.env.insert(*index, p),
+                    None => self.env.remove(index),
+                };
+                r
+            }
+            Llc::ZeroOut(tn) => {
+                self.mem.values_mut(tn).fill(0.0);
+                Ok(())
+            }
+            Llc::Set { tn, idcs, value } => {
+                let p = tn.prec();
+                let v = p.round(self.eval(value, p)?);
+                let off = self.offset(tn, idcs)?;
+                self.mem.values_mut(tn)[off] = v;
+                Ok(())
+            }
+            Llc::SetLocal(id, value) => {
+                let p = id.tn.prec();
+                let v = p.round(self.eval(value, p)?);
+                self.locals.insert(id.id, v);
+                Ok(())
+            }
+        }
+    }
+
+    /// Evaluates a value while writing a node of precision `p`: operands are converted to
+    /// `p`'s compute type, operations are computed in `f64`.
+    fn eval(&mut self, v: &Llv, p: Prec) -> Result<f64> {
+        Ok(match v {
+            Llv::Constant(c) => p.round_compute(*c),
+            Llv::EmbedIndex(ix) => p.round_compute(self.index(ix)? as f64),
+            Llv::Get(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                p.round_compute(self.mem.values_mut(tn)[off])
+            }
+            Llv::GetMergeBuffer(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                p.round_compute(self.merge_values(tn)?[off])
+            }
+            Llv::GetCFunction(name) => {
+                let f = self.function(name)?;
+                p.round_compute(f())
+            }
+            Llv::GetLocal(id) => match self.locals.get(&id.id) {
+                Some(v) => p.round_compute(*v),
+                None => {
+                    return Err(Error::Usage(format!(
+                        "routine {}: local v{} of tensor {} is read outside its scope",
+                        self.routine,
+                        id.id,
+                        id.tn.name()
+                    )))
+                }
+            },
+            Llv::LocalScope { id, body, .. } => {
+                self.locals.insert(id.id, 0.0);
+                self.exec(body)?;
+                let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
+                p.round_compute(v)
+            }
+            Llv::Binop(op, a, b) => {
+                let a = self.eval(a, p)?;
+                let b = self.eval(b, p)?;
+                op.interpret(a, b)
+            }
+            Llv::Unop(op, a) => {
+                let a = self.eval(a, p)?;
+                op.interpret(a)
+            }
+        })
+    }
+}
