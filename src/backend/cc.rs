@@ -14,6 +14,16 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// How many compiler processes a batch may use at once: `ARRAYJIT_COMPILE_JOBS`, else the
+/// machine's available parallelism. With 1, a batch is one file and one compiler run.
+fn compile_jobs() -> usize {
+    std::env::var("ARRAYJIT_COMPILE_JOBS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// How many virtual devices a backend suggests (see the devices layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Config {
@@ -83,7 +93,14 @@ pub struct Code {
 pub struct CodeBatch {
     source: String,
     bindings: Bindings,
-    entries: Vec<Option<(String, Optimized, RoutineSignature)>>,
+    entries: Vec<Option<BatchEntry>>,
+}
+
+/// One compiled routine of a batch, with the library (one per compiler run) holding it.
+struct BatchEntry {
+    name: String,
+    optimized: Optimized,
+    sig: RoutineSignature,
     lib: Arc<LoadedLibrary>,
 }
 
@@ -446,8 +463,13 @@ impl CcBackend {
         Ok((entries, source, sigs, all_dumps))
     }
 
-    /// Compiles many routines into one file with one compiler run. Only entries for which
+    /// Compiles many routines with few compiler runs. Only entries for which
     /// `occupancy(name, index)` is true are included; the others are `None` in the batch.
+    ///
+    /// The routines are dealt out to at most `ARRAYJIT_COMPILE_JOBS` files (default: the
+    /// machine's available parallelism) of similar size, compiled by parallel compiler
+    /// processes; with `ARRAYJIT_COMPILE_JOBS=1` the batch is one file and one compiler run.
+    /// [`CodeBatch::source`] shows the whole batch as one file.
     pub fn compile_batch(
         &self,
         _shared: bool,
@@ -457,27 +479,87 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
-        let (entries, source, sigs, all_dumps) =
+        let (entries, source, _, all_dumps) =
             self.prepare_batch(names, occupancy, bindings, asgns)?;
-        let stem = entries
-            .iter()
-            .flatten()
-            .map(|(n, _)| n.as_str())
-            .next()
-            .unwrap_or("batch")
-            .to_string();
         let cfg = CompilerConfig::from_env()?;
-        let lib = compile::compile_and_load(&cfg, &source, &format!("{stem}_batch"), &all_dumps)?;
-        let mut sigs = sigs.into_iter();
+        let included: Vec<(usize, &String, &Optimized)> = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| e.as_ref().map(|(n, o)| (i, n, o)))
+            .collect();
+        let jobs = compile_jobs().min(included.len()).max(1);
+        // One file per compiler run: with several jobs, the routines are dealt out to files
+        // of similar size (largest first) that compile in parallel.
+        let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, vec![]); jobs];
+        let mut by_size: Vec<usize> = (0..included.len()).collect();
+        let sizes: Vec<usize> = included
+            .iter()
+            .map(|(_, _, o)| lower::to_doc(&o.code).len())
+            .collect();
+        by_size.sort_by_key(|&k| std::cmp::Reverse(sizes[k]));
+        for k in by_size {
+            if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
+                g.0 += sizes[k];
+                g.1.push(k);
+            }
+        }
+        groups.retain(|g| !g.1.is_empty());
+        for g in &mut groups {
+            g.1.sort();
+        }
+        let files = groups
+            .iter()
+            .map(|(_, members)| {
+                let rs: Vec<(&Optimized, &Bindings)> =
+                    members.iter().map(|&k| (included[k].2, bindings)).collect();
+                let (src, sigs) = codegen::write_file(&rs)?;
+                let stem = format!("{}_batch", included[members[0]].1);
+                Ok((src, sigs, stem))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let libs: Vec<Arc<LoadedLibrary>> = if files.len() == 1 {
+            vec![compile::compile_and_load(
+                &cfg,
+                &files[0].0,
+                &files[0].2,
+                &all_dumps,
+            )?]
+        } else {
+            use rayon::prelude::*;
+            files
+                .par_iter()
+                .enumerate()
+                .map(|(i, (src, _, stem))| {
+                    let dumps: &[DebugFile] = if i == 0 { &all_dumps } else { &[] };
+                    compile::compile_and_load(&cfg, src, stem, dumps)
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut compiled: Vec<Option<(RoutineSignature, Arc<LoadedLibrary>)>> =
+            (0..included.len()).map(|_| None).collect();
+        for ((_, members), ((_, sigs, _), lib)) in groups.iter().zip(files.into_iter().zip(libs)) {
+            for (&k, sig) in members.iter().zip(sigs) {
+                compiled[k] = Some((sig, lib.clone()));
+            }
+        }
+        let mut compiled = compiled.into_iter();
         let entries = entries
             .into_iter()
-            .map(|e| e.and_then(|(n, o)| sigs.next().map(|s| (n, o, s))))
+            .map(|e| {
+                let (name, optimized) = e?;
+                let (sig, lib) = compiled.next()??;
+                Some(BatchEntry {
+                    name,
+                    optimized,
+                    sig,
+                    lib,
+                })
+            })
             .collect();
         Ok(CodeBatch {
             source,
             bindings: bindings.clone(),
             entries,
-            lib,
         })
     }
 
@@ -491,7 +573,7 @@ impl CcBackend {
         batch
             .entries
             .iter()
-            .map(|e| e.as_ref().and_then(|(_, o, _)| o.merge_node.clone()))
+            .map(|e| e.as_ref().and_then(|e| e.optimized.merge_node.clone()))
             .collect()
     }
 
@@ -569,15 +651,15 @@ impl CcBackend {
         for e in &batch.entries {
             match e {
                 None => out.push(None),
-                Some((name, _, sig)) => {
-                    let entry = batch.lib.entry(&sig.entry)?;
+                Some(e) => {
+                    let entry = e.lib.entry(&e.sig.entry)?;
                     let compiled = Arc::new(Compiled {
-                        lib: batch.lib.clone(),
-                        sig: sig.clone(),
+                        lib: e.lib.clone(),
+                        sig: e.sig.clone(),
                         entry,
                     });
                     let r = Self::make_routine(
-                        name,
+                        &e.name,
                         &batch.bindings,
                         compiled,
                         &ctx,
@@ -675,14 +757,14 @@ impl CodeBatch {
     pub fn optimized(&self) -> Vec<Option<&Optimized>> {
         self.entries
             .iter()
-            .map(|e| e.as_ref().map(|(_, o, _)| o))
+            .map(|e| e.as_ref().map(|e| &e.optimized))
             .collect()
     }
     /// The names of the included routines (`None` for excluded entries).
     pub fn names(&self) -> Vec<Option<&str>> {
         self.entries
             .iter()
-            .map(|e| e.as_ref().map(|(n, _, _)| n.as_str()))
+            .map(|e| e.as_ref().map(|e| e.name.as_str()))
             .collect()
     }
 }
