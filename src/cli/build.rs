@@ -362,26 +362,37 @@ impl<'a> Builder<'a> {
                     .map_err(|e| ProgramError::at(with(path, json_path!["logic"]), e.to_string()))?
             }
         };
-        let mut args = args.into_iter();
-        Ok(match op {
-            Op::Un(op) => Assignments::AccumUnop {
-                initialize_neutral: a.init_neutral,
-                accum,
+        Ok(
+            match (
                 op,
-                lhs,
-                rhs: args.next().expect("one argument"),
-                projections,
+                <[Buffer; 1]>::try_from(args.clone()),
+                <[Buffer; 2]>::try_from(args),
+            ) {
+                (Op::Un(op), Ok([rhs]), _) => Assignments::AccumUnop {
+                    initialize_neutral: a.init_neutral,
+                    accum,
+                    op,
+                    lhs,
+                    rhs,
+                    projections,
+                },
+                (Op::Bin(op), _, Ok([rhs1, rhs2])) => Assignments::AccumBinop {
+                    initialize_neutral: a.init_neutral,
+                    accum,
+                    op,
+                    lhs,
+                    rhs1,
+                    rhs2,
+                    projections,
+                },
+                _ => {
+                    return Err(ProgramError::at(
+                        path.to_vec(),
+                        "the operation's arity does not match its arguments",
+                    ))
+                }
             },
-            Op::Bin(op) => Assignments::AccumBinop {
-                initialize_neutral: a.init_neutral,
-                accum,
-                op,
-                lhs,
-                rhs1: args.next().expect("two arguments"),
-                rhs2: args.next().expect("two arguments"),
-                projections,
-            },
-        })
+        )
     }
 }
 

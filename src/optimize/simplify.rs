@@ -54,6 +54,13 @@ pub fn simplify(c: Llc) -> Llc {
     }
 }
 
+fn constant(v: &Llv) -> Option<f64> {
+    match v {
+        Llv::Constant(c) => Some(*c),
+        _ => None,
+    }
+}
+
 fn is_simple(v: &Llv) -> bool {
     matches!(
         v,
@@ -133,15 +140,10 @@ pub fn simplify_value(v: Llv, target: Prec) -> Llv {
                 (Binop::Mul, C(z), _) | (Binop::Mul, _, C(z)) if z == 0.0 => C(0.0),
                 // Reassociation of constants: (x + c1) + c2 = x + (c1 + c2), likewise for *.
                 (op @ (Binop::Add | Binop::Mul), Llv::Binop(op2, x, c1), C(c2))
-                    if op2 == op && matches!(*c1, C(_)) =>
+                | (op @ (Binop::Add | Binop::Mul), C(c2), Llv::Binop(op2, x, c1))
+                    if op2 == op && constant(&c1).is_some() =>
                 {
-                    let C(c1) = *c1 else { unreachable!() };
-                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))), target)
-                }
-                (op @ (Binop::Add | Binop::Mul), C(c2), Llv::Binop(op2, x, c1))
-                    if op2 == op && matches!(*c1, C(_)) =>
-                {
-                    let C(c1) = *c1 else { unreachable!() };
+                    let c1 = constant(&c1).unwrap_or(op.neutral());
                     simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))), target)
                 }
                 (Binop::ToPowOf, base, C(e))
