@@ -1,0 +1,309 @@
+//! Data-parallel training of a 2-16-16-1 ReLU MLP on two moons, on every core.
+//!
+//! ```text
+//! cargo run --release --example moons -- [--seed N] [--points N] [--hidden N] [--batch N]
+//!     [--epochs N] [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
+//!     [--backend multicore|sync] [--plot FILE.png] [--no-plot]
+//! ```
+//!
+//! Prints the mean loss of every epoch, the training-set accuracy, a terminal plot of the
+//! points and the decision boundary, where the time went, and a summary line
+//! `accuracy: A devices: N samples/s: S compile_ms: C`. With `--plot FILE.png` it also draws
+//! the points and the decision boundary into a PNG.
+//!
+//! The model, the training step (per-device gradients of batch slices, a tree merge through
+//! merge buffers, the SGD update on device 0, parameters copied back) and the dataset live in
+//! the library: `arrayjit::nn` and `arrayjit::nn::moons`.
+
+use arrayjit::backend::{backend_by_name, Backend, Config, MergeBufferUse};
+use arrayjit::nn::moons::{dataset, default_devices, train, Dataset, HostMlp, TrainConfig};
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: moons [--seed N] [--points N] [--hidden N] [--batch N] [--epochs N]
+             [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
+             [--backend multicore|sync] [--plot FILE.png] [--no-plot]
+
+Trains a 2-H-H-1 ReLU MLP (hinge loss, SGD with linearly decaying learning rate and weight
+decay) on two moons, data-parallel over N virtual devices.
+
+  --seed N          dataset, initialization and batch-order seed (default 1)
+  --points N        dataset size (default 2400)
+  --hidden N        units per hidden layer (default 16)
+  --batch N         samples per step, split evenly across devices (default 120)
+  --epochs N        passes over the dataset (default 20)
+  --lr X            initial learning rate, decaying linearly (default 0.1)
+  --weight-decay X  weight decay (default 0.0002)
+  --devices N       virtual devices (default: what the backend suggests, dividing the batch)
+  --copy-to-merge   copy gradients into merge buffers (default: streaming, no copy)
+  --backend NAME    multicore (default) or sync
+  --plot FILE.png   also draw the points and the decision boundary into a PNG
+  --no-plot         skip the terminal plot";
+
+struct Args {
+    cfg: TrainConfig,
+    points: usize,
+    backend: String,
+    png: Option<String>,
+    terminal_plot: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        cfg: TrainConfig::default(),
+        points: 2400,
+        backend: "multicore".into(),
+        png: None,
+        terminal_plot: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"))
+        };
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.parse()
+                .map_err(|_| format!("{flag}: cannot read {v:?} as a number"))
+        }
+        match flag.as_str() {
+            "--seed" => a.cfg.seed = num(&flag, value()?)?,
+            "--points" => a.points = num(&flag, value()?)?,
+            "--hidden" => a.cfg.hidden = num(&flag, value()?)?,
+            "--batch" => a.cfg.batch = num(&flag, value()?)?,
+            "--epochs" => a.cfg.epochs = num(&flag, value()?)?,
+            "--lr" => a.cfg.learning_rate = num(&flag, value()?)?,
+            "--weight-decay" => a.cfg.weight_decay = num(&flag, value()?)?,
+            "--devices" => a.cfg.devices = Some(num(&flag, value()?)?),
+            "--copy-to-merge" => a.cfg.merge = MergeBufferUse::Copy,
+            "--backend" => a.backend = value()?,
+            "--plot" => a.png = Some(value()?),
+            "--no-plot" => a.terminal_plot = false,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown flag {other:?}\n\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+/// The bounding box of the points, with a margin.
+fn bounds(data: &Dataset) -> (f64, f64, f64, f64) {
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for p in &data.points {
+        x0 = x0.min(p[0]);
+        x1 = x1.max(p[0]);
+        y0 = y0.min(p[1]);
+        y1 = y1.max(p[1]);
+    }
+    let (mx, my) = ((x1 - x0) * 0.05, (y1 - y0) * 0.08);
+    (x0 - mx, x1 + mx, y0 - my, y1 + my)
+}
+
+/// The points (`+` label 1, `o` label -1) over the model's decision regions (`.` where it
+/// predicts 1, blank where it predicts -1), with the decision boundary drawn as `#`.
+fn terminal_plot(data: &Dataset, model: &HostMlp, cols: usize, rows: usize) -> String {
+    let (x0, x1, y0, y1) = bounds(data);
+    let at = |c: f64, r: f64| {
+        let x = x0 + (c + 0.5) / cols as f64 * (x1 - x0);
+        let y = y1 - (r + 0.5) / rows as f64 * (y1 - y0);
+        model.predict(&[x, y])[0] > 0.0
+    };
+    let mut grid = vec![vec![' '; cols]; rows];
+    for (r, row) in grid.iter_mut().enumerate() {
+        for (c, cell) in row.iter_mut().enumerate() {
+            let here = at(c as f64, r as f64);
+            // A boundary cell: the sign changes within the cell.
+            let (rf, cf) = (r as f64, c as f64);
+            let edge = [(-0.5, 0.0), (0.5, 0.0), (0.0, -0.5), (0.0, 0.5)]
+                .iter()
+                .any(|(dc, dr)| at(cf + dc, rf + dr) != here);
+            *cell = if edge {
+                '#'
+            } else if here {
+                '.'
+            } else {
+                ' '
+            };
+        }
+    }
+    for (p, t) in data.points.iter().zip(&data.labels) {
+        let c = ((p[0] - x0) / (x1 - x0) * cols as f64) as usize;
+        let r = ((y1 - p[1]) / (y1 - y0) * rows as f64) as usize;
+        if c < cols && r < rows {
+            grid[r][c] = if *t > 0.0 { '+' } else { 'o' };
+        }
+    }
+    let border = format!("+{}+", "-".repeat(cols));
+    let mut out = border.clone();
+    out.push('\n');
+    for row in grid {
+        out.push('|');
+        out.extend(row);
+        out.push_str("|\n");
+    }
+    out.push_str(&border);
+    out
+}
+
+/// Draws the decision regions, the boundary and the points into a PNG (no text, so no fonts
+/// are needed).
+fn png_plot(path: &str, data: &Dataset, model: &HostMlp) -> Result<(), String> {
+    use plotters::prelude::*;
+    let (x0, x1, y0, y1) = bounds(data);
+    // Equal scales on both axes.
+    let w = 800u32;
+    let h = ((w as f64 * (y1 - y0) / (x1 - x0)) as u32).clamp(200, 1600);
+    let to_xy = |px: f64, py: f64| {
+        (
+            x0 + px / w as f64 * (x1 - x0),
+            y1 - py / h as f64 * (y1 - y0),
+        )
+    };
+    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| format!("drawing {path}: {e}");
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    // Regions, evaluated on 4x4-pixel cells; the boundary where neighbouring cells differ.
+    let cell = 4u32;
+    let (gw, gh) = (w / cell, h / cell);
+    let sign: Vec<Vec<bool>> = (0..gh)
+        .map(|r| {
+            (0..gw)
+                .map(|c| {
+                    let (x, y) = to_xy(
+                        (c * cell) as f64 + cell as f64 / 2.0,
+                        (r * cell) as f64 + cell as f64 / 2.0,
+                    );
+                    model.predict(&[x, y])[0] > 0.0
+                })
+                .collect()
+        })
+        .collect();
+    let pos = RGBColor(205, 222, 245);
+    let neg = RGBColor(247, 214, 205);
+    let line = RGBColor(60, 60, 60);
+    for r in 0..gh as usize {
+        for c in 0..gw as usize {
+            let s = sign[r][c];
+            let edge = (c + 1 < gw as usize && sign[r][c + 1] != s)
+                || (r + 1 < gh as usize && sign[r + 1][c] != s);
+            let color = if edge {
+                line
+            } else if s {
+                pos
+            } else {
+                neg
+            };
+            let (px, py) = ((c as u32 * cell) as i32, (r as u32 * cell) as i32);
+            root.draw(&Rectangle::new(
+                [(px, py), (px + cell as i32, py + cell as i32)],
+                color.filled(),
+            ))
+            .map_err(|e| err(&e))?;
+        }
+    }
+    let blue = RGBColor(31, 90, 180);
+    let red = RGBColor(200, 60, 40);
+    for (p, t) in data.points.iter().zip(&data.labels) {
+        let px = ((p[0] - x0) / (x1 - x0) * w as f64) as i32;
+        let py = ((y1 - p[1]) / (y1 - y0) * h as f64) as i32;
+        let color = if *t > 0.0 { blue } else { red };
+        root.draw(&Circle::new((px, py), 3, color.filled()))
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let backend: Box<dyn Backend> = backend_by_name(&args.backend).map_err(|e| e.to_string())?;
+    backend.initialize(Config::default());
+    let data = dataset(args.points, args.cfg.seed);
+    let devices = match args.cfg.devices {
+        Some(n) => n,
+        None => default_devices(backend.as_ref(), args.cfg.batch).map_err(|e| e.to_string())?,
+    };
+    let cfg = TrainConfig {
+        devices: Some(devices),
+        ..args.cfg.clone()
+    };
+    println!(
+        "two moons: {} points, MLP 2-{h}-{h}-1, batch {}, {} epochs, {} {} device{} ({} merges)",
+        data.len(),
+        cfg.batch,
+        cfg.epochs,
+        devices,
+        backend.name(),
+        if devices == 1 { "" } else { "s" },
+        if cfg.merge == MergeBufferUse::Copy {
+            "copy"
+        } else {
+            "streaming"
+        },
+        h = cfg.hidden,
+    );
+    let report = train(backend.as_ref(), &data, &cfg, &mut |epoch, loss| {
+        println!("epoch {epoch} loss {loss:.4}")
+    })
+    .map_err(|e| e.to_string())?;
+    println!("training-set accuracy: {:.4}", report.accuracy);
+    if args.terminal_plot {
+        // Terminal cells are about twice as tall as wide: keep the picture's proportions.
+        let (x0, x1, y0, y1) = bounds(&data);
+        let rows = ((78.0 * (y1 - y0) / (x1 - x0) / 2.0).round() as usize).clamp(8, 60);
+        println!("{}", terminal_plot(&data, &report.model, 78, rows));
+        println!("(+ label 1, o label -1, . predicted 1, # decision boundary)");
+    }
+    if let Some(path) = &args.png {
+        png_plot(path, &data, &report.model)?;
+        println!("wrote {path}");
+    }
+    let p = &report.phases;
+    println!(
+        "time: compile {:.0} ms ({} routines, one C file); setup {:.1} ms; eval {:.1} ms",
+        ms(report.compile_time),
+        report.routines,
+        ms(report.setup_time),
+        ms(report.eval_time),
+    );
+    println!(
+        "training {:.1} ms for {} steps: compute {:.1} ms, merge {:.1} ms, update {:.1} ms, \
+         copies {:.1} ms, loss readback {:.1} ms; of which waiting for devices {:.1} ms",
+        ms(report.train_time),
+        report.steps,
+        ms(p.compute),
+        ms(p.merge),
+        ms(p.update),
+        ms(p.copies),
+        ms(p.loss_readback),
+        ms(p.waiting),
+    );
+    backend.unsafe_cleanup();
+    println!(
+        "accuracy: {:.4} devices: {} samples/s: {:.0} compile_ms: {:.0}",
+        report.accuracy,
+        report.devices,
+        report.samples_per_sec(),
+        ms(report.compile_time)
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

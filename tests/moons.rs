@@ -1,0 +1,396 @@
+//! The two-moons job: the `arrayjit::nn` helpers, the MLP's gradients against finite
+//! differences computed here in plain `f64` Rust, and short data-parallel training runs.
+
+use arrayjit::backend::{Backend, Config, MergeBufferUse, MulticoreBackend, SyncBackend};
+use arrayjit::ir::{Bindings, InitOp, MemoryMode, Ndarray, Prec, StaticSymbol, Tnode};
+use arrayjit::nn::moons::{dataset, train, TrainConfig, TrainReport};
+use arrayjit::nn::{self, Mlp};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn with_watchdog(secs: u64, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p)
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("watchdog: test did not finish in {secs}s"),
+    }
+}
+
+fn hosted(name: &str, dims: &[usize], prec: Prec, values: &[f64]) -> Tnode {
+    Tnode::with_init(
+        &[name],
+        dims,
+        prec,
+        &InitOp::ConstantFill {
+            values: values.to_vec(),
+            strict: true,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn dataset_is_seeded_and_interleaved() {
+    let a = dataset(300, 7);
+    assert_eq!(a, dataset(300, 7));
+    assert_ne!(a, dataset(300, 8));
+    assert_eq!(a.len(), 300);
+    assert_eq!(dataset(7, 1).len(), 7);
+    for (i, (p, t)) in a.points.iter().zip(&a.labels).enumerate() {
+        assert_eq!(*t, if i % 2 == 0 { 1.0 } else { -1.0 });
+        // Upper moon: cos/sin of an angle in [0, π] plus noise; lower moon shifted.
+        let (x, y) = if *t > 0.0 {
+            (p[0], p[1])
+        } else {
+            (1.0 - p[0], 0.5 - p[1])
+        };
+        let r = (x * x + y * y).sqrt();
+        assert!((r - 1.0).abs() <= 0.15, "point {i} {p:?}");
+        assert!(y >= -0.1 - 1e-12, "point {i} {p:?}");
+    }
+}
+
+/// Every helper on small tensors, against values computed by hand.
+#[test]
+fn helpers_compute_what_they_say() {
+    with_watchdog(120, || {
+        let b = SyncBackend::new();
+        b.initialize(Config::default());
+        let dev = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
+        let none = Bindings::empty();
+        let p = Prec::Double;
+        let x = hosted("x", &[2, 3], p, &[1., -2., 3., -4., 5., -6.]);
+        let w = hosted("w", &[3, 2], p, &[1., 0., 0., 1., 2., -1.]);
+        let bias = hosted("bias", &[2], p, &[0.5, -0.5]);
+        let outs: Vec<Tnode> = [
+            "mm",
+            "mm_ordered",
+            "biased",
+            "act",
+            "gated",
+            "sums",
+            "wt",
+            "scaled",
+        ]
+        .iter()
+        .zip([
+            [2, 2],
+            [2, 2],
+            [2, 2],
+            [2, 2],
+            [2, 2],
+            [2, 1],
+            [2, 3],
+            [2, 3],
+        ])
+        .map(|(n, d)| {
+            let t = Tnode::new(&[n], &d, p).unwrap();
+            t.ensure_hosted().unwrap();
+            t
+        })
+        .collect();
+        let [mm, mmo, biased, act, gated, sums, wt, scaled] = &outs[..] else {
+            unreachable!()
+        };
+        let sums1 = Tnode::new(&["sums1"], &[2], p).unwrap();
+        sums1.ensure_hosted().unwrap();
+        let code = arrayjit::ir::Assignments::seq([
+            nn::matmul(mm, &x, &w, "bi,io->bo", &none).unwrap(),
+            nn::matmul_ordered(mmo, &x, &w, "bi,io->bo", "bio", &none).unwrap(),
+            nn::add_bias(biased, mm, &bias, "bo,o->bo", &none).unwrap(),
+            nn::relu(act, biased).unwrap(),
+            nn::relu_backward(gated, biased, mm).unwrap(),
+            nn::sum(&sums1, &x, "bi->b", &none).unwrap(),
+            nn::sum_ordered(sums, mm, "bo->b0", "bo", &none).unwrap(),
+            nn::transpose(wt, &w, "io->oi", &none).unwrap(),
+            nn::scale(scaled, &x, -0.5).unwrap(),
+        ]);
+        let r = b
+            .link(
+                &[],
+                &b.init(&dev).unwrap(),
+                &b.compile(true, Some("helpers"), &none, &code).unwrap(),
+            )
+            .unwrap();
+        for t in [&x, &w, &bias] {
+            assert!(b.from_host(r.context(), t).unwrap());
+        }
+        r.schedule().unwrap();
+        for t in outs.iter().chain([&sums1]) {
+            assert!(b.to_host(r.context(), t).unwrap(), "{t}");
+        }
+        b.await_device(&dev).unwrap();
+        // x @ w = [[1+6, -2-3], [-4-12, 5+6]] = [[7, -5], [-16, 11]]
+        assert_eq!(mm.host_values().unwrap(), vec![7., -5., -16., 11.]);
+        assert_eq!(mmo.host_values().unwrap(), vec![7., -5., -16., 11.]);
+        assert_eq!(biased.host_values().unwrap(), vec![7.5, -5.5, -15.5, 10.5]);
+        assert_eq!(act.host_values().unwrap(), vec![7.5, 0., 0., 10.5]);
+        assert_eq!(gated.host_values().unwrap(), vec![7., 0., 0., 11.]);
+        assert_eq!(sums1.host_values().unwrap(), vec![2., -5.]);
+        assert_eq!(sums.host_values().unwrap(), vec![2., -5.]);
+        assert_eq!(wt.host_values().unwrap(), vec![1., 0., 2., 0., 1., -1.]);
+        assert_eq!(
+            scaled.host_values().unwrap(),
+            vec![-0.5, 1., -1.5, 2., -2.5, 3.]
+        );
+        // A loop order that misses a letter is an error, not a panic.
+        assert!(nn::matmul_ordered(mmo, &x, &w, "bi,io->bo", "bo", &none).is_err());
+        assert!(nn::relu(act, &x).is_err());
+    });
+}
+
+/// The MLP's loss in plain f64 Rust: mean over the full batch of `relu(1 - t·y)`.
+fn reference_loss(
+    sizes: &[usize],
+    weights: &[Vec<f64>],
+    biases: &[Vec<f64>],
+    xs: &[[f64; 2]],
+    ts: &[f64],
+) -> f64 {
+    let mut total = 0.0;
+    for (x, t) in xs.iter().zip(ts) {
+        let mut a = x.to_vec();
+        for l in 0..weights.len() {
+            let (ins, outs) = (sizes[l], sizes[l + 1]);
+            let mut z = vec![0.0; outs];
+            for o in 0..outs {
+                z[o] = biases[l][o];
+                for i in 0..ins {
+                    z[o] += a[i] * weights[l][i * outs + o];
+                }
+                if l + 1 < weights.len() {
+                    z[o] = z[o].max(0.0);
+                }
+            }
+            a = z;
+        }
+        total += (1.0 - t * a[0]).max(0.0);
+    }
+    total / xs.len() as f64
+}
+
+/// The gradients that the library's backward assignments compute for a tiny model match
+/// central finite differences of the loss computed above.
+#[test]
+fn gradients_match_finite_differences() {
+    with_watchdog(120, || {
+        let sizes = [2, 4, 3, 1];
+        let m = 10;
+        let p = Prec::Double;
+        let mlp = Mlp::new(&sizes, p, 11).unwrap();
+        // Non-zero biases, so that they matter.
+        for (k, l) in mlp.layers().iter().enumerate() {
+            let n = l.b.numel();
+            let v: Vec<f64> = (0..n).map(|i| 0.1 * (i as f64 - k as f64) - 0.05).collect();
+            l.b.set_host_values(&v).unwrap();
+        }
+        let data = dataset(m, 3);
+        let xs: Vec<f64> = data.points.iter().flatten().copied().collect();
+        let data_x = hosted("data_x", &[1, m, 2], p, &xs);
+        let data_t = hosted("data_t", &[1, m, 1], p, &data.labels);
+        let slot = StaticSymbol::new("slot", Some(1));
+        let loss = Tnode::new(&["loss"], &[1], p).unwrap();
+        loss.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+        let code = mlp.grad_routine(&data_x, &data_t, &slot, &loss, m).unwrap();
+        let b = MulticoreBackend::new();
+        b.initialize(Config::default());
+        let dev = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
+        let compiled = b
+            .compile(true, Some("grad"), &Bindings(vec![slot]), &code)
+            .unwrap();
+        let r = b.link(&[], &b.init(&dev).unwrap(), &compiled).unwrap();
+        for t in mlp.params().iter().chain([&data_x, &data_t]) {
+            assert!(b.from_host(r.context(), t).unwrap(), "{t}");
+        }
+        r.schedule().unwrap();
+        b.await_device(&dev).unwrap();
+        let read = |t: &Tnode| {
+            let mut a = Ndarray::zeros(p, t.dims());
+            b.buffer_to_host(&mut a, &r.context().get_buffer(t).unwrap())
+                .unwrap();
+            a.to_f64_vec()
+        };
+
+        let model = mlp.to_host_model().unwrap();
+        let (weights, biases) = (model.weights.clone(), model.biases.clone());
+        let f = |w: &[Vec<f64>], bs: &[Vec<f64>]| {
+            reference_loss(&sizes, w, bs, &data.points, &data.labels)
+        };
+        let l0 = f(&weights, &biases);
+        let lib_loss = read(&loss)[0];
+        assert!((lib_loss - l0).abs() < 1e-12, "loss {lib_loss} vs {l0}");
+        assert!(l0 > 0.0, "the hinge must be active for some samples");
+
+        let eps = 1e-6;
+        let mut checked = 0;
+        for (l, layer) in mlp.layers().iter().enumerate() {
+            for (is_bias, g) in [(false, &layer.gw), (true, &layer.gb)] {
+                let lib = read(g);
+                let mut fd = vec![];
+                for k in 0..lib.len() {
+                    let (mut wp, mut bp) = (weights.clone(), biases.clone());
+                    let (mut wm, mut bm) = (weights.clone(), biases.clone());
+                    if is_bias {
+                        bp[l][k] += eps;
+                        bm[l][k] -= eps;
+                    } else {
+                        wp[l][k] += eps;
+                        wm[l][k] -= eps;
+                    }
+                    fd.push((f(&wp, &bp) - f(&wm, &bm)) / (2.0 * eps));
+                }
+                for (k, (a, e)) in lib.iter().zip(&fd).enumerate() {
+                    assert!(
+                        (a - e).abs() <= 1e-7 + 1e-5 * e.abs(),
+                        "{g}[{k}]: library {a} vs finite difference {e}"
+                    );
+                    checked += 1;
+                }
+                assert!(
+                    fd.iter().any(|v| v.abs() > 1e-6),
+                    "{g}: every gradient is zero, the check would be vacuous"
+                );
+            }
+        }
+        assert_eq!(checked, 2 * 4 + 4 + 4 * 3 + 3 + 3 + 1);
+    });
+}
+
+fn short_config(devices: usize, merge: MergeBufferUse) -> TrainConfig {
+    TrainConfig {
+        batch: 24,
+        epochs: 10,
+        devices: Some(devices),
+        merge,
+        ..TrainConfig::default()
+    }
+}
+
+fn short_run(backend: &dyn Backend, devices: usize, merge: MergeBufferUse) -> TrainReport {
+    let data = dataset(480, 1);
+    let mut seen = vec![];
+    let report = train(
+        backend,
+        &data,
+        &short_config(devices, merge),
+        &mut |e, l| seen.push((e, l)),
+    )
+    .unwrap();
+    assert_eq!(report.devices, devices);
+    // The host copy of the trained model agrees with the inference routine.
+    let host_correct = data
+        .points
+        .iter()
+        .zip(&data.labels)
+        .filter(|(p, t)| (report.model.predict(&p[..])[0] > 0.0) == (**t > 0.0))
+        .count();
+    let host_accuracy = host_correct as f64 / data.len() as f64;
+    assert!(
+        (host_accuracy - report.accuracy).abs() <= 2.0 / data.len() as f64,
+        "host model accuracy {host_accuracy} vs {}",
+        report.accuracy
+    );
+    assert_eq!(report.steps, 200);
+    assert_eq!(report.samples, 4800);
+    assert_eq!(
+        seen,
+        report
+            .epoch_losses
+            .iter()
+            .enumerate()
+            .map(|(e, l)| (e + 1, *l))
+            .collect::<Vec<_>>()
+    );
+    report
+}
+
+fn assert_learns(r: &TrainReport) {
+    let l = &r.epoch_losses;
+    assert_eq!(l.len(), 10);
+    assert!(l.iter().all(|v| v.is_finite()), "{l:?}");
+    assert!(l[9] < 0.6 * l[0], "the loss must fall: {l:?}");
+    assert!(r.accuracy > 0.9, "accuracy {} (losses {l:?})", r.accuracy);
+    assert!(r.compile_time > Duration::ZERO && r.train_time > Duration::ZERO);
+    assert!(r.samples_per_sec() > 0.0);
+}
+
+fn assert_same_curve(a: &TrainReport, b: &TrainReport) {
+    for (x, y) in a.epoch_losses.iter().zip(&b.epoch_losses) {
+        assert!(
+            (x - y).abs() <= 1e-3 * x.abs().max(1e-3),
+            "loss curves differ: {:?} vs {:?}",
+            a.epoch_losses,
+            b.epoch_losses
+        );
+    }
+    assert!((a.accuracy - b.accuracy).abs() <= 0.01);
+}
+
+#[test]
+fn short_run_learns_on_one_device() {
+    with_watchdog(300, || {
+        let r = short_run(&MulticoreBackend::new(), 1, MergeBufferUse::Streaming);
+        assert_learns(&r);
+    });
+}
+
+/// Two devices, streaming merges: learns, and follows the single-device loss curve (only the
+/// order of the sums differs).
+#[test]
+fn short_run_learns_on_two_devices_like_on_one() {
+    with_watchdog(300, || {
+        let two = short_run(&MulticoreBackend::new(), 2, MergeBufferUse::Streaming);
+        assert_learns(&two);
+        let one = short_run(&SyncBackend::new(), 1, MergeBufferUse::Streaming);
+        assert_same_curve(&one, &two);
+    });
+}
+
+/// Three virtual devices (a tree that is not a power of two), copy merges, on the synchronous
+/// backend: the same curve again.
+#[test]
+fn copy_merges_on_three_devices_follow_the_same_curve() {
+    with_watchdog(300, || {
+        let three = short_run(&SyncBackend::new(), 3, MergeBufferUse::Copy);
+        assert_learns(&three);
+        let one = short_run(&SyncBackend::new(), 1, MergeBufferUse::Copy);
+        assert_same_curve(&one, &three);
+    });
+}
+
+#[test]
+fn bad_settings_are_errors() {
+    let b = SyncBackend::new();
+    let data = dataset(100, 1);
+    let mut quiet = |_: usize, _: f64| {};
+    let cfg = |devices, batch, merge| TrainConfig {
+        devices: Some(devices),
+        batch,
+        merge,
+        epochs: 1,
+        ..TrainConfig::default()
+    };
+    for (c, what) in [
+        (cfg(3, 20, MergeBufferUse::Streaming), "evenly"),
+        (
+            cfg(1, 200, MergeBufferUse::Streaming),
+            "larger than the dataset",
+        ),
+        (cfg(1, 20, MergeBufferUse::No), "Streaming"),
+        (cfg(0, 20, MergeBufferUse::Copy), "evenly"),
+    ] {
+        let err = train(&b, &data, &c, &mut quiet).unwrap_err().to_string();
+        assert!(err.contains(what), "{err}");
+    }
+    assert!(Mlp::new(&[2], Prec::Single, 1).is_err());
+    assert!(Mlp::new(&[2, 0, 1], Prec::Single, 1).is_err());
+}
