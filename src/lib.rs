@@ -13,6 +13,7 @@ pub mod error;
 pub mod interp;
 pub mod ir;
 pub mod lower;
+pub mod nn;
 pub mod optimize;
 
 pub use error::{Error, Result};
