@@ -134,7 +134,9 @@ impl fmt::Debug for Task {
     }
 }
 
-/// A routine linked into a context.
+/// A routine linked into a context. Clones share the routine's bindings and scratch memory:
+/// a routine (and its clones) must not run concurrently with itself, which a device's queue
+/// guarantees.
 #[derive(Clone)]
 pub struct Routine {
     context: Context,
@@ -601,6 +603,11 @@ impl CcBackend {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Large local arrays: scratch owned by this routine, allocated once here.
+        let mut buffers = buffers;
+        for tn in &compiled.sig.scratch {
+            buffers.push(Buffer::new(tn.size_in_bytes())?);
+        }
         Ok(Routine {
             device: ctx.device().cloned(),
             context: ctx,

@@ -2,12 +2,13 @@
 //!
 //! Every routine becomes a readable function `static int NAME_routine(params...)` plus a fixed-signature
 //! entry point `int NAME_routine_entry(void *const *buffers, const int64_t *statics,
-//! const void *merge_buffer)` that the loader calls; it returns 0, or 1 when a heap-allocated
-//! local array could not be allocated.
+//! const void *merge_buffer)` that the loader calls; it returns 0.
 //!
 //! Parameters of the readable function, in order: the merge buffer (`const T *merge_buffer`)
 //! if the routine reads one; the static indices (`int`), in the order of the routine's
-//! bindings; one pointer per node that lives in the context, in order of node id.
+//! bindings; one pointer per node that lives in the context, in order of node id; one
+//! pointer per local array larger than 16 KiB (scratch memory owned by the linked routine,
+//! zeroed at the start of each call), in order of node id.
 //!
 //! Every user-provided string is sanitized before it reaches the C text: identifiers keep only
 //! `[A-Za-z0-9_]` and always carry a suffix, so they never collide with keywords, libc/libm
@@ -34,6 +35,9 @@ pub enum Param {
     Static(StaticSymbol),
     /// A node's buffer in the context.
     Node(Tnode),
+    /// A large local array: scratch memory owned by the linked routine (allocated once at
+    /// link time, zeroed at the start of every call), not part of the context.
+    Scratch(Tnode),
 }
 
 /// What the loader needs to call one generated routine.
@@ -47,8 +51,12 @@ pub struct RoutineSignature {
     pub entry: String,
     /// The parameters, in order.
     pub params: Vec<Param>,
-    /// Nodes passed as buffers, in the order of the entry point's `buffers` array.
+    /// Nodes passed as context buffers: the first entries of the entry point's `buffers`
+    /// array.
     pub buffers: Vec<Tnode>,
+    /// Large local arrays passed as routine-owned scratch buffers: the entries of `buffers`
+    /// after the context buffers.
+    pub scratch: Vec<Tnode>,
     /// The static indices, in the order of the entry point's `statics` array.
     pub statics: Vec<StaticSymbol>,
     /// The node read from the merge buffer, if any.
@@ -326,9 +334,13 @@ impl Writer {
         params.extend(bindings.0.iter().cloned().map(Param::Static));
         let mut locals = vec![];
         let mut buffers = vec![];
+        let mut scratch = vec![];
         for (tn, mode) in &o.nodes {
             match mode {
-                MemoryMode::Local => locals.push(tn.clone()),
+                MemoryMode::Local if tn.size_in_bytes() <= MAX_STACK_BYTES => {
+                    locals.push(tn.clone())
+                }
+                MemoryMode::Local => scratch.push(tn.clone()),
                 MemoryMode::Virtual => {}
                 _ => {
                     params.push(Param::Node(tn.clone()));
@@ -336,6 +348,7 @@ impl Writer {
                 }
             }
         }
+        params.extend(scratch.iter().cloned().map(Param::Scratch));
         let statics: Vec<StaticSymbol> = bindings.0.clone();
         let static_limits = statics.iter().map(|s| static_limit(&o.code, s)).collect();
         let param_text: Vec<String> = params
@@ -345,7 +358,7 @@ impl Writer {
                     format!("const {} *restrict merge_buffer", tn.prec().c_type())
                 }
                 Param::Static(s) => format!("int {}", self.names.static_symbol(s)),
-                Param::Node(tn) => {
+                Param::Node(tn) | Param::Scratch(tn) => {
                     format!("{} *restrict {}", tn.prec().c_type(), self.names.node(tn))
                 }
             })
@@ -360,37 +373,22 @@ impl Writer {
                 param_text.join(", ")
             }
         );
-        let mut heap = vec![];
         for tn in &locals {
             let n = self.names.node(tn);
-            let t = tn.prec().c_type();
-            if tn.size_in_bytes() <= 16384 {
-                let _ = writeln!(self.out, "  {t} {n}[{}] = {{0}};", tn.numel());
-            } else {
-                let _ = writeln!(
-                    self.out,
-                    "  {t} *{n} = calloc({}, sizeof({t}));",
-                    tn.numel()
-                );
-                heap.push(n);
-            }
-        }
-        if !heap.is_empty() {
-            let cond: Vec<String> = heap.iter().map(|n| format!("!{n}")).collect();
-            let frees: Vec<String> = heap.iter().map(|n| format!("free({n});")).collect();
             let _ = writeln!(
                 self.out,
-                "  if ({}) {{ {} return 1; }}",
-                cond.join(" || "),
-                frees.join(" ")
+                "  {} {n}[{}] = {{0}};",
+                tn.prec().c_type(),
+                tn.numel()
             );
+        }
+        for tn in &scratch {
+            let n = self.names.node(tn);
+            let _ = writeln!(self.out, "  memset({n}, 0, {});", tn.size_in_bytes());
         }
         let mut body = String::new();
         self.stmt(&o.code, 1, &mut body);
         self.out.push_str(&body);
-        for n in &heap {
-            let _ = writeln!(self.out, "  free({n});");
-        }
         self.out.push_str("  return 0;\n}\n");
         // The entry point with a fixed signature.
         let entry = format!("{c_name}_entry");
@@ -406,7 +404,7 @@ impl Writer {
                     args.push(format!("(int)statics[{si}]"));
                     si += 1;
                 }
-                Param::Node(tn) => {
+                Param::Node(tn) | Param::Scratch(tn) => {
                     args.push(format!("({} *)buffers[{bi}]", tn.prec().c_type()));
                     bi += 1;
                 }
@@ -423,12 +421,16 @@ impl Writer {
             entry,
             params,
             buffers,
+            scratch,
             statics,
             merge_node: o.merge_node.clone(),
             static_limits,
         }
     }
 }
+
+/// Local arrays up to this size live on the C stack; larger ones are scratch buffers.
+const MAX_STACK_BYTES: usize = 16384;
 
 fn indent_text(s: &str, levels: usize) -> String {
     let pad = "  ".repeat(levels);
