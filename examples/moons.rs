@@ -262,7 +262,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     let p = &report.phases;
     println!(
-        "time: compile {:.0} ms ({} routines, one C file); setup {:.1} ms; eval {:.1} ms",
+        "time: compile {:.0} ms ({} routines in one compile_batch); setup {:.1} ms; eval {:.1} ms",
         ms(report.compile_time),
         report.routines,
         ms(report.setup_time),
