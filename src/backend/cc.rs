@@ -286,18 +286,21 @@ fn routine_name(name: Option<&str>, asgns: &Assignments, i: usize) -> String {
         .unwrap_or_else(|| format!("routine{i}"))
 }
 
-fn dumps(o: &Optimized, asgns: &Assignments) -> Vec<DebugFile> {
+/// Readable dumps of a routine for the debug directory; `index` (the routine's position in
+/// its batch) keeps the names unique when two routine names sanitize alike.
+fn dumps(o: &Optimized, asgns: &Assignments, index: usize) -> Vec<DebugFile> {
+    let stem = format!("r{index}_{}", codegen::sanitize_ident(&o.name));
     vec![
         DebugFile {
-            name: format!("{}.assignments.txt", codegen::sanitize_ident(&o.name)),
+            name: format!("{stem}.assignments.txt"),
             contents: asgns.to_doc(),
         },
         DebugFile {
-            name: format!("{}.unoptimized.ll.txt", codegen::sanitize_ident(&o.name)),
+            name: format!("{stem}.unoptimized.ll.txt"),
             contents: lower::to_doc(&o.unoptimized),
         },
         DebugFile {
-            name: format!("{}.optimized.ll.txt", codegen::sanitize_ident(&o.name)),
+            name: format!("{stem}.optimized.ll.txt"),
             contents: lower::to_doc(&o.code),
         },
     ]
@@ -393,7 +396,7 @@ impl CcBackend {
         let optimized = self.optimize_one(&name, asgns)?;
         let (source, mut sigs) = codegen::write_file(&[(&optimized, bindings)])?;
         let sig = sigs.remove(0);
-        let dumps = dumps(&optimized, asgns);
+        let dumps = dumps(&optimized, asgns, 0);
         let state = if shared {
             CodeState::Compiled(Arc::new(Self::build(&source, sig, &dumps)?))
         } else {
@@ -453,7 +456,7 @@ impl CcBackend {
                 continue;
             }
             let o = self.optimize_one(&name, a)?;
-            all_dumps.extend(dumps(&o, a));
+            all_dumps.extend(dumps(&o, a, i));
             entries.push(Some((name, o)));
         }
         let included: Vec<(&Optimized, &Bindings)> = entries

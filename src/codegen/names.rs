@@ -4,15 +4,21 @@ use crate::ir::{StaticSymbol, Symbol, Tnode};
 use crate::lower::ScopeId;
 use std::collections::HashMap;
 
-/// Turns any text into a fragment of a C identifier: `[A-Za-z0-9_]` only, no leading digit or
-/// underscore, no runs of underscores, at most 32 characters, never empty.
+/// Turns any text into a fragment of a C identifier: `[a-z0-9_]` only (lowercase), no
+/// leading digit or underscore, no runs of underscores, at most 32 characters, never empty.
 ///
 /// The result is only ever used with a suffix (`_<n>`, `_v<n>`, `_s<n>`, `_routine`), so it
-/// can never equal a C keyword or a libc/libm name such as `exp` or `y0`.
+/// can never equal a C keyword or a libc/libm name such as `exp` or `y0`; being lowercase, it
+/// can never spell an upper-case macro of the C headers either (`M_PI_2` is a number in
+/// `<math.h>`).
 pub fn sanitize_ident(s: &str) -> String {
     let mut out = String::new();
     for c in s.chars() {
-        let c = if c.is_ascii_alphanumeric() { c } else { '_' };
+        let c = if c.is_ascii_alphanumeric() {
+            c.to_ascii_lowercase()
+        } else {
+            '_'
+        };
         if c == '_' && (out.is_empty() || out.ends_with('_')) {
             continue;
         }
@@ -31,13 +37,13 @@ pub fn sanitize_ident(s: &str) -> String {
 }
 
 /// Makes text safe inside a C block comment: printable ASCII only, without `/` (so neither
-/// `*/` nor `/*` can appear), `\` (no line splicing), `?` (no trigraphs) or `#`; every other
-/// character becomes `_`. At most 200 characters.
+/// `*/` nor `/*` can appear), `\` (no line splicing), `?` (no trigraphs), `#` or `"`; every
+/// other character becomes `_`. At most 200 characters.
 pub fn sanitize_comment(s: &str) -> String {
     s.chars()
         .take(200)
         .map(|c| {
-            if (c.is_ascii_graphic() || c == ' ') && !matches!(c, '/' | '\\' | '?' | '#') {
+            if (c.is_ascii_graphic() || c == ' ') && !matches!(c, '/' | '\\' | '?' | '#' | '"') {
                 c
             } else {
                 '_'
