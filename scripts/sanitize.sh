@@ -44,6 +44,7 @@ done
 echo "== test suite's generated code with -fsanitize=address,undefined"
 # The test binaries themselves are Rust; their generated C is instrumented.
 for t in $(cargo test --release --no-run --message-format=json 2>/dev/null |
+           grep '"profile":{[^}]*"test":true' |
            sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'); do
   name=$(basename "$t")
   case "$name" in compile-*|compiler_env-*) continue ;; esac  # these set their own flags

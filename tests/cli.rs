@@ -1073,3 +1073,413 @@ fn multi_device_steps_and_errors() {
     let err = run_err(&p.write("bad_merge.json", &cases[2].0));
     assert!(err.contains("y") && err.contains("merg"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// `run --interpret`: the reference interpreter instead of the C compiler.
+
+/// Runs `arrayjit ARGS` with extra environment variables.
+fn arrayjit_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the arrayjit binary runs");
+    Out {
+        code: o.status.code().expect("exited normally, not by a signal"),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+/// The example program files, sorted.
+fn example_programs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(example(""))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty());
+    v
+}
+
+/// Relative tolerance between the compiled and the interpreted values of a precision: the
+/// interpreter keeps intermediate results of single and half expressions in `f64`.
+fn interp_tolerance(prec: &str) -> f64 {
+    match prec {
+        "byte" => 1.0,
+        "half" => 4e-3,
+        "single" => 1e-5,
+        "double" => 1e-12,
+        other => panic!("unknown precision {other}"),
+    }
+}
+
+/// Asserts that two `run` outputs print the same tensors, in the same order, with the same
+/// dims and precisions, and values equal up to the precision's tolerance.
+fn assert_same_output(compiled: &str, interpreted: &str, what: &str) {
+    let parse = |s: &str| -> Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("{what}: not JSON ({e}):\n{s}"))
+    };
+    let (c, i) = (parse(compiled), parse(interpreted));
+    let ck: Vec<&String> = c.as_object().unwrap().keys().collect();
+    let ik: Vec<&String> = i.as_object().unwrap().keys().collect();
+    assert_eq!(ck, ik, "{what}: printed tensors");
+    // Same layout: one tensor per line, in print order.
+    assert_eq!(
+        compiled.lines().count(),
+        interpreted.lines().count(),
+        "{what}:\n{compiled}\n{interpreted}"
+    );
+    // A tensor computed from tensors of a coarser precision inherits their rounding
+    // differences: use the loosest tolerance of the floating precisions printed.
+    let loosest = ck
+        .iter()
+        .map(|name| tensor(&c, name).1)
+        .filter(|p| p != "byte")
+        .map(|p| interp_tolerance(&p))
+        .fold(0.0, f64::max);
+    for name in ck {
+        let (cd, cp, cv) = tensor(&c, name);
+        let (id, ip, iv) = tensor(&i, name);
+        assert_eq!((&cd, &cp), (&id, &ip), "{what}: tensor {name}");
+        let tol = if cp == "byte" {
+            interp_tolerance(&cp)
+        } else {
+            loosest
+        };
+        assert_eq!(cv.len(), iv.len());
+        for (k, (a, b)) in cv.iter().zip(&iv).enumerate() {
+            let ok = (a.is_nan() && b.is_nan())
+                || a == b
+                || (a - b).abs() <= tol * a.abs().max(b.abs()).max(1e-30)
+                || (cp == "byte" && (a - b).abs() <= tol);
+            assert!(
+                ok,
+                "{what}: tensor {name} cell {k}: compiled {a}, interpreted {b}\n{compiled}\n{interpreted}"
+            );
+        }
+    }
+}
+
+/// Runs a program compiled and interpreted (both must succeed) and compares the outputs.
+fn assert_interpret_matches(file: &Path) -> String {
+    let compiled = arrayjit(&["run", path_str(file)]);
+    assert_eq!(
+        compiled.code,
+        0,
+        "{}: compiled run failed:\n{}",
+        file.display(),
+        compiled.stderr
+    );
+    let interpreted = arrayjit(&["run", "--interpret", path_str(file)]);
+    assert_eq!(
+        interpreted.code,
+        0,
+        "{}: interpreted run failed:\n{}",
+        file.display(),
+        interpreted.stderr
+    );
+    assert!(interpreted.stderr.is_empty(), "{}", interpreted.stderr);
+    assert_same_output(
+        &compiled.stdout,
+        &interpreted.stdout,
+        &file.display().to_string(),
+    );
+    interpreted.stdout
+}
+
+#[test]
+fn interpret_matches_compiled_on_every_example() {
+    for file in example_programs() {
+        assert_interpret_matches(&file);
+        // The table format too: same shape of output (values may differ in the last digit).
+        let c = arrayjit(&["run", "--format", "table", path_str(&file)]);
+        let i = arrayjit(&["run", "--interpret", "--format=table", path_str(&file)]);
+        assert_eq!((c.code, i.code), (0, 0), "{}\n{}", c.stderr, i.stderr);
+        assert_eq!(
+            c.stdout.lines().count(),
+            i.stdout.lines().count(),
+            "{}:\n{}\n{}",
+            file.display(),
+            c.stdout,
+            i.stdout
+        );
+    }
+}
+
+#[test]
+fn interpret_needs_no_compiler() {
+    let no_cc = [
+        ("ARRAYJIT_CC", "/nonexistent"),
+        ("CC", "/nonexistent"),
+        ("PATH", "/nonexistent"),
+        ("ARRAYJIT_CACHE", "0"),
+    ];
+    for file in example_programs() {
+        let compiled = arrayjit(&["run", path_str(&file)]);
+        assert_eq!(compiled.code, 0, "{}", compiled.stderr);
+        let i = arrayjit_env(&["run", "--interpret", path_str(&file)], &no_cc);
+        assert_eq!(i.code, 0, "{}: {}", file.display(), i.stderr);
+        assert_same_output(&compiled.stdout, &i.stdout, &file.display().to_string());
+        // Without --interpret the same environment has no compiler.
+        let c = arrayjit_env(&["run", path_str(&file)], &no_cc);
+        assert_eq!(c.code, 1, "{}", c.stdout);
+        assert!(
+            c.stderr.contains("C compiler not found") && c.stderr.contains("/nonexistent"),
+            "{}",
+            c.stderr
+        );
+    }
+    // emit-c needs no compiler either, and bench and emit-c reject --interpret.
+    let f = example("matmul.json");
+    let out = arrayjit_env(&["emit-c", path_str(&f)], &no_cc);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for args in [
+        vec!["emit-c", "--interpret", path_str(&f)],
+        vec!["bench", path_str(&f), "--interpret"],
+        vec!["run", "--interpret", "--interpret", path_str(&f)],
+    ] {
+        let out = arrayjit(&args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("--interpret"), "{}", out.stderr);
+        assert!(out.stderr.contains("Usage"), "{}", out.stderr);
+    }
+    let help = arrayjit(&["--help"]);
+    assert!(help.stdout.contains("--interpret"), "{}", help.stdout);
+}
+
+#[test]
+fn interpret_matches_compiled_on_memory_modes_routines_and_bindings() {
+    let p = Prog::new();
+    let programs = [
+        // Every memory mode.
+        r#"{"tensors": [
+             {"name": "w", "dims": [2, 2], "init": {"values": [1, 2, 3, 4]}, "memory": "on_device"},
+             {"name": "x", "dims": [2, 2], "init": "range"},
+             {"name": "t", "dims": [2, 2], "memory": "local"},
+             {"name": "v", "dims": [2, 2], "memory": "virtual"},
+             {"name": "h", "dims": [2, 2], "memory": "hosted"},
+             {"name": "y", "dims": [2, 2], "memory": "on_device"}
+           ],
+           "routines": [{"name": "r", "code": [
+             {"assign": "t", "op": "mul", "args": ["w", "x"]},
+             {"assign": "v", "op": "add", "args": ["t", "x"]},
+             {"assign": "h", "op": "relu", "args": ["v"]},
+             {"assign": "y", "op": "sub", "args": ["h", "w"]}
+           ]}],
+           "run": [{"routine": "r"}, {"routine": "r"}],
+           "print": ["h", "y", "w"]}"#,
+        // A local tensor read twice per cell, and an output accumulated over calls.
+        r#"{"tensors": [
+             {"name": "x", "dims": [3], "init": {"values": [1, 2, 3]}},
+             {"name": "t", "dims": [3], "memory": "local"},
+             {"name": "y", "dims": [3]}
+           ],
+           "routines": [{"name": "r", "code": [
+             {"assign": "t", "op": "add", "args": ["x", "x"]},
+             {"assign": "y", "accum": "add", "op": "mul", "args": ["t", "t"]}
+           ]}],
+           "run": [{"repeat": 3, "steps": [{"routine": "r"}]}],
+           "print": ["y"]}"#,
+        // Tensors shared by routines persist; repeats.
+        r#"{"tensors": [{"name": "w", "dims": [3]}, {"name": "o", "dims": [3]}],
+           "routines": [
+             {"name": "init", "code": [{"fetch": "w", "constant": 1.5}]},
+             {"name": "step", "code": [
+               {"assign": "w", "op": "add", "args": ["w", "w"]},
+               {"assign": "o", "op": "identity", "args": ["w"]}
+             ]}
+           ],
+           "run": [{"routine": "init"}, {"repeat": 2, "steps": [{"routine": "step"},
+                   {"repeat": 2, "steps": [{"routine": "step"}]}]}],
+           "print": ["o"]}"#,
+        // Static bindings persist per routine; embedding and slicing.
+        r#"{"tensors": [{"name": "k_val", "dims": [2], "prec": "double"},
+                        {"name": "batch", "dims": [5, 2], "init": "range", "prec": "half"},
+                        {"name": "row", "dims": [2], "prec": "half"},
+                        {"name": "acc", "dims": [2], "prec": "half"},
+                        {"name": "sum", "dims": [1], "prec": "double"}],
+           "static_indices": [{"name": "k", "range": 5}],
+           "routines": [
+             {"name": "embed", "code": [
+               {"fetch": "k_val", "embed_index": "k"},
+               {"assign": "sum", "accum": "add", "op": "identity", "args": ["k_val"], "logic": "i->0"}
+             ]},
+             {"name": "slice", "code": [
+               {"fetch": "row", "slice": "batch", "index": "k"},
+               {"assign": "acc", "accum": "add", "op": "sqrt", "args": ["row"]}
+             ]}
+           ],
+           "run": [{"routine": "embed", "bindings": {"k": 3}}, {"routine": "embed"},
+                   {"routine": "slice", "bindings": {"k": 4}}, {"routine": "slice"},
+                   {"routine": "embed", "bindings": {"k": 4}}, {"routine": "slice"}],
+           "print": ["k_val", "sum", "acc", "row"]}"#,
+        // Every precision through transcendental operations, broadcasts and reductions.
+        r#"{"tensors": [
+             {"name": "a", "dims": [3, 4], "init": {"uniform": {"seed": 7}}, "prec": "double"},
+             {"name": "b", "dims": [4], "init": {"values": [0.5, -1.25, 2, 3.75]}, "prec": "half"},
+             {"name": "c", "dims": [3, 4], "prec": "single"},
+             {"name": "d", "dims": [3], "prec": "double"},
+             {"name": "e", "dims": [3, 4], "prec": "byte"},
+             {"name": "f", "dims": [4], "prec": "half"},
+             {"name": "g", "dims": [1], "prec": "single"}
+           ],
+           "routines": [{"name": "mix", "code": [
+             {"assign": "c", "op": "mul", "args": ["a", "b"], "logic": "ij,j->ij"},
+             {"assign": "c", "op": "tanh", "args": ["c"]},
+             {"assign": "d", "accum": "add", "init_neutral": true, "op": "exp", "args": ["c"], "logic": "ij->i"},
+             {"assign": "e", "op": "mul", "args": ["a", "b"], "logic": "ij,j->ij"},
+             {"assign": "e", "op": "pow", "args": ["e", "b"], "logic": "ij,j->ij"},
+             {"assign": "f", "accum": "max", "init_neutral": true, "op": "sin", "args": ["a"], "logic": "ij->j"},
+             {"assign": "g", "accum": "mul", "init_neutral": true, "op": "div", "args": ["d", "d"], "logic": "i,i->0"},
+             {"assign": "g", "op": "log", "args": ["g"]}
+           ]}],
+           "run": [{"routine": "mix"}],
+           "print": ["c", "d", "e", "f", "g"]}"#,
+    ];
+    for (i, text) in programs.iter().enumerate() {
+        let f = p.write(&format!("p{i}.json"), text);
+        assert_interpret_matches(&f);
+    }
+    // y = 3 * (2x)^2.
+    let out = run_interpreted(&p.write("local.json", programs[1]));
+    assert_eq!(tensor(&out, "y").2, vec![12., 48., 108.]);
+}
+
+/// Runs `arrayjit run --interpret FILE` and parses the output.
+fn run_interpreted(file: &Path) -> Value {
+    let out = arrayjit(&["run", "--interpret", path_str(file)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+#[test]
+fn interpret_matches_compiled_on_multi_device_programs() {
+    let p = Prog::new();
+    let prog = |devices: &str, run: &str| {
+        format!(
+            r#"{{ {devices}
+  "tensors": [
+    {{"name": "x", "dims": [2], "init": {{"values": [1, 2]}}}},
+    {{"name": "y", "dims": [2]}},
+    {{"name": "acc", "dims": [2]}}
+  ],
+  "routines": [
+    {{"name": "double", "code": [{{"assign": "y", "op": "add", "args": ["x", "x"]}}]}},
+    {{"name": "merge", "code": [{{"assign": "acc", "accum": "add", "op": "identity", "args": [{{"merge": "y"}}]}}]}}
+  ],
+  "run": [{run}],
+  "print": ["y", "acc"]
+}}"#
+        )
+    };
+    let runs = [
+        r#"{"routine": "double", "device": 1},
+           {"copy": "y", "from": 1, "to": 0},
+           {"copy": "y", "from": 1, "to": 0, "merge": "copy"},
+           {"repeat": 2, "steps": [{"routine": "merge", "device": 0}]},
+           {"await": 0}"#,
+        // Streaming: device 0's merge buffer follows device 1's y as it changes.
+        r#"{"routine": "double", "device": 1},
+           {"copy": "y", "from": 1, "to": 0, "merge": "streaming"},
+           {"routine": "merge", "device": 0},
+           {"copy": "y", "from": 0, "to": 1},
+           {"routine": "merge", "device": 0},
+           {"to_host": "acc", "device": 0},
+           {"from_host": "x", "device": 2},
+           {"routine": "double", "device": 2},
+           {"copy": "y", "from": 2, "to": 0, "merge": "copy"},
+           {"routine": "merge", "device": 0},
+           {"await": "all"}"#,
+    ];
+    for (i, run) in runs.iter().enumerate() {
+        for backend in ["multicore", "sync"] {
+            let text = prog(&format!(r#""devices": 3, "backend": "{backend}","#), run);
+            let f = p.write(&format!("m{i}_{backend}.json"), &text);
+            assert_interpret_matches(&f);
+        }
+    }
+    // The examples with the other backend and merge modes.
+    let text = std::fs::read_to_string(example("data_parallel.json")).unwrap();
+    for merge in ["copy", "streaming"] {
+        let t = text
+            .replace("\"multicore\"", "\"sync\"")
+            .replace("\"streaming\"", &format!("\"{merge}\""));
+        let out = run_interpreted(&p.write(&format!("dp_{merge}.json"), &t));
+        assert_eq!(tensor(&out, "g").2, vec![18.0, 44.0, 78.0]);
+    }
+}
+
+#[test]
+fn interpret_reports_errors_like_the_compiled_run() {
+    let p = Prog::new();
+    let run_err_interpreted = |file: &Path| {
+        let out = arrayjit(&["run", "--interpret", path_str(file)]);
+        assert_eq!(out.code, 1, "{} {}", out.stdout, out.stderr);
+        assert!(out.stderr.starts_with("error: "), "{}", out.stderr);
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+        assert!(out.stdout.is_empty());
+        out.stderr
+    };
+    // Reading an empty merge buffer on a single device names the step and the routine.
+    let f = p.write(
+        "merge.json",
+        r#"{"tensors": [{"name": "w", "dims": [3]}, {"name": "o", "dims": [3]}],
+           "routines": [{"name": "merger", "code": [
+             {"assign": "o", "op": "identity", "args": [{"merge": "w"}]}
+           ]}],
+           "run": [{"routine": "merger"}],
+           "print": ["o"]}"#,
+    );
+    let e = run_err_interpreted(&f);
+    assert!(
+        e.contains("run step 1") && e.contains("routine \"merger\"") && e.contains("merge buffer"),
+        "{e}"
+    );
+    // A static index without a declared range that indexes outside a tensor.
+    let f = p.write(
+        "oob.json",
+        r#"{"tensors": [{"name": "batch", "dims": [4, 2], "init": "range"},
+                        {"name": "x", "dims": [2]}],
+           "static_indices": [{"name": "row"}],
+           "routines": [{"name": "pick", "code": [
+             {"fetch": "x", "slice": "batch", "index": "row"}
+           ]}],
+           "run": [{"routine": "pick", "bindings": {"row": 3}},
+                   {"routine": "pick", "bindings": {"row": 7}}],
+           "print": ["x"]}"#,
+    );
+    let e = run_err_interpreted(&f);
+    assert!(
+        e.contains("run step 2") && e.contains("routine \"pick\"") && e.contains("7"),
+        "{e}"
+    );
+    let e = run_err(&f);
+    assert!(
+        e.contains("run step 2") && e.contains("routine \"pick\"") && e.contains("7"),
+        "{e}"
+    );
+    // Merging the wrong tensor on several devices.
+    let f = p.write(
+        "wrong_merge.json",
+        r#"{"devices": 2,
+           "tensors": [{"name": "x", "dims": [2], "init": "range"}, {"name": "y", "dims": [2]}],
+           "routines": [{"name": "merge", "code": [
+             {"assign": "y", "accum": "add", "op": "identity", "args": [{"merge": "y"}]}]}],
+           "run": [{"copy": "x", "from": 1, "to": 0, "merge": "streaming"}],
+           "print": ["y"]}"#,
+    );
+    let e = run_err_interpreted(&f);
+    assert!(
+        e.contains("x") && e.contains("merg") && e.contains("run step 1"),
+        "{e}"
+    );
+    // Semantic errors of the program file are the same as without --interpret.
+    let f = p.write(
+        "bad.json",
+        r#"{"tensors": [{"name": "x", "dims": [2]}],
+           "routines": [{"name": "r", "code": [{"assign": "x", "op": "relu", "args": ["q"]}]}]}"#,
+    );
+    assert_eq!(run_err_interpreted(&f), run_err(&f));
+}

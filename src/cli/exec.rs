@@ -280,7 +280,8 @@ impl Devices<'_> {
     }
 }
 
-fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, ProgramError> {
+/// The printed tensors' host values, in print order.
+pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, ProgramError> {
     built
         .print
         .iter()

@@ -1,9 +1,10 @@
 //! The `arrayjit` command line: run program files and print their tensors, or print the C
-//! they compile to. The file format is described in `PROGRAM_FORMAT.md`.
+//! they compile to. The file format is described in `README.md` ("The program format").
 //!
 //! ```text
-//! arrayjit run FILE [--format json|table]
+//! arrayjit run FILE [--format json|table] [--interpret]
 //! arrayjit emit-c FILE
+//! arrayjit bench FILE [--warmup N] [--runs N]
 //! arrayjit --help
 //! ```
 //!
@@ -35,9 +36,15 @@
 //! hosted tensor in that context is copied to the device, the `run` steps execute in order
 //! (static-index values set in a step persist in that routine's cells for its later steps;
 //! initially 0), and every hosted tensor is copied back. See [`output`] for what is printed.
+//!
+//! With `--interpret` nothing is compiled: the plan runs through the reference interpreter
+//! ([`crate::interp`]), one interpreter memory per device, and no C compiler is looked up (see
+//! [`interpret`]). The output has the same format; values agree with the compiled run up to
+//! rounding of intermediate results.
 
 pub mod build;
 pub mod exec;
+pub mod interpret;
 pub mod locate;
 pub mod output;
 pub mod program;
@@ -50,8 +57,13 @@ pub const USAGE: &str = "\
 arrayjit: compile array programs to C, compile them with the system C compiler, run them
 
 Usage:
-  arrayjit run FILE [--format json|table]   run the program FILE and print its `print` tensors
-                                            (json, the default: one JSON object on stdout)
+  arrayjit run FILE [--format json|table] [--interpret]
+                                            run the program FILE and print its `print` tensors
+                                            (json, the default: one JSON object on stdout);
+                                            --interpret runs it through the reference
+                                            interpreter instead: no C compiler is needed or
+                                            looked up, every index is bounds-checked, results
+                                            agree up to rounding (slow; for debugging)
   arrayjit emit-c FILE                      print the C source of all routines of FILE
   arrayjit bench FILE [--warmup N] [--runs N]
                                             compile once, time the run steps (JSON: compile_ms,
@@ -73,12 +85,14 @@ pub enum Format {
 /// A parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// `arrayjit run FILE [--format F]`
+    /// `arrayjit run FILE [--format F] [--interpret]`
     Run {
         /// The program file.
         file: String,
         /// The output format.
         format: Format,
+        /// Run through the reference interpreter instead of compiling.
+        interpret: bool,
     },
     /// `arrayjit emit-c FILE`
     EmitC {
@@ -117,8 +131,21 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
     let mut format: Option<Format> = None;
     let mut warmup: Option<usize> = None;
     let mut runs: Option<usize> = None;
+    let mut interpret = false;
     let mut rest = args[1..].iter();
     while let Some(a) = rest.next() {
+        if a == "--interpret" {
+            if cmd != "run" {
+                return Err(format!(
+                    "{cmd} does not take --interpret (only run does: it never compiles)"
+                ));
+            }
+            if interpret {
+                return Err("--interpret given twice".into());
+            }
+            interpret = true;
+            continue;
+        }
         let count_flag = ["--warmup", "--runs"]
             .into_iter()
             .find(|f| a == f || a.starts_with(&format!("{f}=")));
@@ -182,6 +209,7 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
         "run" => Command::Run {
             file,
             format: format.unwrap_or(Format::Json),
+            interpret,
         },
         "bench" => {
             let runs = runs.unwrap_or(10);
@@ -266,9 +294,18 @@ fn execute(cmd: &Command) -> Result<String, String> {
                 .map_err(|e| render_program_error(file, &text, &e))?;
             Ok(result.to_json())
         }
-        Command::Run { file, format } => {
+        Command::Run {
+            file,
+            format,
+            interpret,
+        } => {
             let (built, text) = load(file)?;
-            let result = exec::run(&built).map_err(|e| render_program_error(file, &text, &e))?;
+            let result = if *interpret {
+                interpret::run(&built)
+            } else {
+                exec::run(&built)
+            }
+            .map_err(|e| render_program_error(file, &text, &e))?;
             let printed = result.printed();
             Ok(match format {
                 Format::Json => output::to_json(&printed),
@@ -326,14 +363,16 @@ mod tests {
             parse_args(&args(&["run", "p.json"])),
             Ok(Command::Run {
                 file: "p.json".into(),
-                format: Format::Json
+                format: Format::Json,
+                interpret: false,
             })
         );
         assert_eq!(
             parse_args(&args(&["run", "--format", "table", "p.json"])),
             Ok(Command::Run {
                 file: "p.json".into(),
-                format: Format::Table
+                format: Format::Table,
+                interpret: false,
             })
         );
         assert_eq!(
@@ -349,5 +388,16 @@ mod tests {
         assert!(parse_args(&args(&["run", "--format=xml", "p.json"])).is_err());
         assert!(parse_args(&args(&["emit-c", "--format=json", "p.json"])).is_err());
         assert!(parse_args(&args(&["run"])).is_err());
+        assert_eq!(
+            parse_args(&args(&["run", "--interpret", "p.json", "--format=table"])),
+            Ok(Command::Run {
+                file: "p.json".into(),
+                format: Format::Table,
+                interpret: true,
+            })
+        );
+        assert!(parse_args(&args(&["run", "--interpret", "--interpret", "p.json"])).is_err());
+        assert!(parse_args(&args(&["emit-c", "--interpret", "p.json"])).is_err());
+        assert!(parse_args(&args(&["bench", "p.json", "--interpret"])).is_err());
     }
 }

@@ -104,6 +104,19 @@ pub fn to_json(tensors: &[Printed<'_>]) -> String {
     out
 }
 
+/// A tensor name as a table header shows it: as is, unless it holds characters that could
+/// garble a terminal or the layout (control characters such as newlines or escape sequences,
+/// invisible formatting such as bidirectional overrides); then quoted, with those escaped
+/// (Rust's `escape_debug`).
+fn table_name(name: &str) -> String {
+    let escaped = name.escape_debug().to_string();
+    if escaped == name {
+        escaped
+    } else {
+        format!("\"{escaped}\"")
+    }
+}
+
 /// Human-readable tables: a header `NAME: dims [..], PREC` per tensor, then its values
 /// right-aligned in columns of one width: a 1-D tensor as one row, a 2-D tensor as rows and
 /// columns, and higher-dimensional tensors as a sequence of 2-D slices, each introduced by its
@@ -117,7 +130,7 @@ pub fn to_table(tensors: &[Printed<'_>]) -> String {
         let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
         out.push_str(&format!(
             "{}: dims [{}], {}\n",
-            t.name,
+            table_name(t.name),
             dims.join(", "),
             t.prec.name()
         ));
@@ -179,6 +192,22 @@ mod tests {
         assert_eq!(format_value(Prec::Double, -0.0), "-0");
         assert_eq!(json_value(Prec::Double, f64::NEG_INFINITY), "\"-inf\"");
         assert_eq!(json_value(Prec::Half, f64::NAN), "\"nan\"");
+    }
+
+    #[test]
+    fn table_names_are_escaped_only_when_needed() {
+        assert_eq!(table_name("weights.layer_1"), "weights.layer_1");
+        assert_eq!(table_name("été 😀"), "été 😀");
+        assert_eq!(table_name("a\nb"), "\"a\\nb\"");
+        assert_eq!(table_name("x\u{1b}[2J"), "\"x\\u{1b}[2J\"");
+        assert_eq!(table_name("\u{202e}abc"), "\"\\u{202e}abc\"");
+        let t = to_table(&[Printed {
+            name: "two\nlines",
+            dims: &[1],
+            prec: Prec::Single,
+            values: &[1.0],
+        }]);
+        assert_eq!(t.lines().count(), 2, "{t}");
     }
 
     #[test]

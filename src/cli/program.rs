@@ -1,5 +1,5 @@
 //! The program file model: what `arrayjit run` and `arrayjit emit-c` read (see
-//! `PROGRAM_FORMAT.md`).
+//! `README.md`).
 //!
 //! Every struct rejects unknown fields. The shapes that JSON cannot express as one serde
 //! derive (an `init` that is a string or an object, a statement or run step whose kind is

@@ -1,0 +1,338 @@
+//! `arrayjit run --interpret`: runs a built program through the reference interpreter
+//! ([`crate::interp`]) instead of compiling it, so no C compiler is looked up or run.
+//!
+//! The plan executes as on the cc backend, with one [`Memory`] standing in for each device's
+//! buffers:
+//!
+//! - every routine is lowered once (unoptimized, as [`interp::run_assignments`] does) and run
+//!   with [`interp::run_named`], so errors name the routine;
+//! - tensors persist in the memory between steps and routines, as in a context; hosted
+//!   tensors (those with a host array) start from their host arrays, and every hosted tensor
+//!   is copied back to its host array after the last step;
+//! - static-index values set in a step persist in that routine's cells (per device) for its
+//!   later steps, initially 0, exactly as with compiled routines;
+//! - tensors declared `"memory": "local"` are zeroed before every routine call (the generated
+//!   C allocates them zero-filled on every call);
+//! - multi-device programs simulate each device with its own memory, running the steps one
+//!   after the other (which is the order the CLI's synchronization guarantees on real
+//!   devices): `copy` with `"merge": "no"` copies the values into the destination's memory,
+//!   `"copy"` sets the destination's merge buffer to a copy of them, `"streaming"` makes the
+//!   destination's merge buffer follow the source's values (it is refreshed before each
+//!   routine the destination runs, as the merge buffer then points at the source's buffer);
+//!   `from_host` / `to_host` copy between the memory and the host arrays, `await` does
+//!   nothing.
+//!
+//! Values are therefore those of the compiled code up to the differences documented in
+//! [`crate::interp`] (intermediate results of single and half expressions kept in `f64`,
+//! contraction into fused multiply-adds, the last bits of `libm` functions). Nodes that the
+//! optimizer would inline or keep local never exist in a compiled context; the interpreter
+//! keeps them in its memory, so it accepts a few programs the compiled path rejects (e.g. a
+//! `copy` of a tensor the optimizer inlined).
+
+use super::build::{Built, PlanStep, ProgramError};
+use super::exec::{collect_printed, RunResult};
+use super::program::MergeDecl;
+use crate::interp::{self, Memory};
+use crate::ir::{Assignments, Buffer, FetchOp, MemoryMode, StaticSymbol, Tnode};
+use crate::lower::{self, Llc};
+use std::collections::HashSet;
+
+fn quote(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+/// A routine ready for the interpreter.
+struct Lowered {
+    name: String,
+    code: Llc,
+    /// Nodes declared `local`: zeroed before every call.
+    locals: Vec<Tnode>,
+    /// Nodes read through the merge buffer.
+    merge_nodes: Vec<Tnode>,
+}
+
+/// Nodes that live on a device: written or read directly (not only through the merge buffer)
+/// by some routine.
+fn device_nodes(asgns: &Assignments, out: &mut HashSet<Tnode>, merge: &mut Vec<Tnode>) {
+    let mut arg = |b: &Buffer, out: &mut HashSet<Tnode>| match b {
+        Buffer::Node(t) => {
+            out.insert(t.clone());
+        }
+        Buffer::MergeBuffer(t) => {
+            if !merge.contains(t) {
+                merge.push(t.clone());
+            }
+        }
+    };
+    asgns.visit(&mut |a| match a {
+        Assignments::AccumBinop {
+            lhs, rhs1, rhs2, ..
+        } => {
+            out.insert(lhs.clone());
+            arg(rhs1, out);
+            arg(rhs2, out);
+        }
+        Assignments::AccumUnop { lhs, rhs, .. } => {
+            out.insert(lhs.clone());
+            arg(rhs, out);
+        }
+        Assignments::Fetch { array, fetch_op } => {
+            out.insert(array.clone());
+            if let FetchOp::Slice { sliced, .. } = fetch_op {
+                out.insert(sliced.clone());
+            }
+        }
+        _ => {}
+    });
+}
+
+/// Lowers every routine; returns them and the nodes that live on each device.
+fn lower_all(built: &Built) -> Result<(Vec<Lowered>, HashSet<Tnode>), ProgramError> {
+    let mut on_device = HashSet::new();
+    let mut routines = vec![];
+    for (i, (name, a)) in built
+        .routine_names
+        .iter()
+        .zip(&built.assignments)
+        .enumerate()
+    {
+        let code = lower::lower(a).map_err(|e| {
+            ProgramError::at(
+                super::locate::json_path!["routines", i],
+                format!("while lowering: {e}"),
+            )
+        })?;
+        let mut mine = HashSet::new();
+        let mut merge_nodes = vec![];
+        device_nodes(a, &mut mine, &mut merge_nodes);
+        let mut locals: Vec<Tnode> = mine
+            .iter()
+            .filter(|t| t.memory_mode() == Some(MemoryMode::Local))
+            .cloned()
+            .collect();
+        locals.sort();
+        on_device.extend(mine);
+        routines.push(Lowered {
+            name: name.clone(),
+            code,
+            locals,
+            merge_nodes,
+        });
+    }
+    Ok((routines, on_device))
+}
+
+/// One simulated device: its memory, the static-index values of each routine, and the device
+/// whose values its merge buffer streams from.
+struct SimDevice {
+    mem: Memory,
+    statics: Vec<Vec<(StaticSymbol, i64)>>,
+    streams_from: Option<(usize, Tnode)>,
+}
+
+struct Sim<'a> {
+    built: &'a Built,
+    routines: Vec<Lowered>,
+    on_device: HashSet<Tnode>,
+    devices: Vec<SimDevice>,
+}
+
+impl Sim<'_> {
+    fn new(built: &Built, n: usize) -> Result<Sim<'_>, ProgramError> {
+        let (routines, on_device) = lower_all(built)?;
+        let initial: Vec<(StaticSymbol, i64)> =
+            built.bindings.0.iter().map(|s| (s.clone(), 0)).collect();
+        let hosted: Vec<&Tnode> = built
+            .tensors
+            .iter()
+            .map(|(_, tn)| tn)
+            .filter(|tn| on_device.contains(*tn))
+            .collect();
+        let devices = (0..n)
+            .map(|_| {
+                let mut mem = Memory::new();
+                mem.load_from_hosts(hosted.iter().copied());
+                SimDevice {
+                    mem,
+                    statics: vec![initial.clone(); routines.len()],
+                    streams_from: None,
+                }
+            })
+            .collect();
+        Ok(Sim {
+            built,
+            routines,
+            on_device,
+            devices,
+        })
+    }
+
+    /// The values of `tn` on device `d` (zeros if no routine touched it yet, as a freshly
+    /// linked buffer).
+    fn values(&self, d: usize, tn: &Tnode) -> Vec<f64> {
+        self.devices[d]
+            .mem
+            .get(tn)
+            .map(<[f64]>::to_vec)
+            .unwrap_or_else(|| vec![0.0; tn.numel()])
+    }
+
+    fn run_routine(
+        &mut self,
+        routine: usize,
+        device: usize,
+        bindings: &[(String, i64)],
+    ) -> crate::Result<()> {
+        let r = &self.routines[routine];
+        if !r.merge_nodes.is_empty() {
+            if let Some((src, tn)) = self.devices[device].streams_from.clone() {
+                let values = self.values(src, &tn);
+                self.devices[device].mem.set_merge(&tn, values)?;
+            }
+        }
+        let dev = &mut self.devices[device];
+        let statics = &mut dev.statics[routine];
+        for (name, v) in bindings {
+            match statics.iter_mut().find(|(s, _)| &s.name == name) {
+                Some(slot) => slot.1 = *v,
+                None => {
+                    return Err(crate::Error::Usage(format!(
+                        "routine {}: unknown static index {name}",
+                        r.name
+                    )))
+                }
+            }
+        }
+        for tn in &r.locals {
+            dev.mem.set(tn, vec![0.0; tn.numel()])?;
+        }
+        interp::run_named(&r.name, &r.code, statics, &mut dev.mem)
+    }
+
+    fn copy(&mut self, tn: &Tnode, from: usize, to: usize, merge: MergeDecl) -> Result<(), String> {
+        if !self.on_device.contains(tn) {
+            return Err(match merge {
+                MergeDecl::No => format!(
+                    "tensor {} is not on device {to} (no routine there uses it)",
+                    quote(&tn.name())
+                ),
+                _ => format!(
+                    "device_to_device: tensor {} is not on the source device {from}",
+                    tn.name()
+                ),
+            });
+        }
+        let values = self.values(from, tn);
+        match merge {
+            MergeDecl::No => self.devices[to]
+                .mem
+                .set(tn, values)
+                .map_err(|e| e.to_string()),
+            MergeDecl::Streaming | MergeDecl::Copy => {
+                let expected: Vec<&Tnode> =
+                    self.routines.iter().flat_map(|r| &r.merge_nodes).collect();
+                if !expected.is_empty() && !expected.contains(&tn) {
+                    let mut names: Vec<String> = vec![];
+                    for t in expected {
+                        if !names.contains(&t.name()) {
+                            names.push(t.name());
+                        }
+                    }
+                    return Err(format!(
+                        "device_to_device: merging tensor {} into device {to}, whose routines \
+                         read {} from the merge buffer",
+                        tn.name(),
+                        names.join(", ")
+                    ));
+                }
+                let dev = &mut self.devices[to];
+                dev.mem.set_merge(tn, values).map_err(|e| e.to_string())?;
+                dev.streams_from = if merge == MergeDecl::Streaming {
+                    Some((from, tn.clone()))
+                } else {
+                    None
+                };
+                Ok(())
+            }
+        }
+    }
+
+    fn execute(&mut self, steps: &[PlanStep]) -> Result<(), ProgramError> {
+        let multi = self.built.devices.is_some();
+        for step in steps {
+            match step {
+                PlanStep::Run {
+                    routine,
+                    device,
+                    bindings,
+                    path,
+                } => {
+                    self.run_routine(*routine, *device, bindings).map_err(|e| {
+                        let name = quote(&self.built.routine_names[*routine]);
+                        let msg = if multi {
+                            format!("routine {name} on device {device}: {e}")
+                        } else {
+                            format!("routine {name}: {e}")
+                        };
+                        ProgramError::at(path.clone(), msg)
+                    })?;
+                }
+                PlanStep::Repeat { count, steps } => {
+                    for _ in 0..*count {
+                        self.execute(steps)?;
+                    }
+                }
+                PlanStep::Copy {
+                    tensor,
+                    from,
+                    to,
+                    merge,
+                    path,
+                } => {
+                    if !multi {
+                        return Err(ProgramError::at(
+                            path.clone(),
+                            "copying between devices needs a multi-device program",
+                        ));
+                    }
+                    self.copy(&tensor.1, *from, *to, *merge)
+                        .map_err(|m| ProgramError::at(path.clone(), m))?;
+                }
+                PlanStep::FromHost { tensor, device, .. } => {
+                    // Like `from_host`: only tensors on the device that have a host array.
+                    if self.on_device.contains(&tensor.1) {
+                        self.devices[*device].mem.load_from_hosts([&tensor.1]);
+                    }
+                }
+                PlanStep::ToHost {
+                    tensor,
+                    device,
+                    path,
+                } => {
+                    self.devices[*device]
+                        .mem
+                        .store_to_hosts([&tensor.1])
+                        .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
+                }
+                PlanStep::Await { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the program through the interpreter: hosted tensors are loaded into every device's
+/// memory, the plan executes, hosted tensors are copied back from device 0, and the printed
+/// tensors are collected. Never looks up or runs a C compiler.
+pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
+    let mut sim = Sim::new(built, built.devices.unwrap_or(1))?;
+    sim.execute(&built.plan)?;
+    let host = built.tensors.iter().map(|(_, tn)| tn);
+    sim.devices[0]
+        .mem
+        .store_to_hosts(host)
+        .map_err(|e| ProgramError::nowhere(format!("copying the tensors to the host: {e}")))?;
+    Ok(RunResult {
+        tensors: collect_printed(built)?,
+    })
+}
