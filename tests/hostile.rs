@@ -264,9 +264,8 @@ fn expected() -> Vec<Vec<f64>> {
 }
 
 /// Checks that generated C holds nothing a hostile name could have smuggled in: printable
-/// ASCII only, one `#` (the `#include`), no `\`, `??` or `//`, comments that open and close on
-/// their line without nesting, and no `"` outside comments. (A `"` inside a comment is
-/// harmless to C; [`comments_hold_no_quotes`] asks for none at all.)
+/// ASCII only, one `#` (the `#include`), no `"`, `\`, `??` or `//` on any other line, and
+/// comments that open and close on their line without nesting.
 fn check_c(src: &str, what: &str) {
     let bad = src
         .char_indices()
@@ -286,7 +285,7 @@ fn check_c(src: &str, what: &str) {
         if line == "#include \"arrayjit.h\"" {
             continue;
         }
-        for needle in ["#", "\\", "??", "//"] {
+        for needle in ["#", "\"", "\\", "??", "//"] {
             assert!(
                 !line.contains(needle),
                 "{what}: line {} contains {needle:?}: {line}",
@@ -298,12 +297,6 @@ fn check_c(src: &str, what: &str) {
         loop {
             let open = rest.find("/*");
             let close = rest.find("*/");
-            let code = &rest[..open.unwrap_or(rest.len())];
-            assert!(
-                !code.contains('"'),
-                "{what}: line {} has a quote outside comments: {line}",
-                i + 1
-            );
             match (open, close) {
                 (None, None) => break,
                 (Some(o), Some(c)) if o < c => {
@@ -366,11 +359,18 @@ fn hostile_names_compile_to_the_same_results_and_clean_c() {
 
 #[test]
 fn hostile_routine_names_in_one_batch_stay_distinct() {
-    // Hostile names in one file. (Names whose identifiers sanitize or truncate alike are the
-    // subject of an ignored test below.)
+    // Hostile names in one file, including names whose identifiers sanitize or truncate
+    // alike.
     let mut g = Lcg::new(4242);
-    let mut names: Vec<String> = vec!["a/b".into(), "x".repeat(100)];
-    names.extend(distinct_routine_names(&mut g, 8));
+    let long = "x".repeat(100);
+    let mut names: Vec<String> = vec![
+        "a/b".into(),
+        "a?b".into(),
+        "A b".into(),
+        long.clone(),
+        format!("{long}y"),
+    ];
+    names.extend(distinct_names(&mut g, 8));
     let be = CcBackend::new();
     be.initialize(Config::default());
     let b = Bindings::empty();
@@ -426,6 +426,7 @@ fn hostile_routine_names_in_one_batch_stay_distinct() {
     }
 }
 
+/// Regression: comments used to keep `"` (seeds 1, 26 and 41 put one there).
 #[test]
 fn comments_hold_no_quotes() {
     for seed in [1u64, 26, 41] {
@@ -441,6 +442,8 @@ fn comments_hold_no_quotes() {
     }
 }
 
+/// Regression: routines whose names sanitize alike used to get the same debug dump names, and
+/// the batch failed to compile even without a debug directory.
 #[test]
 fn routine_names_that_sanitize_alike_compile_in_one_batch() {
     let long = "x".repeat(100);
@@ -474,6 +477,8 @@ fn routine_names_that_sanitize_alike_compile_in_one_batch() {
     }
 }
 
+/// Regression: a label `M_PI` given node number 2 used to become the identifier `M_PI_2`, a
+/// macro of `<math.h>` that expands to a number.
 #[test]
 fn labels_that_spell_math_macros_compile() {
     // M_PI_2, M_PI_4 and M_SQRT1_2 are macros of <math.h> under -std=gnu11; the generated
@@ -514,22 +519,6 @@ fn labels_that_spell_math_macros_compile() {
 
 // ---------------------------------------------------------------------------------------------
 // Program files with hostile names, run by the CLI.
-
-/// `n` hostile routine names whose C identifiers differ (see
-/// [`routine_names_that_sanitize_alike_compile_in_one_batch`] for why they must).
-fn distinct_routine_names(g: &mut Lcg, n: usize) -> Vec<String> {
-    let mut out: Vec<String> = vec![];
-    let mut idents: Vec<String> = vec![];
-    while out.len() < n {
-        let s = hostile(g);
-        let id = arrayjit::codegen::sanitize_ident(&s);
-        if !s.is_empty() && !idents.contains(&id) {
-            out.push(s);
-            idents.push(id);
-        }
-    }
-    out
-}
 
 /// `n` distinct, non-empty hostile strings (the CLI requires unique, non-empty names).
 fn distinct_names(g: &mut Lcg, n: usize) -> Vec<String> {
@@ -637,7 +626,7 @@ fn hostile_program_files_run_and_print_the_same_values() {
     for seed in 0..8u64 {
         let mut g = Lcg::new(1000 + seed);
         let t = distinct_names(&mut g, 6);
-        let r = distinct_routine_names(&mut g, 2);
+        let r = distinct_names(&mut g, 2);
         let c = vec![hostile(&mut g), hostile(&mut g)];
         let file = dir.path().join(format!("hostile{seed}.json"));
         std::fs::write(&file, program(&t, &r, &c).to_string()).unwrap();
