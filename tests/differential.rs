@@ -18,8 +18,10 @@
 //!
 //! Environment: `ARRAYJIT_FUZZ_CASES=N` (default 300), `ARRAYJIT_FUZZ_SEED=S` (base seed; case
 //! `i` uses seed `S + i`), `ARRAYJIT_FUZZ_BATCH=K` (cases compiled together in one C file,
-//! default 25), `ARRAYJIT_FUZZ_KNOWN_BUGS=1` (also generate the constructs excluded below
-//! because of known library bugs), `ARRAYJIT_FUZZ_VERBOSE=1` (print every program).
+//! default 25), `ARRAYJIT_FUZZ_VERBOSE=1` (print every program),
+//! `ARRAYJIT_FUZZ_MAX_TRACING_DIM=n` and `ARRAYJIT_FUZZ_MAX_VISITS=n` (optimizer settings of
+//! the compiled run (a); with a tracing dim below 5, loops are traced only partly). The C
+//! compiler's own variables apply too (`ARRAYJIT_CC`, `ARRAYJIT_CFLAGS`, ...).
 //!
 //! # What the generator covers
 //!
@@ -821,16 +823,15 @@ fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
     Ok(())
 }
 
-/// Generator knobs.
-#[derive(Clone, Copy, Debug, Default)]
+/// Generator and runner knobs.
+#[derive(Clone, Debug, Default)]
 struct Opts {
-    /// Also generate constructs excluded because of known library bugs.
-    known_bugs: bool,
+    /// Optimizer settings of the compiled run (a).
+    settings: Settings,
 }
 
 struct Gen {
     rng: Rng,
-    opts: Opts,
     p: Program,
     ests: Vec<Est>,
     written: Vec<bool>,
@@ -897,20 +898,6 @@ impl Gen {
         ])
     }
 
-    /// Precision of a new non-hosted node.
-    fn temp_prec(&mut self) -> Prec {
-        if self.opts.known_bugs {
-            self.random_prec()
-        } else {
-            // Known bug (see `regression_inlined_node_loses_its_precision`): an inlined node
-            // whose local scope collapses into its reader's expression is neither computed in
-            // its own precision nor rounded to it. Non-hosted nodes are therefore single or
-            // double, and read only by assignments of the same precision, where collapsing
-            // changes nothing.
-            self.rng.pick(&[Prec::Single, Prec::Double])
-        }
-    }
-
     fn random_values(&mut self, prec: Prec, n: usize) -> Vec<f64> {
         let dist = self.rng.below(4);
         (0..n)
@@ -955,32 +942,9 @@ impl Gen {
         self.new_input(dims)
     }
 
-    /// The precision an assignment reading `args` must have (see [`Gen::temp_prec`]); an
-    /// error if two non-hosted arguments disagree.
-    fn forced_prec(&self, args: &[usize]) -> Result<Option<Prec>, ()> {
-        if self.opts.known_bugs {
-            return Ok(None);
-        }
-        let mut forced = None;
-        for &i in args {
-            let t = &self.p.tensors[i];
-            if t.kind == Kind::Temp {
-                match forced {
-                    Some(p) if p != t.prec => return Err(()),
-                    _ => forced = Some(t.prec),
-                }
-            }
-        }
-        Ok(forced)
-    }
-
     /// Builds an einsum spec over the arguments' dims; returns the argument terms, the result
     /// term and the result's dims.
-    fn build_logic(
-        &mut self,
-        arg_dims: &[Vec<usize>],
-        static_ok: &[bool],
-    ) -> (Vec<String>, String, Vec<usize>) {
+    fn build_logic(&mut self, arg_dims: &[Vec<usize>]) -> (Vec<String>, String, Vec<usize>) {
         // Letters with their extent (None: only seen on axes of extent 1 so far).
         let mut letters: Vec<(char, Option<usize>)> = vec![];
         let fresh = |letters: &mut Vec<(char, Option<usize>)>, e: Option<usize>| {
@@ -990,7 +954,7 @@ impl Gen {
         };
         let statics = self.p.statics.clone();
         let mut terms = vec![];
-        for (dims, &static_ok) in arg_dims.iter().zip(static_ok) {
+        for dims in arg_dims {
             let mut term = String::new();
             for &e in dims {
                 let r = self.rng.below(100);
@@ -1003,8 +967,7 @@ impl Gen {
                         term.push(fresh(&mut letters, None));
                     }
                 } else {
-                    let st: Vec<&(String, usize)> =
-                        statics.iter().filter(|s| static_ok && s.1 <= e).collect();
+                    let st: Vec<&(String, usize)> = statics.iter().filter(|s| s.1 <= e).collect();
                     let same: Vec<usize> = (0..letters.len())
                         .filter(|&k| letters[k].1.is_none_or(|x| x == e))
                         .collect();
@@ -1098,7 +1061,6 @@ impl Gen {
     fn choose_lhs(
         &mut self,
         dims: &[usize],
-        forced: Option<Prec>,
         args: &[usize],
         terms: &[String],
         lhs_term: &str,
@@ -1109,8 +1071,6 @@ impl Gen {
                     let t = &self.p.tensors[i];
                     t.dims == dims
                         && !self.ests[i].nonfinite
-                        && forced.is_none_or(|p| p == t.prec)
-                        && (self.opts.known_bugs || t.kind != Kind::Temp || forced.is_some())
                         && args
                             .iter()
                             .zip(terms)
@@ -1126,11 +1086,7 @@ impl Gen {
             9..=17 => Kind::Output,
             _ => Kind::Input,
         };
-        let prec = match (forced, kind) {
-            (Some(p), _) => p,
-            (None, Kind::Temp) => self.temp_prec(),
-            (None, _) => self.random_prec(),
-        };
+        let prec = self.random_prec();
         let init = if kind == Kind::Input {
             self.random_values(prec, dims.iter().product())
         } else {
@@ -1148,11 +1104,10 @@ impl Gen {
         self.ests = e;
         let lhs = stmt.lhs();
         for r in stmt.reads() {
-            // Known bug (see `regression_node_read_only_by_its_own_updates`): a non-hosted node
-            // whose only reads are its own accumulations fails to compile. Such reads do not
-            // count, so that the node gets copied into an output at the end (unless known
-            // bugs are generated too).
-            if r != lhs || self.opts.known_bugs {
+            // A node read only by its own updates is copied into an output at the end half of
+            // the time (otherwise it is computed and never consumed, which must compile too:
+            // `regression_node_read_only_by_its_own_updates`).
+            if r != lhs || self.rng.chance(50) {
                 self.read[r] = true;
             }
         }
@@ -1170,24 +1125,12 @@ impl Gen {
         let args: Vec<usize> = (0..if binary { 2 } else { 1 })
             .map(|_| self.pick_arg())
             .collect();
-        let Ok(forced) = self.forced_prec(&args) else {
-            self.rollback(n0);
-            return false;
-        };
         let arg_dims: Vec<Vec<usize>> = args
             .iter()
             .map(|&i| self.p.tensors[i].dims.clone())
             .collect();
-        // Known bug (see `regression_static_index_read_of_partially_written_node`): tracing
-        // takes a read through a static index for a read of written cells, so a non-hosted
-        // node read that way can lose the cells it does not rewrite between runs.
-        // Non-hosted nodes are therefore not read through static indices.
-        let static_ok: Vec<bool> = args
-            .iter()
-            .map(|&i| self.opts.known_bugs || self.p.tensors[i].kind != Kind::Temp)
-            .collect();
-        let (terms, lhs_term, lhs_dims) = self.build_logic(&arg_dims, &static_ok);
-        let Some(lhs) = self.choose_lhs(&lhs_dims, forced, &args, &terms, &lhs_term) else {
+        let (terms, lhs_term, lhs_dims) = self.build_logic(&arg_dims);
+        let Some(lhs) = self.choose_lhs(&lhs_dims, &args, &terms, &lhs_term) else {
             self.rollback(n0);
             return false;
         };
@@ -1237,17 +1180,13 @@ impl Gen {
         false
     }
 
-    fn new_result(&mut self, dims: Vec<usize>, forced: Option<Prec>) -> usize {
+    fn new_result(&mut self, dims: Vec<usize>) -> usize {
         let kind = if self.rng.chance(55) {
             Kind::Temp
         } else {
             Kind::Output
         };
-        let prec = match (forced, kind) {
-            (Some(p), _) => p,
-            (None, Kind::Temp) => self.temp_prec(),
-            (None, _) => self.random_prec(),
-        };
+        let prec = self.random_prec();
         self.new_tensor(kind, dims, prec, vec![])
     }
 
@@ -1261,7 +1200,7 @@ impl Gen {
                 } else {
                     self.random_dims()
                 };
-                let lhs = self.new_result(dims, None);
+                let lhs = self.new_result(dims);
                 let t = &self.p.tensors[lhs];
                 let special = t.kind == Kind::Output && t.prec != Prec::Byte;
                 let c = if special && self.rng.chance(20) {
@@ -1290,11 +1229,7 @@ impl Gen {
                 let cands: Vec<usize> = (0..self.p.tensors.len())
                     .filter(|&i| {
                         let d = &self.p.tensors[i].dims;
-                        // Not non-hosted nodes: see `static_ok` in `gen_accum`.
-                        self.readable(i)
-                            && d.len() >= 2
-                            && d[0] >= range
-                            && (self.opts.known_bugs || self.p.tensors[i].kind != Kind::Temp)
+                        self.readable(i) && d.len() >= 2 && d[0] >= range
                     })
                     .collect();
                 let src = if !cands.is_empty() && self.rng.chance(50) {
@@ -1308,18 +1243,14 @@ impl Gen {
                     }
                     self.new_input(dims)
                 };
-                let Ok(forced) = self.forced_prec(&[src]) else {
-                    self.rollback(n0);
-                    return false;
-                };
                 let dims = self.p.tensors[src].dims[1..].to_vec();
-                let lhs = self.new_result(dims, forced);
+                let lhs = self.new_result(dims);
                 Stmt::Slice { lhs, src, stat }
             }
             _ => {
                 let stat = self.rng.below(self.p.statics.len());
                 let dims = self.random_dims();
-                let lhs = self.new_result(dims, None);
+                let lhs = self.new_result(dims);
                 Stmt::Embed { lhs, stat }
             }
         };
@@ -1333,10 +1264,9 @@ impl Gen {
 }
 
 /// Generates the program of one case; the same seed always gives the same program.
-fn generate(seed: u64, opts: Opts) -> Program {
+fn generate(seed: u64) -> Program {
     let mut g = Gen {
         rng: Rng::new(seed),
-        opts,
         p: Program {
             seed,
             tensors: vec![],
@@ -1369,7 +1299,7 @@ fn generate(seed: u64, opts: Opts) -> Program {
     for i in 0..g.p.tensors.len() {
         let t = g.p.tensors[i].clone();
         if t.kind == Kind::Temp && g.written[i] && !g.read[i] && !g.ests[i].nonfinite {
-            let prec = if opts.known_bugs {
+            let prec = if g.rng.chance(50) {
                 g.random_prec()
             } else {
                 t.prec
@@ -1927,10 +1857,10 @@ struct CaseReport {
 }
 
 /// Runs the cases of one batch all ways and compares them.
-fn process(seeds: &[u64], opts: Opts, verbose: bool) -> (Vec<CaseReport>, Stats) {
-    let progs: Vec<Program> = seeds.iter().map(|&s| generate(s, opts)).collect();
+fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, Stats) {
+    let progs: Vec<Program> = seeds.iter().map(|&s| generate(s)).collect();
     let refs: Vec<&Program> = progs.iter().collect();
-    let a = run_compiled(&refs, &Settings::default());
+    let a = run_compiled(&refs, &opts.settings);
     let c = run_compiled(
         &refs,
         &Settings {
@@ -1995,6 +1925,24 @@ fn process(seeds: &[u64], opts: Opts, verbose: bool) -> (Vec<CaseReport>, Stats)
             ),
             _ => {}
         }
+        let a_bad = problems.iter().any(|m| m.starts_with("(a) compiled vs"));
+        let d_bad = problems.iter().any(|m| m.starts_with("(d)"));
+        if d_bad {
+            problems.push(
+                "diagnosis: the optimized loop IR already computes other values (d ≠ b): the \
+                 optimizer changed the program's meaning"
+                    .into(),
+            );
+        } else if a_bad {
+            problems.push(
+                "diagnosis: the optimized loop IR computes the right values (d = b), the compiled \
+                 C does not: a C generation bug, or a C compiler bug (gcc 12.2 miscompiles some \
+                 vectorized loops at -O3 -march=native, see \
+                 regression_gcc12_vectorizer_wrong_code; rerun with \
+                 ARRAYJIT_CFLAGS=-fno-tree-vectorize or ARRAYJIT_OPT_LEVEL=2 to tell)"
+                    .into(),
+            );
+        }
         let json = to_json(p);
         if verbose {
             eprintln!("seed {}:\n{json}", p.seed);
@@ -2027,8 +1975,16 @@ fn differential_random_programs() {
     let cases = env_u64("ARRAYJIT_FUZZ_CASES", 300) as usize;
     let base = env_u64("ARRAYJIT_FUZZ_SEED", 20_240_601);
     let batch = env_u64("ARRAYJIT_FUZZ_BATCH", 25).max(1) as usize;
+    let defaults = Settings::default();
     let opts = Opts {
-        known_bugs: env_flag("ARRAYJIT_FUZZ_KNOWN_BUGS"),
+        settings: Settings {
+            max_visits: env_u64("ARRAYJIT_FUZZ_MAX_VISITS", defaults.max_visits as u64) as usize,
+            max_tracing_dim: env_u64(
+                "ARRAYJIT_FUZZ_MAX_TRACING_DIM",
+                defaults.max_tracing_dim as u64,
+            ) as usize,
+            ..defaults
+        },
     };
     let verbose = env_flag("ARRAYJIT_FUZZ_VERBOSE");
     let seeds: Vec<u64> = (0..cases as u64).map(|i| base.wrapping_add(i)).collect();
@@ -2045,7 +2001,7 @@ fn differential_random_programs() {
             sc.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::SeqCst);
                 let Some(chunk) = chunks.get(k) else { break };
-                let (reports, stats) = process(chunk, opts, verbose);
+                let (reports, stats) = process(chunk, &opts, verbose);
                 results.lock().unwrap().push((k, reports, stats));
             });
         }
@@ -2096,8 +2052,8 @@ fn differential_random_programs() {
 #[test]
 fn differential_generator_is_deterministic() {
     for seed in [1, 77, 12345] {
-        let a = generate(seed, Opts::default());
-        let b = generate(seed, Opts::default());
+        let a = generate(seed);
+        let b = generate(seed);
         assert_eq!(to_json(&a), to_json(&b));
         assert_eq!(a.ests, b.ests);
         assert!(!a.stmts.is_empty(), "seed {seed} generated no statements");
@@ -2109,8 +2065,17 @@ fn differential_generator_is_deterministic() {
 #[test]
 fn differential_programs_round_trip_through_program_files() {
     let dir = tempfile::tempdir().unwrap();
-    for seed in 500..530u64 {
-        let p = generate(seed, Opts::default());
+    let (mut with_statics, mut with_non_finite) = (false, false);
+    for seed in 500..800u64 {
+        if seed >= 530 && with_statics && with_non_finite {
+            break;
+        }
+        let p = generate(seed);
+        with_statics |= !p.statics.is_empty();
+        with_non_finite |= p
+            .stmts
+            .iter()
+            .any(|s| matches!(s, Stmt::Const { c, .. } if !c.is_finite()));
         let path = dir.path().join(format!("case{seed}.json"));
         std::fs::write(&path, to_json(&p)).unwrap();
         let (built, _) = arrayjit::cli::load(path.to_str().unwrap())
@@ -2149,12 +2114,14 @@ fn differential_programs_round_trip_through_program_files() {
             }
         }
     }
+    assert!(with_statics && with_non_finite);
 }
 
 // ------------------------------------------------------------------------------------------
-// Regressions: minimal reproductions of library bugs the differential test found. Each is
-// ignored while the bug is open (the generator avoids the construct, see the comments that
-// name these tests); run them with `cargo test --test differential -- --ignored`.
+// Regressions: minimal reproductions of bugs the differential test found. The three library
+// bugs are fixed (commit 7ee7cee); while they were open, these tests were ignored and the
+// generator avoided the constructs. The C compiler bug is not arrayjit's: its test stays
+// ignored (run it with `cargo test --test differential -- --ignored`).
 
 mod common;
 
@@ -2166,13 +2133,12 @@ fn interpret(asgns: &Assignments, outs: &[&Tnode]) -> Vec<Vec<f64>> {
     outs.iter().map(|t| mem.get(t).unwrap().to_vec()).collect()
 }
 
-/// Bug: when the optimizer inlines a node and the node's local scope collapses into the
+/// Bug (fixed): when the optimizer inlines a node and the node's local scope collapses into the
 /// reader's expression (`simplify` turns a scope that only sets its local into the bare
 /// expression), the node's value is neither computed in its own compute type nor rounded to
 /// its precision: a byte intermediate is no longer truncated or saturated, a half one no
 /// longer rounded to half. The unoptimized code (and the optimizer off) store and round it.
 #[test]
-#[ignore = "open bug: inlined nodes lose their precision"]
 fn regression_inlined_node_loses_its_precision() {
     use common::*;
     let b = Bindings::empty();
@@ -2196,13 +2162,12 @@ fn regression_inlined_node_loses_its_precision() {
     }
 }
 
-/// Bug: a non-hosted node whose only reads are its own accumulations (computed, updated in
+/// Bug (fixed): a non-hosted node whose only reads are its own accumulations (computed, updated in
 /// place, never consumed) makes compilation fail: "memory mode conflict for tensor t: it is
 /// Virtual but routine ... still reads or writes it". Tracing counts its own reads, so
 /// cleanup does not treat it as an output, and virtualization finds no reader to inline it
 /// into, so it defaults to Virtual while its code stays.
 #[test]
-#[ignore = "open bug: node read only by its own updates fails to compile"]
 fn regression_node_read_only_by_its_own_updates() {
     use common::*;
     let b = Bindings::empty();
@@ -2229,14 +2194,13 @@ fn regression_node_read_only_by_its_own_updates() {
     }
 }
 
-/// Bug: tracing counts a read whose cell involves a static index as a read of written cells
+/// Bug (fixed): tracing counts a read whose cell involves a static index as a read of written cells
 /// as soon as the node has any write (`Tracer::read`: `written = any_write` for inexact
 /// cells). A non-hosted node written at one static index and read at another is therefore
 /// not recurrent: it becomes Local (zeroed on every call) and loses the cells written by
 /// earlier runs, which the routine reads. The interpreter (and the spec's rule "a node read
 /// before it is written is recurrent") keep them.
 #[test]
-#[ignore = "open bug: tracing through static indices misses recurrent nodes"]
 fn regression_static_index_read_of_partially_written_node() {
     use common::*;
     let s = StaticSymbol::new("s", Some(3));

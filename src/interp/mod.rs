@@ -30,6 +30,7 @@
 //! A merge buffer is set with [`Memory::set_merge`]; imported C functions
 //! ([`crate::ir::FetchOp::Imported`]) are replaced by Rust closures registered with
 //! [`Memory::set_function`].
+//!
 //! # Semantics
 //!
 //! - **Values** of a node are kept as `f64`, always already rounded to the node's precision.
@@ -45,6 +46,8 @@
 //!   rounds to the precision of the local's (virtual) node.
 //! - `ZeroOut` fills a node with zeros; a `LocalScope` starts its local at 0, runs its body
 //!   and yields the local.
+//! - Indices are fixed positions, loop iterators, static indices (their given values), or the
+//!   strip-mined `outer * stride + inner` of the optimizer's loop passes.
 //! - Nodes that the memory does not hold yet are created filled with zeros when first touched.
 //!   With [`run_optimized`], nodes that the optimizer made `Local` are zeroed before each run
 //!   (as the generated C declares them zero-initialized in the function).
@@ -52,7 +55,10 @@
 //! The only differences from compiled code are therefore the intermediate results of
 //! expressions that C computes in `float` (for half and single nodes), which the interpreter
 //! keeps in `f64`, the C compiler's freedom to contract `a * b + c` into a fused
-//! multiply-add, and the last bits of some `libm` functions.
+//! multiply-add, the last bits of some `libm` functions, and, against optimized code, the
+//! order in which long reductions are summed (the optimizer may split them into independent
+//! partial sums). When every operation's exact result is representable in the compute type
+//! (e.g. `+ - *` on small dyadic rationals), the results are bit-identical.
 //!
 //! # Errors
 //!
