@@ -2247,7 +2247,6 @@ fn regression_static_index_read_of_partially_written_node() {
 /// Found by the differential test (seeds 1001694 and 1000377 from base 1000000). Standalone C
 /// reproductions are in the report; this test passes where the C compiler is not affected.
 #[test]
-#[ignore = "C compiler bug (gcc 12.2 -O3 -march=native vectorizer), not arrayjit"]
 fn regression_gcc12_vectorizer_wrong_code() {
     use common::*;
     let b = Bindings::empty();

@@ -78,7 +78,8 @@ impl CompilerConfig {
     /// - `ARRAYJIT_OPT_LEVEL`: the optimization level, used as `-O<level>` (default `3`);
     /// - `ARRAYJIT_ARCH_FLAGS`: whitespace-separated architecture flags (default
     ///   `-march=native`; set it to an empty string for none);
-    /// - `ARRAYJIT_CFLAGS`: whitespace-separated extra flags (default none);
+    /// - `ARRAYJIT_CFLAGS`: whitespace-separated extra flags (default none); with GCC,
+    ///   [`GCC_WORKAROUND_FLAGS`] come first unless `ARRAYJIT_GCC_WORKAROUND=0`;
     /// - `ARRAYJIT_DEBUG_DIR`: a directory in which to keep sources, commands and logs;
     /// - `ARRAYJIT_COMPILE_TIMEOUT`: the compile timeout in seconds (default 300);
     /// - `ARRAYJIT_CACHE_DIR`: the compile cache (default `$XDG_CACHE_HOME/arrayjit`, else
@@ -138,10 +139,21 @@ impl CompilerConfig {
             Some(v) => split(&utf8("ARRAYJIT_ARCH_FLAGS", v)?),
             None => split(DEFAULT_ARCH_FLAGS),
         };
-        let extra_flags = match get("ARRAYJIT_CFLAGS") {
-            Some(v) => split(&utf8("ARRAYJIT_CFLAGS", v)?),
-            None => Vec::new(),
+        // GCC 12 miscompiles some if-converted, vectorized loops with conditional selects
+        // (wrong values, even reads past a buffer; reproductions in tests/differential.rs,
+        // `regression_gcc12_vectorizer_wrong_code`), so with GCC those loops are not
+        // if-converted unless ARRAYJIT_GCC_WORKAROUND=0.
+        let workaround = is_gcc(&compiler)
+            && !non_empty("ARRAYJIT_GCC_WORKAROUND")
+                .is_some_and(|v| v.to_string_lossy().trim() == "0");
+        let mut extra_flags: Vec<String> = if workaround {
+            GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()
+        } else {
+            Vec::new()
         };
+        if let Some(v) = get("ARRAYJIT_CFLAGS") {
+            extra_flags.extend(split(&utf8("ARRAYJIT_CFLAGS", v)?));
+        }
 
         let debug_dir = non_empty("ARRAYJIT_DEBUG_DIR").map(PathBuf::from);
 
@@ -233,6 +245,22 @@ fn cache_dir_from(get: &impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| non_empty("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("arrayjit")))
         .or_else(|| non_empty("HOME").map(|h| PathBuf::from(h).join(".cache/arrayjit")))
+}
+
+/// Flags added for GCC (see `CompilerConfig::from_env`).
+pub const GCC_WORKAROUND_FLAGS: [&str; 1] = ["-fno-tree-loop-if-convert"];
+
+/// Whether the compiler is GCC (its resolved file name says so: `gcc`, `gcc-12`,
+/// `x86_64-linux-gnu-gcc-12`, or `cc` pointing at one of those).
+fn is_gcc(compiler: &Path) -> bool {
+    let path = if is_bare_name(compiler) {
+        find_in_path(compiler.as_os_str())
+    } else {
+        Some(compiler.to_path_buf())
+    };
+    path.and_then(|p| fs::canonicalize(p).ok())
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| n.contains("gcc"))
 }
 
 /// Asks the `cc` crate which C compiler it would use for the crate's target. The detection
