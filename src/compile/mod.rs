@@ -144,8 +144,8 @@ impl CompilerConfig {
         // `regression_gcc12_vectorizer_wrong_code`), so with GCC those loops are not
         // if-converted unless ARRAYJIT_GCC_WORKAROUND=0.
         let workaround = is_gcc(&compiler)
-            && !non_empty("ARRAYJIT_GCC_WORKAROUND")
-                .is_some_and(|v| v.to_string_lossy().trim() == "0");
+            && non_empty("ARRAYJIT_GCC_WORKAROUND")
+                .is_none_or(|v| v.to_string_lossy().trim() != "0");
         let mut extra_flags: Vec<String> = if workaround {
             GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()
         } else {
