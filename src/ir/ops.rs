@@ -147,8 +147,8 @@ impl Binop {
             Binop::ReluGate => row(
                 "relu_gate",
                 0.0,
-                "($a > 0.0f ? $b : 0.0f)",
-                "($a > 0.0 ? $b : 0.0)",
+                "aj_gate_f($a, $b)",
+                "aj_gate_d($a, $b)",
                 Some("-?/"),
                 |a, b| if a > 0.0 { b } else { 0.0 },
             ),
@@ -231,12 +231,7 @@ impl Unop {
         };
         match self {
             Unop::Identity => row("identity", "$a", "$a", |a| a),
-            Unop::Relu => row(
-                "relu",
-                "($a > 0.0f ? $a : 0.0f)",
-                "($a > 0.0 ? $a : 0.0)",
-                relu,
-            ),
+            Unop::Relu => row("relu", "aj_gate_f($a, $a)", "aj_gate_d($a, $a)", relu),
             Unop::Neg => row("neg", "(-$a)", "(-$a)", |a| -a),
             Unop::Exp => row("exp", "expf($a)", "exp($a)", f64::exp),
             Unop::Log => row("log", "logf($a)", "log($a)", f64::ln),
