@@ -162,3 +162,25 @@ pub fn assert_close(prec: Prec, got: &[f64], want: &[f64], what: &str) {
         );
     }
 }
+
+/// Runs `f` on its own thread and fails the test if it has not finished after `secs` seconds
+/// (a hang fails instead of stalling the suite); a panic in `f` is re-raised.
+pub fn with_watchdog(secs: u64, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(()) => h.join().unwrap(),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // The body panicked: re-raise its panic.
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p)
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("watchdog: test did not finish in {secs}s")
+        }
+    }
+}
