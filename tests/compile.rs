@@ -387,3 +387,25 @@ fn cache_is_shared_between_processes() {
     run("-fno-math-errno");
     assert_eq!(compiles(), 2, "a changed flag must miss the cache");
 }
+
+/// GCC 12.2 with -O3 -march=native on an AVX-512 machine turns this generated routine (found
+/// by the differential tests, seed 10203) into assembly with the mnemonic
+/// `vinsert<i128vldq>`, which its assembler rejects. The compile stage retries without
+/// AVX-512, so the routine still compiles and loads (elsewhere it compiles the first time).
+#[test]
+fn compiler_emitting_invalid_assembly_is_retried_without_avx512() {
+    let root = tempfile::tempdir().unwrap();
+    let base = CompilerConfig::from_env().unwrap();
+    let cfg = CompilerConfig {
+        cache_dir: None,
+        temp_root: Some(root.path().to_path_buf()),
+        ..base
+    };
+    let source = include_str!("data/gcc12_invalid_asm.c");
+    let lib = compile_and_load(&cfg, source, "gcc12_invalid_asm", &[]).unwrap();
+    lib.entry("case_routine_entry").unwrap();
+    assert!(
+        fs::read_dir(root.path()).unwrap().next().is_none(),
+        "temporary files left behind"
+    );
+}

@@ -247,6 +247,9 @@ fn cache_dir_from(get: &impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> {
         .or_else(|| non_empty("HOME").map(|h| PathBuf::from(h).join(".cache/arrayjit")))
 }
 
+/// Added (once) when the compiler produced assembly its own assembler rejects.
+const AVX512_FALLBACK_FLAG: &str = "-mno-avx512f";
+
 /// Flags added for GCC (see `CompilerConfig::from_env`).
 pub const GCC_WORKAROUND_FLAGS: [&str; 1] = ["-fno-tree-loop-if-convert"];
 
@@ -520,6 +523,9 @@ fn sanitize_debug_name(name: &str) -> String {
 /// standard output and error) and `<stem>.<name>` for each of `debug_files`; if `<stem>.c`
 /// already exists a numeric suffix is added to the stem, so nothing is overwritten.
 ///
+/// If the compiler fails inside its own assembler (GCC 12 can emit invalid AVX-512
+/// assembly from valid C), the compile is retried once with `-mno-avx512f`.
+///
 /// Errors: [`Error::CompilerNotFound`] if the compiler cannot be started,
 /// [`Error::Compile`] if it fails (exits non-zero or is killed by a signal),
 /// [`Error::CompileTimeout`] if it runs longer than [`CompilerConfig::timeout`] (it and every
@@ -532,6 +538,7 @@ pub fn compile_and_load(
     file_stem: &str,
     debug_files: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
+    let debug_files_in = debug_files;
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files)?;
 
@@ -596,6 +603,17 @@ pub fn compile_and_load(
         });
     }
     if !run.status.success() {
+        // GCC 12 sometimes emits invalid AVX-512 assembly from valid C (e.g. the mnemonic
+        // `vinsert<i128vldq>`, which the assembler rejects). That is the compiler's bug, not
+        // the program's: retry once without AVX-512.
+        if run.output.contains("Assembler messages")
+            && !config.extra_flags.iter().any(|f| f == AVX512_FALLBACK_FLAG)
+        {
+            let mut retry = config.clone();
+            retry.extra_flags.push(AVX512_FALLBACK_FLAG.to_string());
+            drop(tmp);
+            return compile_and_load(&retry, source, file_stem, debug_files_in);
+        }
         let mut output = run.output;
         match (run.status.code(), run.status.signal()) {
             (_, Some(sig)) => output.push_str(&format!("\n[compiler terminated by signal {sig}]")),
