@@ -208,24 +208,6 @@ fn grid_of(v: f64) -> i32 {
     e0 + m.trailing_zeros() as i32
 }
 
-/// Rounds like storing into `p` (written here independently of the library).
-fn round_store(p: Prec, v: f64) -> f64 {
-    match p {
-        Prec::Byte => {
-            if v.is_nan() || v <= 0.0 {
-                0.0
-            } else if v >= 255.0 {
-                255.0
-            } else {
-                v.trunc()
-            }
-        }
-        Prec::Half => half::f16::from_f64(v).to_f64(),
-        Prec::Single => v as f32 as f64,
-        Prec::Double => v,
-    }
-}
-
 /// What is known about the values of a tensor in both computations.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Est {
@@ -351,7 +333,7 @@ fn store(x: Est, p: Prec) -> Check<Est> {
     }
     match p {
         Prec::Byte => {
-            let (lo, hi) = (round_store(p, x.lo), round_store(p, x.hi));
+            let (lo, hi) = (common::round_to(p, x.lo), common::round_to(p, x.hi));
             let identical = x.grid.is_some() || lo == hi;
             Ok(Est {
                 lo,
@@ -578,7 +560,7 @@ fn neutral_est(accum: Binop, p: Prec) -> Est {
     let v = accum.neutral();
     if v.is_finite() || p == Prec::Byte {
         // Bytes saturate: -inf stores as 0, +inf as 255.
-        Est::value(round_store(p, v))
+        Est::value(common::round_to(p, v))
     } else {
         Est::infinite()
     }
@@ -744,7 +726,7 @@ fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             // The constant is rounded to the compute type, then stored.
             let v = if c == SINGLE { *v as f32 as f64 } else { *v };
             if pr == Prec::Byte {
-                Est::value(round_store(pr, v))
+                Est::value(common::round_to(pr, v))
             } else {
                 store(Est::value(v), pr)?
             }
@@ -910,7 +892,7 @@ impl Gen {
                     (_, 2) => (self.rng.below(801) as f64 - 400.0) / 4.0,
                     _ => (self.rng.below(4097) as f64 - 2048.0) / 1024.0,
                 };
-                round_store(prec, v)
+                common::round_to(prec, v)
             })
             .collect()
     }

@@ -38,29 +38,38 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
+/// Compiles and runs `y = x @ w` (f32, dims n×k times k×m) with the loop passes on or off;
+/// returns the loop order of the optimized code and the result.
+fn single_matmul(
+    (n, k, m): (usize, usize, usize),
+    av: &[f64],
+    bv: &[f64],
+    loop_opts: bool,
+) -> (Vec<i64>, Vec<f64>) {
+    let b = Bindings::empty();
+    let x = input("x", &[n, k], Prec::Single, av);
+    let w = input("w", &[k, m], Prec::Single, bv);
+    let y = output("y", &[n, m], Prec::Single);
+    let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
+    let settings = Settings {
+        loop_opts,
+        ..Default::default()
+    };
+    let o = optimize("mm", lower(&a).unwrap(), &settings).unwrap();
+    let backend = arrayjit::backend::CcBackend::with_settings(settings);
+    let (r, _) = build(&backend, "mm", &b, &a).unwrap();
+    (
+        loop_order(&o.code),
+        run_and_read(&backend, &r, &[&y]).remove(0),
+    )
+}
+
 #[test]
 fn matmul_becomes_i_j_k_and_stays_bit_identical() {
     let (n, k, m) = (5, 7, 9);
-    let b = Bindings::empty();
     let av = values(n * k, 1);
     let bv = values(k * m, 2);
-    let run = |loop_opts: bool| {
-        let x = input("x", &[n, k], Prec::Single, &av);
-        let w = input("w", &[k, m], Prec::Single, &bv);
-        let y = output("y", &[n, m], Prec::Single);
-        let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
-        let settings = Settings {
-            loop_opts,
-            ..Default::default()
-        };
-        let o = optimize("mm", lower(&a).unwrap(), &settings).unwrap();
-        let backend = arrayjit::backend::CcBackend::with_settings(settings);
-        let (r, _) = build(&backend, "mm", &b, &a).unwrap();
-        (
-            loop_order(&o.code),
-            run_and_read(&backend, &r, &[&y]).remove(0),
-        )
-    };
+    let run = |loop_opts: bool| single_matmul((n, k, m), &av, &bv, loop_opts);
     let (order_off, plain) = run(false);
     let (order_on, interchanged) = run(true);
     // Extents (as `to` bounds): i (4), k (8), j (6) before; i, j, k after.
@@ -236,27 +245,10 @@ fn the_interpreter_runs_strip_mined_code() {
 
 #[test]
 fn contractions_are_tiled_into_panels_bit_identically() {
-    let b = Bindings::empty();
     let (n, k, m) = (3, 40, 256);
     let av = values(n * k, 31);
     let bv = values(k * m, 32);
-    let run = |loop_opts: bool| {
-        let x = input("x", &[n, k], Prec::Single, &av);
-        let w = input("w", &[k, m], Prec::Single, &bv);
-        let y = output("y", &[n, m], Prec::Single);
-        let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
-        let settings = Settings {
-            loop_opts,
-            ..Default::default()
-        };
-        let o = optimize("mm", lower(&a).unwrap(), &settings).unwrap();
-        let backend = arrayjit::backend::CcBackend::with_settings(settings);
-        let (r, _) = build(&backend, "mm", &b, &a).unwrap();
-        (
-            loop_order(&o.code),
-            run_and_read(&backend, &r, &[&y]).remove(0),
-        )
-    };
+    let run = |loop_opts: bool| single_matmul((n, k, m), &av, &bv, loop_opts);
     let (_, plain) = run(false);
     let (order, tiled) = run(true);
     // Panel loop (256 / 128 = 2 panels) outermost, then i, j, and a 128-wide inner loop.
