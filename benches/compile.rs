@@ -91,7 +91,9 @@ fn small_kernel() -> Assignments {
 fn generate(asgns: &Assignments) -> String {
     let code = arrayjit::lower::lower(asgns).unwrap();
     let optimized = arrayjit::optimize::optimize("small", code, &Settings::default()).unwrap();
-    let (source, _) = arrayjit::codegen::write_file(&[(&optimized, &Bindings::empty())]).unwrap();
+    let target = arrayjit::target::VectorTarget::default();
+    let (source, _) =
+        arrayjit::codegen::write_file(&[(&optimized, &Bindings::empty())], &target).unwrap();
     source
 }
 

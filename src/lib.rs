@@ -12,8 +12,10 @@ pub mod compile;
 pub mod error;
 pub mod interp;
 pub mod ir;
+pub mod loops;
 pub mod lower;
 pub mod nn;
 pub mod optimize;
+pub mod target;
 
 pub use error::{Error, Result};

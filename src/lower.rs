@@ -1,103 +1,11 @@
-//! Lowering: assignments to the loop IR (`Low_level`, SPEC section 4), and its printer.
+//! Lowering: assignments to the loop IR ([`crate::loops`]).
 
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode, Unop,
+    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode,
 };
-use std::fmt::Write;
-
-/// A scalar local holding one virtual node's value at one read site.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ScopeId {
-    /// The virtual node whose value the local holds.
-    pub tn: Tnode,
-    /// Unique within a routine.
-    pub id: u32,
-}
-
-/// Statements of the loop IR.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Llc {
-    /// Nothing.
-    Noop,
-    /// A comment (the text of a block comment).
-    Comment(String),
-    /// Statements in order.
-    Seq(Vec<Llc>),
-    /// `for index in from..=to { body }`.
-    For {
-        /// The iterator.
-        index: Symbol,
-        /// First value.
-        from: i64,
-        /// Last value (inclusive).
-        to: i64,
-        /// The body.
-        body: Box<Llc>,
-        /// Whether tracing should walk this loop.
-        trace_it: bool,
-    },
-    /// Fill a node with zeros.
-    ZeroOut(Tnode),
-    /// `tn[idcs] = value`.
-    Set {
-        /// The node written.
-        tn: Tnode,
-        /// Its indices.
-        idcs: Vec<AxisIndex>,
-        /// The value.
-        value: Llv,
-    },
-    /// Set a scalar local.
-    SetLocal(ScopeId, Llv),
-}
-
-/// Values (scalar expressions) of the loop IR.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Llv {
-    /// A block computing a virtual node's value into a local, then yielding that local.
-    LocalScope {
-        /// The local.
-        id: ScopeId,
-        /// The computation.
-        body: Box<Llc>,
-        /// The indices the node was read at.
-        orig_indices: Vec<AxisIndex>,
-    },
-    /// The value of a local.
-    GetLocal(ScopeId),
-    /// `tn[idcs]`.
-    Get(Tnode, Vec<AxisIndex>),
-    /// The merge buffer, holding `tn`, at `idcs`.
-    GetMergeBuffer(Tnode, Vec<AxisIndex>),
-    /// The result of calling a C function `double NAME(void)`.
-    GetCFunction(String),
-    /// A binary operation.
-    Binop(Binop, Box<Llv>, Box<Llv>),
-    /// A unary operation.
-    Unop(Unop, Box<Llv>),
-    /// A constant.
-    Constant(f64),
-    /// The value of an index (a fixed number, a loop iterator or a static index).
-    EmbedIndex(AxisIndex),
-}
-
-impl Llc {
-    /// Flattens nested sequences and drops no-ops.
-    pub fn flatten(self) -> Vec<Llc> {
-        let mut out = vec![];
-        fn go(c: Llc, out: &mut Vec<Llc>) {
-            match c {
-                Llc::Noop => {}
-                Llc::Seq(v) => v.into_iter().for_each(|c| go(c, out)),
-                c => out.push(c),
-            }
-        }
-        go(self, &mut out);
-        out
-    }
-}
+use crate::loops::{Llc, Llv};
 
 fn loops(product: &[(Symbol, usize)], body: Llc) -> Llc {
     product.iter().rev().fold(body, |body, &(s, n)| Llc::For {
@@ -186,7 +94,7 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
                 AxisIndex::Fixed(i) => *i < d,
                 AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
                 // Never produced by projections.
-                AxisIndex::Affine { .. } => false,
+                AxisIndex::Linear(_) => false,
             };
             if !ok {
                 return bad(format!(
@@ -445,90 +353,4 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
             })
         }
     })
-}
-
-/// A readable rendering of loop IR, one statement per line.
-pub fn to_doc(c: &Llc) -> String {
-    let mut out = String::new();
-    write_llc(&mut out, c, 0);
-    out
-}
-
-fn idcs_doc(idcs: &[AxisIndex]) -> String {
-    idcs.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn scope_doc(id: &ScopeId) -> String {
-    format!("v{}_{}", id.id, id.tn.name().escape_debug())
-}
-
-fn write_llc(out: &mut String, c: &Llc, indent: usize) {
-    let pad = "  ".repeat(indent);
-    match c {
-        Llc::Noop => {}
-        Llc::Comment(t) => {
-            let _ = writeln!(out, "{pad}# {}", t.escape_debug());
-        }
-        Llc::Seq(v) => v.iter().for_each(|c| write_llc(out, c, indent)),
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            ..
-        } => {
-            let _ = writeln!(out, "{pad}for {index} = {from} to {to} {{");
-            write_llc(out, body, indent + 1);
-            let _ = writeln!(out, "{pad}}}");
-        }
-        Llc::ZeroOut(tn) => {
-            let _ = writeln!(out, "{pad}zero_out {};", tn.name().escape_debug());
-        }
-        Llc::Set { tn, idcs, value } => {
-            let _ = writeln!(
-                out,
-                "{pad}{}[{}] := {};",
-                tn.name().escape_debug(),
-                idcs_doc(idcs),
-                llv_doc(value, indent)
-            );
-        }
-        Llc::SetLocal(id, value) => {
-            let _ = writeln!(out, "{pad}{} := {};", scope_doc(id), llv_doc(value, indent));
-        }
-    }
-}
-
-fn llv_doc(v: &Llv, indent: usize) -> String {
-    match v {
-        Llv::LocalScope { id, body, .. } => {
-            let mut s = format!("{{ local {};\n", scope_doc(id));
-            write_llc(&mut s, body, indent + 2);
-            s.push_str(&format!("{}}}", "  ".repeat(indent + 1)));
-            s
-        }
-        Llv::GetLocal(id) => scope_doc(id),
-        Llv::Get(tn, idcs) => format!("{}[{}]", tn.name().escape_debug(), idcs_doc(idcs)),
-        Llv::GetMergeBuffer(tn, idcs) => {
-            format!("merge({})[{}]", tn.name().escape_debug(), idcs_doc(idcs))
-        }
-        Llv::GetCFunction(f) => format!("{f}()"),
-        Llv::Binop(op, a, b) => match op.info().infix {
-            Some(s) if s.len() <= 2 => {
-                format!("({} {s} {})", llv_doc(a, indent), llv_doc(b, indent))
-            }
-            _ => format!(
-                "{}({}, {})",
-                op.name(),
-                llv_doc(a, indent),
-                llv_doc(b, indent)
-            ),
-        },
-        Llv::Unop(op, a) => format!("{}({})", op.name(), llv_doc(a, indent)),
-        Llv::Constant(c) => format!("{c:?}"),
-        Llv::EmbedIndex(i) => format!("index({i})"),
-    }
 }

@@ -542,7 +542,7 @@ fn check_consistent(p: &Projections, lhs: &[usize], rhs: &[Vec<usize>]) {
                         assert_ne!(dim, 1, "axes of extent 1 are never iterated");
                     }
                 }
-                AxisIndex::Affine { .. } => panic!("specs never produce strip-mined indices"),
+                AxisIndex::Linear(_) => panic!("specs never produce linear indices"),
             }
         }
     }

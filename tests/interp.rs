@@ -3,7 +3,7 @@
 mod common;
 use arrayjit::interp::{self, Memory};
 use arrayjit::ir::*;
-use arrayjit::lower::{Llc, Llv};
+use arrayjit::loops::{Llc, Llv};
 use arrayjit::Error;
 use common::*;
 

@@ -3,7 +3,8 @@
 
 mod common;
 use arrayjit::ir::*;
-use arrayjit::lower::{lower, Llc};
+use arrayjit::loops::Llc;
+use arrayjit::lower::lower;
 use arrayjit::optimize::{optimize, Settings};
 use common::*;
 
@@ -231,7 +232,7 @@ fn the_interpreter_runs_strip_mined_code() {
     let a = unop(&s, Binop::Add, true, Unop::Identity, &x, "ij->i", &b);
     let o = optimize("red", lower(&a).unwrap(), &Settings::default()).unwrap();
     assert!(
-        arrayjit::lower::to_doc(&o.code).contains('*'),
+        arrayjit::loops::to_doc(&o.code).contains('*'),
         "expected a strip-mined index"
     );
     let mut mem = arrayjit::interp::Memory::new();

@@ -428,13 +428,13 @@ fn readable_dumps_of_assignments_and_loop_ir() {
     assert!(doc.contains("# the chain"), "{doc}");
     assert!(doc.contains("t1[") && doc.contains("mul(a["), "{doc}");
     let lowered = arrayjit::lower::lower(&asgns).unwrap();
-    let ll = arrayjit::lower::to_doc(&lowered);
+    let ll = arrayjit::loops::to_doc(&lowered);
     assert!(
         ll.contains("for i") && ll.contains("t2[") && ll.contains(":="),
         "{ll}"
     );
     let opt = arrayjit::optimize::optimize("chain", lowered, &Default::default()).unwrap();
-    let ll = arrayjit::lower::to_doc(&opt.code);
+    let ll = arrayjit::loops::to_doc(&opt.code);
     assert_eq!(ll.matches("for ").count(), 1, "{ll}");
     assert!(!ll.contains("t2["), "{ll}");
 }

@@ -8,8 +8,8 @@ use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, RoutineBindings, Tnode};
-use crate::lower;
 use crate::optimize::{self, Optimized, Settings};
+use crate::{loops, lower};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -276,6 +276,8 @@ pub struct CcBackend {
     config: Mutex<Config>,
     /// Optimizer settings used by `compile`.
     pub settings: Settings,
+    /// The vector target code is written for.
+    target: crate::target::VectorTarget,
 }
 
 impl Default for CcBackend {
@@ -301,11 +303,11 @@ fn dumps(o: &Optimized, asgns: &Assignments, index: usize) -> Vec<DebugFile> {
         },
         DebugFile {
             name: format!("{stem}.unoptimized.ll.txt"),
-            contents: lower::to_doc(&o.unoptimized),
+            contents: loops::to_doc(&o.unoptimized),
         },
         DebugFile {
             name: format!("{stem}.optimized.ll.txt"),
-            contents: lower::to_doc(&o.code),
+            contents: loops::to_doc(&o.code),
         },
     ]
 }
@@ -317,6 +319,7 @@ impl CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             settings: Settings::default(),
+            target: crate::target::VectorTarget::default(),
         }
     }
 
@@ -398,7 +401,7 @@ impl CcBackend {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
         let optimized = self.optimize_one(&name, asgns)?;
-        let generated = codegen::generate(&[(&optimized, bindings)])?;
+        let generated = codegen::generate(&[(&optimized, bindings)], &self.target)?;
         let source = generated.source();
         let dumps = dumps(&optimized, asgns, 0);
         let state = if shared {
@@ -521,7 +524,7 @@ impl CcBackend {
             .flatten()
             .map(|(_, o)| (o, bindings))
             .collect();
-        let generated = codegen::generate(&included)?;
+        let generated = codegen::generate(&included, &self.target)?;
         let source = generated.source();
         Ok((entries, source, generated, all_dumps))
     }

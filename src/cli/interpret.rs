@@ -34,7 +34,8 @@ use super::exec::{collect_printed, RunResult};
 use super::program::MergeDecl;
 use crate::interp::{self, Memory};
 use crate::ir::{Assignments, Buffer, FetchOp, MemoryMode, StaticSymbol, Tnode};
-use crate::lower::{self, Llc};
+use crate::loops::Llc;
+use crate::lower;
 use std::collections::HashSet;
 
 fn quote(s: &str) -> String {

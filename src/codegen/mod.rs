@@ -15,13 +15,16 @@
 //! names or each other; comments keep printable ASCII other than `/`, `\`, `?` and `#`.
 
 mod names;
+mod vector;
 
 pub use names::{sanitize_comment, sanitize_ident};
+pub use vector::Dialect;
 
 use crate::error::Result;
 use crate::ir::{AxisIndex, Bindings, MemoryMode, Prec, StaticSymbol, Tnode};
-use crate::lower::{Llc, Llv};
+use crate::loops::{Llc, Llv, VType, Vlv};
 use crate::optimize::Optimized;
+use crate::target::VectorTarget;
 use names::Names;
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -88,6 +91,8 @@ pub struct Part {
     pub imports: Vec<String>,
     /// Its parameters, in order.
     pub params: Vec<Param>,
+    /// The vector types it uses.
+    pub vtypes: Vec<VType>,
 }
 
 /// The C code of some routines: their parts, in order, and their signatures.
@@ -97,6 +102,8 @@ pub struct Generated {
     pub parts: Vec<Part>,
     /// One signature per routine.
     pub sigs: Vec<RoutineSignature>,
+    /// How vectors are spelled.
+    pub dialect: Dialect,
 }
 
 impl Generated {
@@ -105,6 +112,7 @@ impl Generated {
         let mut out = String::new();
         let mut names: Vec<&str> = vec![];
         let mut imports: Vec<&str> = vec![];
+        let mut vtypes: Vec<VType> = vec![];
         for &k in parts {
             let Some(p) = self.parts.get(k) else { continue };
             let name = self.sigs.get(p.routine).map_or("", |s| s.name.as_str());
@@ -116,6 +124,11 @@ impl Generated {
                     imports.push(f);
                 }
             }
+            for t in &p.vtypes {
+                if !vtypes.contains(t) {
+                    vtypes.push(*t);
+                }
+            }
         }
         let names: Vec<String> = names.iter().map(|n| sanitize_comment(n)).collect();
         let _ = writeln!(
@@ -124,6 +137,14 @@ impl Generated {
             names.join(", ")
         );
         out.push_str("#include \"arrayjit.h\"\n");
+        if !vtypes.is_empty() {
+            if let Some(inc) = self.dialect.include() {
+                let _ = writeln!(out, "{inc}");
+            }
+            for t in vtypes {
+                out.push_str(&self.dialect.prelude(t));
+            }
+        }
         for f in imports {
             let _ = writeln!(out, "extern double {f}(void);");
         }
@@ -142,16 +163,22 @@ impl Generated {
 }
 
 /// Prints one C translation unit holding the given routines.
-pub fn write_file(routines: &[(&Optimized, &Bindings)]) -> Result<(String, Vec<RoutineSignature>)> {
-    let g = generate(routines)?;
+pub fn write_file(
+    routines: &[(&Optimized, &Bindings)],
+    target: &VectorTarget,
+) -> Result<(String, Vec<RoutineSignature>)> {
+    let g = generate(routines, target)?;
     Ok((g.source(), g.sigs))
 }
 
-/// Generates the C code of the given routines, split into parts.
-pub fn generate(routines: &[(&Optimized, &Bindings)]) -> Result<Generated> {
+/// Generates the C code of the given routines, split into parts, with vector operations
+/// spelled for `target`.
+pub fn generate(routines: &[(&Optimized, &Bindings)], target: &VectorTarget) -> Result<Generated> {
+    let dialect = Dialect::new(*target);
     let mut w = Writer {
         out: String::new(),
         names: Names::default(),
+        dialect,
     };
     let mut parts = vec![];
     let mut sigs = vec![];
@@ -160,12 +187,17 @@ pub fn generate(routines: &[(&Optimized, &Bindings)]) -> Result<Generated> {
         sigs.push(sig);
         parts.extend(ps);
     }
-    Ok(Generated { parts, sigs })
+    Ok(Generated {
+        parts,
+        sigs,
+        dialect,
+    })
 }
 
 struct Writer {
     out: String,
     names: Names,
+    dialect: Dialect,
 }
 
 fn float_literal(c: f64, in_float: bool) -> String {
@@ -226,17 +258,16 @@ impl Writer {
                         format!("{n} * {stride}")
                     });
                 }
-                AxisIndex::Affine {
-                    outer,
-                    stride: strip,
-                    inner,
-                } => {
-                    let (o, i) = (self.names.symbol(*outer), self.names.symbol(*inner));
-                    terms.push(if stride == 1 {
-                        format!("{o} * {strip} + {i}")
-                    } else {
-                        format!("{o} * {} + {i} * {stride}", strip * stride)
-                    });
+                AxisIndex::Linear(l) => {
+                    constant += l.offset * stride;
+                    for &(s, c) in l.terms() {
+                        let n = self.names.symbol(s);
+                        terms.push(if c * stride == 1 {
+                            n
+                        } else {
+                            format!("{n} * {}", c * stride)
+                        });
+                    }
                 }
             }
             stride *= dims[k];
@@ -292,13 +323,14 @@ impl Writer {
                 let n = self.names.symbol(*s);
                 Self::convert("int64_t", in_float, n)
             }
-            Llv::EmbedIndex(AxisIndex::Affine {
-                outer,
-                stride,
-                inner,
-            }) => {
-                let (o, i) = (self.names.symbol(*outer), self.names.symbol(*inner));
-                Self::convert("int64_t", in_float, format!("({o} * {stride} + {i})"))
+            Llv::EmbedIndex(AxisIndex::Linear(l)) => {
+                let mut terms: Vec<String> = l
+                    .terms()
+                    .iter()
+                    .map(|&(s, c)| format!("{} * {c}", self.names.symbol(s)))
+                    .collect();
+                terms.push(l.offset.to_string());
+                Self::convert("int64_t", in_float, format!("({})", terms.join(" + ")))
             }
             Llv::GetLocal(id) => {
                 let n = self.names.scope(id);
@@ -397,6 +429,65 @@ impl Writer {
                     let _ = writeln!(out, "{pad}  {n} = {};", store(id.tn.prec(), e));
                     let _ = writeln!(out, "{pad}}}");
                 }
+            }
+            Llc::VSet(r, v) => {
+                let mut pre = String::new();
+                let e = self.vexpr(v, &mut pre, indent);
+                let n = self.names.vreg(r.id);
+                self.emit_with_pre(out, &pad, &pre, &format!("{n} = {e};"));
+            }
+            Llc::VStore { tn, idcs, value } => {
+                let mut pre = String::new();
+                let e = self.vexpr(value, &mut pre, indent);
+                let off = self.offset(tn, idcs);
+                let n = self.names.node(tn);
+                let store = self.dialect.store(value.ty(), &format!("&{n}[{off}]"), &e);
+                self.emit_with_pre(out, &pad, &pre, &format!("{store};"));
+            }
+        }
+    }
+
+    /// Writes `line`, inside a block after the hoisted local scopes `pre` if there are any.
+    fn emit_with_pre(&mut self, out: &mut String, pad: &str, pre: &str, line: &str) {
+        if pre.is_empty() {
+            let _ = writeln!(out, "{pad}{line}");
+        } else {
+            let _ = writeln!(out, "{pad}{{");
+            out.push_str(&indent_text(pre, 1));
+            let _ = writeln!(out, "{pad}  {line}");
+            let _ = writeln!(out, "{pad}}}");
+        }
+    }
+
+    /// A C expression computing a vector.
+    fn vexpr(&mut self, v: &Vlv, pre: &mut String, indent: usize) -> String {
+        let t = v.ty();
+        match v {
+            Vlv::Reg(r) => self.names.vreg(r.id),
+            Vlv::Zero(t) => self.dialect.zero(*t),
+            Vlv::Splat(t, x) => {
+                let in_float = t.prec.computes_in_float();
+                let x = self.expr(x, in_float, pre, indent, &mut HashSet::new());
+                self.dialect.splat(*t, &x)
+            }
+            Vlv::Load(t, tn, idcs) => {
+                let off = self.offset(tn, idcs);
+                let n = self.names.node(tn);
+                self.dialect.load(*t, &format!("&{n}[{off}]"))
+            }
+            Vlv::Fma(a, b, c) => {
+                let (a, b, c) = (
+                    self.vexpr(a, pre, indent),
+                    self.vexpr(b, pre, indent),
+                    self.vexpr(c, pre, indent),
+                );
+                self.dialect.fma(t, &a, &b, &c)
+            }
+            Vlv::Binop(op, a, b) => {
+                let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
+                self.dialect
+                    .binop(t, *op, &a, &b)
+                    .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
             }
         }
     }
@@ -511,6 +602,7 @@ impl Writer {
                 weight: group.iter().map(weight).sum::<usize>().max(1),
                 imports,
                 params: mine.iter().map(|(_, p)| (*p).clone()).collect(),
+                vtypes: vector_types(group),
             });
         }
         let sig = RoutineSignature {
@@ -574,6 +666,21 @@ impl Writer {
         for tn in to_zero {
             let n = self.names.node(tn);
             let _ = writeln!(self.out, "  memset({n}, 0, {});", tn.size_in_bytes());
+        }
+        // Vector variables, declared once per function (the compiler keeps them in registers).
+        let mut vregs = vec![];
+        for c in body {
+            crate::loops::visit_llc(c, &mut |c| {
+                if let Llc::VSet(r, _) = c {
+                    if !vregs.contains(r) {
+                        vregs.push(*r);
+                    }
+                }
+            });
+        }
+        for r in vregs {
+            let n = self.names.vreg(r.id);
+            let _ = writeln!(self.out, "  {} {n};", self.dialect.ty(r.ty));
         }
         let mut text = String::new();
         for c in body {
@@ -650,6 +757,20 @@ impl Uses {
         }
         u
     }
+}
+
+/// The vector types used by some statements.
+fn vector_types(stmts: &[Llc]) -> Vec<VType> {
+    let mut out: Vec<VType> = vec![];
+    for c in stmts {
+        crate::loops::visit_vectors(c, &mut |v| {
+            let t = v.ty();
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        });
+    }
+    out
 }
 
 /// The size of a statement in loop-IR nodes (statements and values).

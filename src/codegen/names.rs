@@ -1,7 +1,7 @@
 //! Identifiers and comments in generated C: sanitized, unique within a file, stable.
 
 use crate::ir::{StaticSymbol, Symbol, Tnode};
-use crate::lower::ScopeId;
+use crate::loops::ScopeId;
 use std::collections::HashMap;
 
 /// Turns any text into a fragment of a C identifier: `[a-z0-9_]` only (lowercase), no
@@ -58,6 +58,7 @@ pub(crate) struct Names {
     nodes: HashMap<Tnode, String>,
     symbols: HashMap<Symbol, String>,
     scopes: HashMap<u32, String>,
+    vregs: HashMap<u32, String>,
     routines: Vec<String>,
 }
 
@@ -91,6 +92,14 @@ impl Names {
         self.scopes
             .entry(id.id)
             .or_insert_with(|| format!("{}_v{n}", sanitize_ident(&id.tn.label().join("_"))))
+            .clone()
+    }
+
+    pub(crate) fn vreg(&mut self, id: u32) -> String {
+        let n = self.vregs.len() + 1;
+        self.vregs
+            .entry(id)
+            .or_insert_with(|| format!("vec{n}"))
             .clone()
     }
 

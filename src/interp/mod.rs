@@ -102,7 +102,8 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, StaticSymbol, Symbol, Tnode};
-use crate::lower::{self, Llc, Llv};
+use crate::loops::{Llc, Llv, Vlv};
+use crate::lower;
 use crate::optimize::Optimized;
 use std::collections::HashMap;
 use std::fmt;
@@ -304,6 +305,8 @@ struct Machine<'m> {
     env: HashMap<Symbol, i64>,
     statics: HashMap<Symbol, (&'m StaticSymbol, i64)>,
     locals: HashMap<u32, f64>,
+    /// Vector variables, lane by lane (each lane rounded to the vector's precision).
+    vregs: HashMap<u32, Vec<f64>>,
 }
 
 /// A loop iterator in scope during checking: its symbol and its range.
@@ -335,6 +338,7 @@ impl<'m> Machine<'m> {
             env: HashMap::new(),
             statics: map,
             locals: HashMap::new(),
+            vregs: HashMap::new(),
         })
     }
 
@@ -383,30 +387,26 @@ impl<'m> Machine<'m> {
                         return Err(self.unbound(*s, &format!("{what} tensor {}", tn.name())));
                     }
                 }
-                AxisIndex::Affine {
-                    outer,
-                    stride,
-                    inner,
-                } => {
-                    let range =
-                        |s: &Symbol| bound.iter().rev().find(|b| b.0 == *s).map(|b| (b.1, b.2));
-                    match (range(outer), range(inner)) {
-                        (Some((of, ot)), Some((inf, it))) => {
-                            if of <= ot && inf <= it {
-                                let lo = of * *stride as i64 + inf;
-                                let hi = ot * *stride as i64 + it;
-                                if lo < 0 || hi >= d as i64 {
-                                    return bad(format!(
-                                        "strip-mined index {ix} ranging over {lo}..={hi}"
-                                    ));
-                                }
-                            }
+                AxisIndex::Linear(l) => {
+                    // The index ranges over offset + Σ coef·[from, to] of its loop iterators
+                    // (static indices contribute their value).
+                    let (mut lo, mut hi) = (l.offset as i64, l.offset as i64);
+                    let mut empty = false;
+                    for &(s, c) in l.terms() {
+                        let c = c as i64;
+                        if let Some(&(_, from, to)) = bound.iter().rev().find(|b| b.0 == s) {
+                            empty |= from > to;
+                            lo += c * from;
+                            hi += c * to;
+                        } else if let Some((_, v)) = self.statics.get(&s) {
+                            lo += c * v;
+                            hi += c * v;
+                        } else {
+                            return Err(self.unbound(s, &format!("{what} tensor {}", tn.name())));
                         }
-                        _ => {
-                            return Err(
-                                self.unbound(*outer, &format!("{what} tensor {}", tn.name()))
-                            );
-                        }
+                    }
+                    if !empty && (lo < 0 || hi >= d as i64) {
+                        return bad(format!("linear index {ix} ranging over {lo}..={hi}"));
                     }
                 }
             }
@@ -444,6 +444,28 @@ impl<'m> Machine<'m> {
                 self.check_value(value, bound)
             }
             Llc::SetLocal(_, value) => self.check_value(value, bound),
+            Llc::VSet(_, v) => self.check_vector(v, bound),
+            Llc::VStore { tn, idcs, value } => {
+                self.check_index(tn, "writing", idcs, bound)?;
+                self.check_vector(value, bound)
+            }
+        }
+    }
+
+    fn check_vector(&self, v: &Vlv, bound: &mut Vec<Bound>) -> Result<()> {
+        match v {
+            Vlv::Reg(_) | Vlv::Zero(_) => Ok(()),
+            Vlv::Splat(_, x) => self.check_value(x, bound),
+            Vlv::Load(_, tn, idcs) => self.check_index(tn, "reading", idcs, bound),
+            Vlv::Fma(a, b, c) => {
+                self.check_vector(a, bound)?;
+                self.check_vector(b, bound)?;
+                self.check_vector(c, bound)
+            }
+            Vlv::Binop(_, a, b) => {
+                self.check_vector(a, bound)?;
+                self.check_vector(b, bound)
+            }
         }
     }
 
@@ -463,14 +485,12 @@ impl<'m> Machine<'m> {
             }
             Llv::Unop(_, a) => self.check_value(a, bound),
             Llv::EmbedIndex(AxisIndex::Fixed(_)) => Ok(()),
-            Llv::EmbedIndex(AxisIndex::Affine { outer, inner, .. }) => {
-                if [outer, inner]
-                    .iter()
-                    .all(|s| bound.iter().any(|b| b.0 == **s))
-                {
-                    Ok(())
-                } else {
-                    Err(self.unbound(*outer, "embedding an index value"))
+            Llv::EmbedIndex(AxisIndex::Linear(l)) => {
+                match l.terms().iter().find(|(s, _)| {
+                    !bound.iter().any(|b| b.0 == *s) && !self.statics.contains_key(s)
+                }) {
+                    None => Ok(()),
+                    Some((s, _)) => Err(self.unbound(*s, "embedding an index value")),
                 }
             }
             Llv::EmbedIndex(AxisIndex::Iterator(s)) => {
@@ -520,11 +540,10 @@ impl<'m> Machine<'m> {
         match ix {
             AxisIndex::Fixed(k) => Ok(*k as i64),
             AxisIndex::Iterator(s) => sym(s),
-            AxisIndex::Affine {
-                outer,
-                stride,
-                inner,
-            } => Ok(sym(outer)? * *stride as i64 + sym(inner)?),
+            AxisIndex::Linear(l) => l
+                .terms()
+                .iter()
+                .try_fold(l.offset as i64, |acc, (s, c)| Ok(acc + *c as i64 * sym(s)?)),
         }
     }
 
@@ -597,7 +616,90 @@ impl<'m> Machine<'m> {
                 self.locals.insert(id.id, v);
                 Ok(())
             }
+            Llc::VSet(r, value) => {
+                let v = self.eval_vector(value)?;
+                self.vregs.insert(r.id, v);
+                Ok(())
+            }
+            Llc::VStore { tn, idcs, value } => {
+                let v = self.eval_vector(value)?;
+                let off = self.vector_span(tn, idcs, v.len(), "writing")?;
+                let p = tn.prec();
+                for (dst, x) in self.mem.values_mut(tn)[off..off + v.len()]
+                    .iter_mut()
+                    .zip(v)
+                {
+                    *dst = p.round(x);
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// The offset of the first of `lanes` consecutive elements, checked to lie within `tn`.
+    fn vector_span(
+        &self,
+        tn: &Tnode,
+        idcs: &[AxisIndex],
+        lanes: usize,
+        what: &str,
+    ) -> Result<usize> {
+        let off = self.offset(tn, idcs)?;
+        if off + lanes > tn.numel() {
+            return Err(Error::Usage(format!(
+                "routine {}: {what} {lanes} lanes of tensor {} from offset {off} goes past its \
+                 {} elements",
+                self.routine,
+                tn.name(),
+                tn.numel()
+            )));
+        }
+        Ok(off)
+    }
+
+    /// Evaluates a vector lane by lane; every operation rounds to the vector's precision.
+    fn eval_vector(&mut self, v: &Vlv) -> Result<Vec<f64>> {
+        let ty = v.ty();
+        let round = |x: f64| ty.prec.round_compute(x);
+        Ok(match v {
+            Vlv::Reg(r) => match self.vregs.get(&r.id) {
+                Some(v) => v.clone(),
+                None => {
+                    return Err(Error::Usage(format!(
+                        "routine {}: vector variable {} is read before it is set",
+                        self.routine, r.id
+                    )))
+                }
+            },
+            Vlv::Zero(t) => vec![0.0; t.lanes],
+            Vlv::Splat(t, x) => vec![round(self.eval(x, t.prec)?); t.lanes],
+            Vlv::Load(t, tn, idcs) => {
+                let off = self.vector_span(tn, idcs, t.lanes, "reading")?;
+                self.mem.values_mut(tn)[off..off + t.lanes]
+                    .iter()
+                    .map(|&x| round(x))
+                    .collect()
+            }
+            Vlv::Fma(a, b, c) => {
+                let (a, b, c) = (
+                    self.eval_vector(a)?,
+                    self.eval_vector(b)?,
+                    self.eval_vector(c)?,
+                );
+                a.iter()
+                    .zip(&b)
+                    .zip(&c)
+                    .map(|((a, b), c)| round(a.mul_add(*b, *c)))
+                    .collect()
+            }
+            Vlv::Binop(op, a, b) => {
+                let (a, b) = (self.eval_vector(a)?, self.eval_vector(b)?);
+                a.iter()
+                    .zip(&b)
+                    .map(|(a, b)| round(op.interpret(*a, *b)))
+                    .collect()
+            }
+        })
     }
 
     /// Evaluates a value while writing a node of precision `p`: operands are converted to

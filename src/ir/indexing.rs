@@ -54,16 +54,59 @@ pub enum AxisIndex {
     Fixed(usize),
     /// A loop iterator or a static symbol.
     Iterator(Symbol),
-    /// `outer * stride + inner`, for strip-mined loops. Only the optimizer's loop passes
-    /// produce it (never a spec or a projection).
-    Affine {
-        /// The outer (strip) iterator.
-        outer: Symbol,
-        /// The strip length.
-        stride: usize,
-        /// The inner iterator, `0..stride`.
-        inner: Symbol,
-    },
+    /// `offset + Σ coef·symbol`, for strip-mined, tiled and packed loops. Only the
+    /// optimizer's loop passes produce it (never a spec or a projection).
+    Linear(LinearIndex),
+}
+
+/// An index that is a linear combination of loop iterators: `offset + Σ coef·symbol`, with
+/// at most [`LinearIndex::MAX_TERMS`] terms and non-negative coefficients (plain data, `Copy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinearIndex {
+    terms: [(Symbol, usize); LinearIndex::MAX_TERMS],
+    len: u8,
+    /// The constant part.
+    pub offset: usize,
+}
+
+impl LinearIndex {
+    /// The most terms a linear index holds.
+    pub const MAX_TERMS: usize = 4;
+
+    /// `offset + Σ coef·symbol`; `None` when there are more than [`Self::MAX_TERMS`] terms.
+    /// Terms with coefficient 0 are dropped; repeated symbols are combined.
+    pub fn new(terms: &[(Symbol, usize)], offset: usize) -> Option<LinearIndex> {
+        let mut out = LinearIndex {
+            terms: [(Symbol(0), 0); Self::MAX_TERMS],
+            len: 0,
+            offset,
+        };
+        for &(s, c) in terms {
+            if c == 0 {
+                continue;
+            }
+            if let Some(t) = out.terms[..out.len as usize].iter_mut().find(|t| t.0 == s) {
+                t.1 += c;
+                continue;
+            }
+            if out.len as usize == Self::MAX_TERMS {
+                return None;
+            }
+            out.terms[out.len as usize] = (s, c);
+            out.len += 1;
+        }
+        Some(out)
+    }
+
+    /// The terms `(symbol, coefficient)`.
+    pub fn terms(&self) -> &[(Symbol, usize)] {
+        &self.terms[..self.len as usize]
+    }
+
+    /// The coefficient of `s` (0 if absent).
+    pub fn coef(&self, s: Symbol) -> usize {
+        self.terms().iter().find(|t| t.0 == s).map_or(0, |t| t.1)
+    }
 }
 
 impl AxisIndex {
@@ -72,8 +115,52 @@ impl AxisIndex {
         match self {
             AxisIndex::Fixed(_) => vec![],
             AxisIndex::Iterator(s) => vec![*s],
-            AxisIndex::Affine { outer, inner, .. } => vec![*outer, *inner],
+            AxisIndex::Linear(l) => l.terms().iter().map(|t| t.0).collect(),
         }
+    }
+
+    /// `offset + Σ coef·symbol` as an index: a fixed position, a plain iterator, or a linear
+    /// index. `None` when there are more terms than a linear index holds.
+    pub fn linear(terms: &[(Symbol, usize)], offset: usize) -> Option<AxisIndex> {
+        let l = LinearIndex::new(terms, offset)?;
+        Some(match l.terms() {
+            [] => AxisIndex::Fixed(offset),
+            [(s, 1)] if offset == 0 => AxisIndex::Iterator(*s),
+            _ => AxisIndex::Linear(l),
+        })
+    }
+
+    /// The coefficient with which the index moves when `s` increases by one.
+    pub fn coef(&self, s: Symbol) -> usize {
+        match self {
+            AxisIndex::Fixed(_) => 0,
+            AxisIndex::Iterator(x) => usize::from(*x == s),
+            AxisIndex::Linear(l) => l.coef(s),
+        }
+    }
+
+    /// The index with `s` replaced by the index `by` (`None` when the result has too many
+    /// terms for a linear index).
+    pub fn substitute(&self, s: Symbol, by: AxisIndex) -> Option<AxisIndex> {
+        let c = self.coef(s);
+        if c == 0 {
+            return Some(*self);
+        }
+        let (mut terms, mut offset): (Vec<(Symbol, usize)>, usize) = match self {
+            AxisIndex::Fixed(k) => (vec![], *k),
+            AxisIndex::Iterator(x) => (vec![(*x, 1)], 0),
+            AxisIndex::Linear(l) => (l.terms().to_vec(), l.offset),
+        };
+        terms.retain(|t| t.0 != s);
+        match by {
+            AxisIndex::Fixed(k) => offset += c * k,
+            AxisIndex::Iterator(x) => terms.push((x, c)),
+            AxisIndex::Linear(l) => {
+                offset += c * l.offset;
+                terms.extend(l.terms().iter().map(|&(x, k)| (x, k * c)));
+            }
+        }
+        AxisIndex::linear(&terms, offset)
     }
 }
 
@@ -82,11 +169,23 @@ impl fmt::Display for AxisIndex {
         match self {
             AxisIndex::Fixed(i) => write!(f, "{i}"),
             AxisIndex::Iterator(s) => write!(f, "{s}"),
-            AxisIndex::Affine {
-                outer,
-                stride,
-                inner,
-            } => write!(f, "{outer}*{stride}+{inner}"),
+            AxisIndex::Linear(l) => {
+                let mut parts: Vec<String> = l
+                    .terms()
+                    .iter()
+                    .map(|(s, c)| {
+                        if *c == 1 {
+                            format!("{s}")
+                        } else {
+                            format!("{s}*{c}")
+                        }
+                    })
+                    .collect();
+                if l.offset != 0 || parts.is_empty() {
+                    parts.push(l.offset.to_string());
+                }
+                f.write_str(&parts.join("+"))
+            }
         }
     }
 }

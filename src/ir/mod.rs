@@ -10,7 +10,9 @@ pub mod prec;
 pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
-pub use indexing::{AxisIndex, Bindings, Projections, RoutineBindings, StaticSymbol, Symbol};
+pub use indexing::{
+    AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings, StaticSymbol, Symbol,
+};
 pub use ndarray::{InitOp, Ndarray};
 pub use ops::{Binop, Unop};
 pub use prec::Prec;

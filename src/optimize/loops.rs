@@ -34,7 +34,7 @@
 
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, Binop, MemoryMode, Prec, Symbol, Tnode};
-use crate::lower::{Llc, Llv};
+use crate::loops::{Llc, Llv};
 
 /// Runs the loop-nest passes; returns the code and the local arrays they introduced.
 pub fn optimize_loops(code: Llc) -> (Llc, Vec<Tnode>) {
@@ -118,22 +118,7 @@ fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
     let mut total = 0;
     for (k, ix) in idcs.iter().enumerate() {
         let axis = dims[k + 1..].iter().product::<usize>();
-        match ix {
-            AxisIndex::Iterator(x) if *x == s => total += axis,
-            AxisIndex::Affine {
-                outer,
-                stride,
-                inner,
-            } => {
-                if *outer == s {
-                    total += axis * stride;
-                }
-                if *inner == s {
-                    total += axis;
-                }
-            }
-            _ => {}
-        }
+        total += axis * ix.coef(s);
     }
     total
 }
@@ -185,60 +170,16 @@ fn interchange(c: Llc) -> Llc {
     rebuild(loops, body)
 }
 
-/// Replaces iterator `j` by `by` in every index of a value (including inside local scopes).
-fn subst_value(v: &Llv, j: Symbol, by: AxisIndex) -> Llv {
-    let idx = |i: &AxisIndex| if *i == AxisIndex::Iterator(j) { by } else { *i };
-    let idcs = |v: &[AxisIndex]| v.iter().map(idx).collect::<Vec<_>>();
-    match v {
-        Llv::Get(t, i) => Llv::Get(t.clone(), idcs(i)),
-        Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(t.clone(), idcs(i)),
-        Llv::EmbedIndex(i) => Llv::EmbedIndex(idx(i)),
-        Llv::Binop(op, a, b) => Llv::Binop(
-            *op,
-            Box::new(subst_value(a, j, by)),
-            Box::new(subst_value(b, j, by)),
-        ),
-        Llv::Unop(op, a) => Llv::Unop(*op, Box::new(subst_value(a, j, by))),
-        Llv::LocalScope {
-            id,
-            body,
-            orig_indices,
-        } => Llv::LocalScope {
-            id: id.clone(),
-            body: Box::new(subst_llc(body, j, by)),
-            orig_indices: idcs(orig_indices),
-        },
-        v => v.clone(),
-    }
+/// Replaces iterator `j` by `by` in every index of a value (including inside local scopes);
+/// `None` if an index would need more terms than a linear index holds.
+fn subst_value(v: &Llv, j: Symbol, by: AxisIndex) -> Option<Llv> {
+    crate::loops::map_value_indices(v, &mut |ix| ix.substitute(j, by))
 }
 
-fn subst_llc(c: &Llc, j: Symbol, by: AxisIndex) -> Llc {
-    match c {
-        Llc::Seq(v) => Llc::Seq(v.iter().map(|c| subst_llc(c, j, by)).collect()),
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            trace_it,
-        } => Llc::For {
-            index: *index,
-            from: *from,
-            to: *to,
-            body: Box::new(subst_llc(body, j, by)),
-            trace_it: *trace_it,
-        },
-        Llc::Set { tn, idcs, value } => Llc::Set {
-            tn: tn.clone(),
-            idcs: idcs
-                .iter()
-                .map(|i| if *i == AxisIndex::Iterator(j) { by } else { *i })
-                .collect(),
-            value: subst_value(value, j, by),
-        },
-        Llc::SetLocal(id, v) => Llc::SetLocal(id.clone(), subst_value(v, j, by)),
-        c => c.clone(),
-    }
+/// Replaces iterator `j` by `by` in every index of the code; `None` if an index would need
+/// more terms than a linear index holds.
+fn subst_llc(c: &Llc, j: Symbol, by: AxisIndex) -> Option<Llc> {
+    crate::loops::map_indices(c, &mut |ix| ix.substitute(j, by))
 }
 
 /// Whether a value mentions iterator `j` anywhere (including inside local scopes).
@@ -255,15 +196,9 @@ fn mentions(v: &Llv, j: Symbol) -> bool {
 }
 
 fn mentions_llc(c: &Llc, j: Symbol) -> bool {
-    match c {
-        Llc::Seq(v) => v.iter().any(|c| mentions_llc(c, j)),
-        Llc::For { body, .. } => mentions_llc(body, j),
-        Llc::Set { idcs, value, .. } => {
-            idcs.iter().any(|ix| ix.symbols().contains(&j)) || mentions(value, j)
-        }
-        Llc::SetLocal(_, v) => mentions(v, j),
-        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => false,
-    }
+    let mut hit = false;
+    crate::loops::visit_indices(c, &mut |ix| hit |= ix.symbols().contains(&j));
+    hit
 }
 
 /// Rewrites the innermost reduction loop of a nest with independent accumulators.
@@ -304,6 +239,17 @@ fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
     {
         return rebuild(loops, body);
     }
+    let (jo, lane2, rest) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+    let strided = AxisIndex::linear(&[(jo, lanes as usize), (lane2, 1)], 0);
+    let substituted = strided.and_then(|strided| {
+        Some((
+            subst_value(e, j, strided)?,
+            subst_value(e, j, AxisIndex::Iterator(rest))?,
+        ))
+    });
+    let Some((strided_e, rest_e)) = substituted else {
+        return rebuild(loops, body);
+    };
     let Ok(acc) = Tnode::new(
         &[&tn.label().join("_"), "acc"],
         &[lanes as usize],
@@ -344,13 +290,6 @@ fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
             value: Llv::Constant(reduce_op.neutral()),
         },
     )];
-    let jo = Symbol::fresh();
-    let lane2 = Symbol::fresh();
-    let strided = AxisIndex::Affine {
-        outer: jo,
-        stride: lanes as usize,
-        inner: lane2,
-    };
     stmts.push(for_(
         jo,
         0,
@@ -359,19 +298,15 @@ fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
             lane2,
             0,
             lanes - 1,
-            update(AxisIndex::Iterator(lane2), subst_value(e, j, strided)),
+            update(AxisIndex::Iterator(lane2), strided_e),
         ),
     ));
     if strips * lanes < n {
-        let rest = Symbol::fresh();
         stmts.push(for_(
             rest,
             strips * lanes,
             n - 1,
-            update(
-                AxisIndex::Fixed(0),
-                subst_value(e, j, AxisIndex::Iterator(rest)),
-            ),
+            update(AxisIndex::Fixed(0), rest_e),
         ));
     }
     // A balanced tree over the lanes.
@@ -440,12 +375,10 @@ fn tile_contraction(c: Llc) -> Llc {
         return rebuild(loops, body);
     }
     let (kk, k2) = (Symbol::fresh(), Symbol::fresh());
-    let tiled = AxisIndex::Affine {
-        outer: kk,
-        stride: width as usize,
-        inner: k2,
+    let tiled = AxisIndex::linear(&[(kk, width as usize), (k2, 1)], 0);
+    let Some(body) = tiled.and_then(|tiled| subst_llc(&body, k, tiled)) else {
+        return rebuild(loops, body);
     };
-    let body = subst_llc(&body, k, tiled);
     loops.pop();
     loops.insert(
         0,

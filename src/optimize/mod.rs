@@ -12,7 +12,7 @@ pub use trace::{trace, TracedNode, TracedStore};
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{MemoryMode, Tnode};
-use crate::lower::{Llc, Llv};
+use crate::loops::{Llc, Llv};
 
 /// Knobs of the optimizer.
 #[derive(Clone, Debug)]
@@ -175,47 +175,4 @@ fn mentions(code: &Llc, tn: &Tnode) -> bool {
     hit
 }
 
-/// Calls `f` on every statement, outermost first, including statements inside local scopes.
-pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
-    f(c);
-    match c {
-        Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
-        Llc::For { body, .. } => visit_llc(body, f),
-        Llc::Set { value, .. } | Llc::SetLocal(_, value) => visit_llv_stmts(value, f),
-        _ => {}
-    }
-}
-
-fn visit_llv_stmts(v: &Llv, f: &mut impl FnMut(&Llc)) {
-    match v {
-        Llv::LocalScope { body, .. } => visit_llc(body, f),
-        Llv::Binop(_, a, b) => {
-            visit_llv_stmts(a, f);
-            visit_llv_stmts(b, f);
-        }
-        Llv::Unop(_, a) => visit_llv_stmts(a, f),
-        _ => {}
-    }
-}
-
-/// Calls `f` on every value, outermost first, including values inside local scopes.
-pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
-    fn go_v(v: &Llv, f: &mut impl FnMut(&Llv)) {
-        f(v);
-        match v {
-            Llv::LocalScope { body, .. } => visit_values(body, f),
-            Llv::Binop(_, a, b) => {
-                go_v(a, f);
-                go_v(b, f);
-            }
-            Llv::Unop(_, a) => go_v(a, f),
-            _ => {}
-        }
-    }
-    match c {
-        Llc::Seq(v) => v.iter().for_each(|c| visit_values(c, f)),
-        Llc::For { body, .. } => visit_values(body, f),
-        Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
-        _ => {}
-    }
-}
+pub use crate::loops::{visit_llc, visit_values};

@@ -2,7 +2,7 @@
 //! collapsing trivial local scopes, and unrolling integer powers.
 
 use crate::ir::{Binop, Prec, Unop};
-use crate::lower::{Llc, Llv};
+use crate::loops::{Llc, Llv};
 
 /// Largest integer exponent unrolled into multiplications.
 const MAX_UNROLLED_POWER: f64 = 16.0;
@@ -79,7 +79,7 @@ fn unrolled_power(base: &Llv, n: u32) -> Llv {
     })
 }
 
-fn uses_local(v: &Llv, id: &crate::lower::ScopeId) -> bool {
+fn uses_local(v: &Llv, id: &crate::loops::ScopeId) -> bool {
     let mut hit = false;
     super::visit_values(&Llc::SetLocal(id.clone(), v.clone()), &mut |x| {
         if let Llv::GetLocal(i) = x {

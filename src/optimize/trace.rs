@@ -4,7 +4,7 @@
 use super::{visit_values, Settings};
 use crate::error::Result;
 use crate::ir::{AxisIndex, Symbol, Tnode};
-use crate::lower::{Llc, Llv};
+use crate::loops::{Llc, Llv};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// What tracing found out about one node.
@@ -89,11 +89,10 @@ impl Tracer<'_> {
             .map(|i| match i {
                 AxisIndex::Fixed(k) => *k as i64,
                 AxisIndex::Iterator(s) => value(s),
-                AxisIndex::Affine {
-                    outer,
-                    stride,
-                    inner,
-                } => value(outer) * *stride as i64 + value(inner),
+                AxisIndex::Linear(l) => l
+                    .terms()
+                    .iter()
+                    .fold(l.offset as i64, |acc, (s, c)| acc + *c as i64 * value(s)),
             })
             .collect();
         (cell, exact)
@@ -104,7 +103,7 @@ impl Tracer<'_> {
         let mut seen = HashSet::new();
         idcs.iter().zip(tn.dims()).all(|(ix, &d)| match ix {
             AxisIndex::Fixed(0) => d == 1,
-            AxisIndex::Fixed(_) | AxisIndex::Affine { .. } => false,
+            AxisIndex::Fixed(_) | AxisIndex::Linear(_) => false,
             AxisIndex::Iterator(s) => {
                 seen.insert(*s) && self.ranges.get(s) == Some(&(0, d as i64 - 1))
             }
@@ -146,7 +145,8 @@ impl Tracer<'_> {
 
     fn stmt(&mut self, c: &Llc) {
         match c {
-            Llc::Noop | Llc::Comment(_) => {}
+            // Tracing runs on lowered code, before the kernel passes introduce vectors.
+            Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => {}
             Llc::Seq(v) => v.iter().for_each(|c| self.stmt(c)),
             Llc::For {
                 index,
@@ -235,7 +235,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
             Llc::For { body, .. } => collect(body, w, bad),
             Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
             Llc::ZeroOut(tn) => w.entry(tn.clone()).or_default().push(&ZERO),
-            Llc::SetLocal(..) => {}
+            Llc::SetLocal(..) | Llc::VSet(..) | Llc::VStore { .. } => {}
             Llc::Noop | Llc::Comment(_) => {}
         }
         if let Llc::Set { tn, .. } | Llc::ZeroOut(tn) = c {
@@ -255,7 +255,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
             let ok = vals.iter().all(|v| {
                 let mut ok = true;
                 let stmt = Llc::SetLocal(
-                    crate::lower::ScopeId {
+                    crate::loops::ScopeId {
                         tn: tn.clone(),
                         id: 0,
                     },

@@ -17,7 +17,7 @@ use super::TracedStore;
 use crate::error::Result;
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, MemoryMode, Symbol, Tnode};
-use crate::lower::{Llc, Llv, ScopeId};
+use crate::loops::{Llc, Llv, ScopeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -109,7 +109,8 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                 let _ = value;
                 *ok = false;
             }
-            Llc::ZeroOut(_) => *ok = false,
+            // Vector code (from the kernel passes, which run later) is never inlined.
+            Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => *ok = false,
             Llc::Noop | Llc::Comment(_) => {}
         }
     }
@@ -191,7 +192,8 @@ impl Inliner<'_> {
                 Llc::SetLocal(id, self.value(value))
             }
             Llc::ZeroOut(t) => Llc::ZeroOut(t.clone()),
-            Llc::Noop | Llc::Comment(_) => Llc::Noop,
+            // Never inside an inlined computation (see `writer_pattern`).
+            Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => Llc::Noop,
         }
     }
 
@@ -383,7 +385,7 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
                 }
             }
             Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
-            Llc::ZeroOut(_) => 1,
+            Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => 1,
             Llc::Noop | Llc::Comment(_) => 0,
         }
     }

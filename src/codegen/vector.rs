@@ -1,0 +1,250 @@
+//! How vector operations of the loop IR are spelled in C, per instruction set: one table
+//! (types, loads, stores, broadcasts, arithmetic) for SSE2, AVX2, AVX-512 and NEON
+//! intrinsics, and GCC/Clang vector extensions for every other target or vector width.
+//!
+//! Loads and stores never assume alignment (`loadu`, `vld1q`, `memcpy`).
+
+use crate::ir::{Binop, Prec};
+use crate::loops::VType;
+use crate::target::{Isa, VectorTarget};
+
+/// The spelling of vector code for one target.
+#[derive(Clone, Copy, Debug)]
+pub struct Dialect {
+    target: VectorTarget,
+}
+
+/// An intrinsic family: type name, function prefix and suffix.
+struct Native {
+    ty: &'static str,
+    load: &'static str,
+    store: &'static str,
+    splat: &'static str,
+    zero: &'static str,
+    add: &'static str,
+    sub: &'static str,
+    mul: &'static str,
+    /// `a * b + c` as a call template with `$a $b $c`, if the family has it.
+    fma: Option<&'static str>,
+}
+
+impl Dialect {
+    /// The dialect of a target.
+    pub fn new(target: VectorTarget) -> Dialect {
+        Dialect { target }
+    }
+
+    fn native(&self, t: VType) -> Option<Native> {
+        let single = match t.prec {
+            Prec::Single => true,
+            Prec::Double => false,
+            Prec::Half | Prec::Byte => return None,
+        };
+        let bytes = t.lanes * if single { 4 } else { 8 };
+        let fma = self.target.fma;
+        let n = |ty, load, store, splat, zero, add, sub, mul, fma| Native {
+            ty,
+            load,
+            store,
+            splat,
+            zero,
+            add,
+            sub,
+            mul,
+            fma,
+        };
+        Some(match (self.target.isa, bytes, single) {
+            (Isa::Avx512, 64, true) => n(
+                "__m512",
+                "_mm512_loadu_ps",
+                "_mm512_storeu_ps",
+                "_mm512_set1_ps",
+                "_mm512_setzero_ps()",
+                "_mm512_add_ps",
+                "_mm512_sub_ps",
+                "_mm512_mul_ps",
+                Some("_mm512_fmadd_ps($a, $b, $c)"),
+            ),
+            (Isa::Avx512, 64, false) => n(
+                "__m512d",
+                "_mm512_loadu_pd",
+                "_mm512_storeu_pd",
+                "_mm512_set1_pd",
+                "_mm512_setzero_pd()",
+                "_mm512_add_pd",
+                "_mm512_sub_pd",
+                "_mm512_mul_pd",
+                Some("_mm512_fmadd_pd($a, $b, $c)"),
+            ),
+            (Isa::Avx2 | Isa::Avx512, 32, true) => n(
+                "__m256",
+                "_mm256_loadu_ps",
+                "_mm256_storeu_ps",
+                "_mm256_set1_ps",
+                "_mm256_setzero_ps()",
+                "_mm256_add_ps",
+                "_mm256_sub_ps",
+                "_mm256_mul_ps",
+                fma.then_some("_mm256_fmadd_ps($a, $b, $c)"),
+            ),
+            (Isa::Avx2 | Isa::Avx512, 32, false) => n(
+                "__m256d",
+                "_mm256_loadu_pd",
+                "_mm256_storeu_pd",
+                "_mm256_set1_pd",
+                "_mm256_setzero_pd()",
+                "_mm256_add_pd",
+                "_mm256_sub_pd",
+                "_mm256_mul_pd",
+                fma.then_some("_mm256_fmadd_pd($a, $b, $c)"),
+            ),
+            (Isa::Sse2 | Isa::Avx2 | Isa::Avx512, 16, true) => n(
+                "__m128",
+                "_mm_loadu_ps",
+                "_mm_storeu_ps",
+                "_mm_set1_ps",
+                "_mm_setzero_ps()",
+                "_mm_add_ps",
+                "_mm_sub_ps",
+                "_mm_mul_ps",
+                fma.then_some("_mm_fmadd_ps($a, $b, $c)"),
+            ),
+            (Isa::Sse2 | Isa::Avx2 | Isa::Avx512, 16, false) => n(
+                "__m128d",
+                "_mm_loadu_pd",
+                "_mm_storeu_pd",
+                "_mm_set1_pd",
+                "_mm_setzero_pd()",
+                "_mm_add_pd",
+                "_mm_sub_pd",
+                "_mm_mul_pd",
+                fma.then_some("_mm_fmadd_pd($a, $b, $c)"),
+            ),
+            (Isa::Neon, 16, true) => n(
+                "float32x4_t",
+                "vld1q_f32",
+                "vst1q_f32",
+                "vdupq_n_f32",
+                "vdupq_n_f32(0.0f)",
+                "vaddq_f32",
+                "vsubq_f32",
+                "vmulq_f32",
+                Some("vfmaq_f32($c, $a, $b)"),
+            ),
+            (Isa::Neon, 16, false) => n(
+                "float64x2_t",
+                "vld1q_f64",
+                "vst1q_f64",
+                "vdupq_n_f64",
+                "vdupq_n_f64(0.0)",
+                "vaddq_f64",
+                "vsubq_f64",
+                "vmulq_f64",
+                Some("vfmaq_f64($c, $a, $b)"),
+            ),
+            _ => return None,
+        })
+    }
+
+    /// The system header the intrinsics need, if any.
+    pub fn include(&self) -> Option<&'static str> {
+        match self.target.isa {
+            Isa::Sse2 | Isa::Avx2 | Isa::Avx512 => Some("#include <immintrin.h>"),
+            Isa::Neon => Some("#include <arm_neon.h>"),
+            Isa::Generic => None,
+        }
+    }
+
+    /// The C type of a vector.
+    pub fn ty(&self, t: VType) -> String {
+        match self.native(t) {
+            Some(n) => n.ty.to_string(),
+            None => generic_name(t),
+        }
+    }
+
+    /// Definitions a file needs before using vectors of type `t` (the generic typedef and its
+    /// load/store helpers; nothing for intrinsic types).
+    pub fn prelude(&self, t: VType) -> String {
+        if self.native(t).is_some() {
+            return String::new();
+        }
+        let n = generic_name(t);
+        let e = t.prec.c_type();
+        let bytes = t.lanes * t.prec.size_in_bytes();
+        format!(
+            "typedef {e} {n} __attribute__((vector_size({bytes})));\n\
+             static inline {n} {n}_load(const {e} *p) {{ {n} v; memcpy(&v, p, sizeof v); return v; }}\n\
+             static inline void {n}_store({e} *p, {n} v) {{ memcpy(p, &v, sizeof v); }}\n"
+        )
+    }
+
+    /// A load of `t.lanes` consecutive elements at `ptr`.
+    pub fn load(&self, t: VType, ptr: &str) -> String {
+        match self.native(t) {
+            Some(n) => format!("{}({ptr})", n.load),
+            None => format!("{}_load({ptr})", generic_name(t)),
+        }
+    }
+
+    /// A store of `v` to `t.lanes` consecutive elements at `ptr` (a statement without `;`).
+    pub fn store(&self, t: VType, ptr: &str, v: &str) -> String {
+        match self.native(t) {
+            Some(n) => format!("{}({ptr}, {v})", n.store),
+            None => format!("{}_store({ptr}, {v})", generic_name(t)),
+        }
+    }
+
+    /// Every lane equal to the scalar `x` (of the vector's element type).
+    pub fn splat(&self, t: VType, x: &str) -> String {
+        match self.native(t) {
+            Some(n) => format!("{}({x})", n.splat),
+            None => format!("(({}){{0}} + ({})({x}))", generic_name(t), t.prec.c_type()),
+        }
+    }
+
+    /// Every lane 0.
+    pub fn zero(&self, t: VType) -> String {
+        match self.native(t) {
+            Some(n) => n.zero.to_string(),
+            None => format!("(({}){{0}})", generic_name(t)),
+        }
+    }
+
+    /// `a * b + c`: fused where the target has FMA.
+    pub fn fma(&self, t: VType, a: &str, b: &str, c: &str) -> String {
+        match self.native(t) {
+            Some(Native { fma: Some(f), .. }) => {
+                f.replace("$a", a).replace("$b", b).replace("$c", c)
+            }
+            Some(n) => format!("{}({}({a}, {b}), {c})", n.add, n.mul),
+            None => format!("({a} * {b} + {c})"),
+        }
+    }
+
+    /// A lane-wise binary operation; `None` for operations vectors do not support here.
+    pub fn binop(&self, t: VType, op: Binop, a: &str, b: &str) -> Option<String> {
+        let native = self.native(t);
+        let (f, infix) = match op {
+            Binop::Add => (native.as_ref().map(|n| n.add), "+"),
+            Binop::Sub => (native.as_ref().map(|n| n.sub), "-"),
+            Binop::Mul => (native.as_ref().map(|n| n.mul), "*"),
+            _ => return None,
+        };
+        Some(match f {
+            Some(f) => format!("{f}({a}, {b})"),
+            None => format!("({a} {infix} {b})"),
+        })
+    }
+}
+
+/// The name of the generic vector type for `t`, e.g. `aj_v16f`, `aj_v8d`.
+fn generic_name(t: VType) -> String {
+    let e = match t.prec {
+        Prec::Double => "d",
+        Prec::Single => "f",
+        Prec::Half => "h",
+        Prec::Byte => "b",
+    };
+    format!("aj_v{}{e}", t.lanes)
+}

@@ -1,0 +1,174 @@
+//! The loop IR (`Low_level`): what lowering produces, the optimizer rewrites, the C writer
+//! prints and the reference interpreter runs.
+//!
+//! Scalar code is statements ([`Llc`]) over values ([`Llv`]). The optimizer's kernel passes
+//! add *vector* statements: a vector variable ([`VReg`]) holds `lanes` values of one compute
+//! precision; [`Vlv`] computes lane-wise (loads of consecutive elements, broadcasts, fused
+//! multiply-adds, additions, ...); [`Llc::VSet`] assigns a vector variable and [`Llc::VStore`]
+//! stores one into consecutive elements of a tensor. Their meaning is defined lane by lane,
+//! so the interpreter runs them like scalar code, and the C writer prints them with the
+//! target's vector instructions.
+
+mod print;
+mod walk;
+
+pub use print::to_doc;
+pub use walk::{
+    map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_values,
+    visit_vectors,
+};
+
+use crate::ir::{AxisIndex, Binop, Prec, Symbol, Tnode, Unop};
+
+/// A scalar local holding one virtual node's value at one read site.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScopeId {
+    /// The virtual node whose value the local holds.
+    pub tn: Tnode,
+    /// Unique within a routine.
+    pub id: u32,
+}
+
+/// Statements of the loop IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Llc {
+    /// Nothing.
+    Noop,
+    /// A comment (the text of a block comment).
+    Comment(String),
+    /// Statements in order.
+    Seq(Vec<Llc>),
+    /// `for index in from..=to { body }`.
+    For {
+        /// The iterator.
+        index: Symbol,
+        /// First value.
+        from: i64,
+        /// Last value (inclusive).
+        to: i64,
+        /// The body.
+        body: Box<Llc>,
+        /// Whether tracing should walk this loop.
+        trace_it: bool,
+    },
+    /// Fill a node with zeros.
+    ZeroOut(Tnode),
+    /// `tn[idcs] = value`.
+    Set {
+        /// The node written.
+        tn: Tnode,
+        /// Its indices.
+        idcs: Vec<AxisIndex>,
+        /// The value.
+        value: Llv,
+    },
+    /// Set a scalar local.
+    SetLocal(ScopeId, Llv),
+    /// Set a vector variable.
+    VSet(VReg, Vlv),
+    /// `tn[idcs + lane] = value[lane]` for every lane: the vector's lanes go to consecutive
+    /// elements of `tn` (in memory order) starting at the element `idcs`. `tn`'s precision is
+    /// the vector's precision.
+    VStore {
+        /// The node written.
+        tn: Tnode,
+        /// The indices of the first element written.
+        idcs: Vec<AxisIndex>,
+        /// The vector stored.
+        value: Vlv,
+    },
+}
+
+/// The type of a vector: `lanes` values of precision `prec` (single: `float` lanes, double:
+/// `double` lanes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VType {
+    /// Single or double.
+    pub prec: Prec,
+    /// How many values.
+    pub lanes: usize,
+}
+
+/// A vector variable of a routine (a register, for the C compiler).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VReg {
+    /// Unique within a routine.
+    pub id: u32,
+    /// Its type.
+    pub ty: VType,
+}
+
+/// Vector values, computed lane by lane in the vector's precision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Vlv {
+    /// A vector variable's value.
+    Reg(VReg),
+    /// Every lane 0.
+    Zero(VType),
+    /// Every lane equal to a scalar value (computed in the vector's precision).
+    Splat(VType, Box<Llv>),
+    /// `lanes` consecutive elements of a tensor (in memory order) starting at the element
+    /// `idcs`; the tensor's precision is the vector's.
+    Load(VType, Tnode, Vec<AxisIndex>),
+    /// `a * b + c`, rounded once where the target has fused multiply-add (twice otherwise).
+    Fma(Box<Vlv>, Box<Vlv>, Box<Vlv>),
+    /// A lane-wise binary operation (add, sub, mul, max, min).
+    Binop(Binop, Box<Vlv>, Box<Vlv>),
+}
+
+impl Vlv {
+    /// The vector's type.
+    pub fn ty(&self) -> VType {
+        match self {
+            Vlv::Reg(r) => r.ty,
+            Vlv::Zero(t) | Vlv::Splat(t, _) | Vlv::Load(t, _, _) => *t,
+            Vlv::Fma(a, _, _) | Vlv::Binop(_, a, _) => a.ty(),
+        }
+    }
+}
+
+/// Values (scalar expressions) of the loop IR.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Llv {
+    /// A block computing a virtual node's value into a local, then yielding that local.
+    LocalScope {
+        /// The local.
+        id: ScopeId,
+        /// The computation.
+        body: Box<Llc>,
+        /// The indices the node was read at.
+        orig_indices: Vec<AxisIndex>,
+    },
+    /// The value of a local.
+    GetLocal(ScopeId),
+    /// `tn[idcs]`.
+    Get(Tnode, Vec<AxisIndex>),
+    /// The merge buffer, holding `tn`, at `idcs`.
+    GetMergeBuffer(Tnode, Vec<AxisIndex>),
+    /// The result of calling a C function `double NAME(void)`.
+    GetCFunction(String),
+    /// A binary operation.
+    Binop(Binop, Box<Llv>, Box<Llv>),
+    /// A unary operation.
+    Unop(Unop, Box<Llv>),
+    /// A constant.
+    Constant(f64),
+    /// The value of an index (a fixed number, a loop iterator or a static index).
+    EmbedIndex(AxisIndex),
+}
+
+impl Llc {
+    /// Flattens nested sequences and drops no-ops.
+    pub fn flatten(self) -> Vec<Llc> {
+        let mut out = vec![];
+        fn go(c: Llc, out: &mut Vec<Llc>) {
+            match c {
+                Llc::Noop => {}
+                Llc::Seq(v) => v.into_iter().for_each(|c| go(c, out)),
+                c => out.push(c),
+            }
+        }
+        go(self, &mut out);
+        out
+    }
+}

@@ -1,0 +1,213 @@
+//! Traversals of the loop IR shared by the optimizer, the C writer and the interpreter.
+
+use super::{Llc, Llv, Vlv};
+use crate::ir::{AxisIndex, Tnode};
+
+/// Calls `f` on every statement, outermost first, including statements inside local scopes.
+pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
+    f(c);
+    match c {
+        Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
+        Llc::For { body, .. } => visit_llc(body, f),
+        Llc::Set { value, .. } | Llc::SetLocal(_, value) => stmts_in_value(value, f),
+        Llc::VSet(_, v) | Llc::VStore { value: v, .. } => {
+            visit_vlv(v, &mut |v| {
+                if let Vlv::Splat(_, x) = v {
+                    stmts_in_value(x, f)
+                }
+            });
+        }
+        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
+    }
+}
+
+fn stmts_in_value(v: &Llv, f: &mut impl FnMut(&Llc)) {
+    match v {
+        Llv::LocalScope { body, .. } => visit_llc(body, f),
+        Llv::Binop(_, a, b) => {
+            stmts_in_value(a, f);
+            stmts_in_value(b, f);
+        }
+        Llv::Unop(_, a) => stmts_in_value(a, f),
+        _ => {}
+    }
+}
+
+/// Calls `f` on every scalar value, outermost first, including values inside local scopes
+/// and the scalars that vectors broadcast.
+pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
+    fn go_v(v: &Llv, f: &mut impl FnMut(&Llv)) {
+        f(v);
+        match v {
+            Llv::LocalScope { body, .. } => visit_values(body, f),
+            Llv::Binop(_, a, b) => {
+                go_v(a, f);
+                go_v(b, f);
+            }
+            Llv::Unop(_, a) => go_v(a, f),
+            _ => {}
+        }
+    }
+    match c {
+        Llc::Seq(v) => v.iter().for_each(|c| visit_values(c, f)),
+        Llc::For { body, .. } => visit_values(body, f),
+        Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
+        Llc::VSet(_, v) | Llc::VStore { value: v, .. } => visit_vlv(v, &mut |v| {
+            if let Vlv::Splat(_, x) = v {
+                go_v(x, f)
+            }
+        }),
+        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
+    }
+}
+
+fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
+    f(v);
+    match v {
+        Vlv::Fma(a, b, c) => {
+            visit_vlv(a, f);
+            visit_vlv(b, f);
+            visit_vlv(c, f);
+        }
+        Vlv::Binop(_, a, b) => {
+            visit_vlv(a, f);
+            visit_vlv(b, f);
+        }
+        Vlv::Reg(_) | Vlv::Zero(_) | Vlv::Splat(..) | Vlv::Load(..) => {}
+    }
+}
+
+/// Calls `f` on every vector value, outermost first.
+pub fn visit_vectors(c: &Llc, f: &mut impl FnMut(&Vlv)) {
+    visit_llc(c, &mut |c| {
+        if let Llc::VSet(_, v) | Llc::VStore { value: v, .. } = c {
+            visit_vlv(v, f)
+        }
+    });
+}
+
+/// Calls `f(node, indices, lanes)` on every read of a tensor: scalar reads (1 lane), reads of
+/// the merge buffer (with `merge` true) and vector loads.
+pub fn visit_reads(c: &Llc, f: &mut impl FnMut(&Tnode, &[AxisIndex], usize, bool)) {
+    visit_values(c, &mut |v| match v {
+        Llv::Get(tn, idcs) => f(tn, idcs, 1, false),
+        Llv::GetMergeBuffer(tn, idcs) => f(tn, idcs, 1, true),
+        _ => {}
+    });
+    visit_vectors(c, &mut |v| {
+        if let Vlv::Load(t, tn, idcs) = v {
+            f(tn, idcs, t.lanes, false)
+        }
+    });
+}
+
+/// Calls `f` on every index of every access (reads, writes, embedded index values).
+pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
+    visit_llc(c, &mut |c| {
+        if let Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } = c {
+            idcs.iter().for_each(&mut *f)
+        }
+    });
+    visit_values(c, &mut |v| match v {
+        Llv::Get(_, idcs) | Llv::GetMergeBuffer(_, idcs) => idcs.iter().for_each(&mut *f),
+        Llv::LocalScope { orig_indices, .. } => orig_indices.iter().for_each(&mut *f),
+        Llv::EmbedIndex(ix) => f(ix),
+        _ => {}
+    });
+    visit_vectors(c, &mut |v| {
+        if let Vlv::Load(_, _, idcs) = v {
+            idcs.iter().for_each(&mut *f)
+        }
+    });
+}
+
+/// [`map_indices`] for a value.
+pub fn map_value_indices(
+    v: &Llv,
+    f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>,
+) -> Option<Llv> {
+    Some(match v {
+        Llv::Get(t, i) => Llv::Get(t.clone(), idcs(i, f)?),
+        Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(t.clone(), idcs(i, f)?),
+        Llv::EmbedIndex(i) => Llv::EmbedIndex(f(*i)?),
+        Llv::Binop(op, a, b) => Llv::Binop(
+            *op,
+            Box::new(map_value_indices(a, f)?),
+            Box::new(map_value_indices(b, f)?),
+        ),
+        Llv::Unop(op, a) => Llv::Unop(*op, Box::new(map_value_indices(a, f)?)),
+        Llv::LocalScope {
+            id,
+            body,
+            orig_indices,
+        } => Llv::LocalScope {
+            id: id.clone(),
+            body: Box::new(map_indices(body, f)?),
+            orig_indices: idcs(orig_indices, f)?,
+        },
+        v @ (Llv::GetLocal(_) | Llv::GetCFunction(_) | Llv::Constant(_)) => v.clone(),
+    })
+}
+
+fn idcs(
+    v: &[AxisIndex],
+    f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>,
+) -> Option<Vec<AxisIndex>> {
+    v.iter().map(|i| f(*i)).collect()
+}
+
+/// Rebuilds the code with every index replaced by `f(index)`; `None` if `f` refuses one.
+pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) -> Option<Llc> {
+    fn vector(v: &Vlv, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) -> Option<Vlv> {
+        Some(match v {
+            Vlv::Reg(_) | Vlv::Zero(_) => v.clone(),
+            Vlv::Splat(t, x) => Vlv::Splat(*t, Box::new(map_value_indices(x, f)?)),
+            Vlv::Load(t, tn, i) => Vlv::Load(*t, tn.clone(), idcs(i, f)?),
+            Vlv::Fma(a, b, c) => Vlv::Fma(
+                Box::new(vector(a, f)?),
+                Box::new(vector(b, f)?),
+                Box::new(vector(c, f)?),
+            ),
+            Vlv::Binop(op, a, b) => {
+                Vlv::Binop(*op, Box::new(vector(a, f)?), Box::new(vector(b, f)?))
+            }
+        })
+    }
+    Some(match c {
+        Llc::Seq(v) => Llc::Seq(v.iter().map(|c| map_indices(c, f)).collect::<Option<_>>()?),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index: *index,
+            from: *from,
+            to: *to,
+            body: Box::new(map_indices(body, f)?),
+            trace_it: *trace_it,
+        },
+        Llc::Set {
+            tn,
+            idcs: i,
+            value: v,
+        } => Llc::Set {
+            tn: tn.clone(),
+            idcs: idcs(i, f)?,
+            value: map_value_indices(v, f)?,
+        },
+        Llc::SetLocal(id, v) => Llc::SetLocal(id.clone(), map_value_indices(v, f)?),
+        Llc::VSet(r, v) => Llc::VSet(*r, vector(v, f)?),
+        Llc::VStore {
+            tn,
+            idcs: i,
+            value: v,
+        } => Llc::VStore {
+            tn: tn.clone(),
+            idcs: idcs(i, f)?,
+            value: vector(v, f)?,
+        },
+        c @ (Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_)) => c.clone(),
+    })
+}

@@ -1,0 +1,65 @@
+//! What the generated code may assume about the machine: the vector instruction set, its
+//! width and register count, and the data caches. The optimizer's kernel passes choose their
+//! blocking from it and the C writer spells vector operations with it.
+//!
+//! A [`VectorTarget`] is plain data. The compile stage resolves it from what the C compiler
+//! makes of the configured architecture flags ([`crate::compile::Target`]), so code is never
+//! written for instructions the compiler was not told it may use.
+
+use crate::ir::Prec;
+
+/// The vector instruction sets the C writer spells with intrinsics; everything else uses
+/// GCC/Clang vector extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// GCC/Clang vector extensions (`__attribute__((vector_size(N)))`), any target.
+    Generic,
+    /// x86 SSE2: 16-byte vectors, no fused multiply-add.
+    Sse2,
+    /// x86 AVX2: 32-byte vectors (with FMA when the target has it).
+    Avx2,
+    /// x86 AVX-512F: 64-byte vectors, FMA, 32 registers.
+    Avx512,
+    /// AArch64 Advanced SIMD: 16-byte vectors, FMA, 32 registers.
+    Neon,
+}
+
+/// The resolved target, as the optimizer and the C writer see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VectorTarget {
+    /// How vector operations are spelled.
+    pub isa: Isa,
+    /// The vector width in bytes (4 means no vectors: one scalar).
+    pub vector_bytes: usize,
+    /// How many vector registers the instruction set has.
+    pub registers: usize,
+    /// Whether fused multiply-add instructions are available.
+    pub fma: bool,
+    /// Level-1 data cache size in bytes.
+    pub l1d_bytes: usize,
+    /// Level-2 cache size in bytes (per core).
+    pub l2_bytes: usize,
+}
+
+impl Default for VectorTarget {
+    /// Portable code: 16-byte GCC/Clang vector extensions, 16 registers, typical caches.
+    fn default() -> Self {
+        VectorTarget {
+            isa: Isa::Generic,
+            vector_bytes: 16,
+            registers: 16,
+            fma: false,
+            l1d_bytes: 32 << 10,
+            l2_bytes: 1 << 20,
+        }
+    }
+}
+
+impl VectorTarget {
+    /// Lanes of one vector of `prec`'s compute type (`float` for half and single, `double`
+    /// for byte and double); 1 when the target has no vectors.
+    pub fn lanes(&self, prec: Prec) -> usize {
+        let elem = if prec.computes_in_float() { 4 } else { 8 };
+        (self.vector_bytes / elem).max(1)
+    }
+}
