@@ -810,6 +810,11 @@ fn other_hostile_inputs_get_clear_errors() {
             r#"{"devices": 1000000}"#.into(),
             vec!["1000000 devices are too many", "1024"],
         ),
+        // Values beyond the last cell would be dropped silently.
+        (
+            r#"{"tensors": [{"name": "x", "dims": [2], "init": {"values": [1, 2, 3], "strict": false}}], "print": ["x"]}"#.into(),
+            vec!["tensor \"x\"", "3 values for 2 cells"],
+        ),
         // Static index values are C ints.
         (
             r#"{"static_indices": [{"name": "r", "range": 4294967296}]}"#.into(),

@@ -485,6 +485,18 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
             if values.is_empty() {
                 return Err(ProgramError::at(init_path, "\"values\" must not be empty"));
             }
+            // (`cells` fits: checked above.)
+            let n = cells.unwrap_or(0);
+            if !*strict && values.len() as u128 > n {
+                return Err(ProgramError::at(
+                    with(&init_path, json_path!["values"]),
+                    format!(
+                        "{} values for {n} cells: with \"strict\": false the values repeat, \
+                         and values beyond the last cell would be ignored",
+                        values.len()
+                    ),
+                ));
+            }
             let mut converted = Vec::with_capacity(values.len());
             for (i, v) in values.iter().enumerate() {
                 let x = decimal::convert(v, prec)
