@@ -120,7 +120,7 @@ pub fn f16_from_f64(x: f64) -> f16 {
     } else {
         let (lo_bits, lo, hi) = f16_bracket(a);
         let mid = (lo + hi) / 2.0;
-        if a < mid || (a == mid && lo_bits % 2 == 0) {
+        if a < mid || (a == mid && lo_bits.is_multiple_of(2)) {
             lo_bits
         } else {
             lo_bits + 1
@@ -482,7 +482,7 @@ mod tests {
                 (f16::from_bits(b).to_f64() - a).abs(),
                 (f16::from_bits(best).to_f64() - a).abs(),
             );
-            if d < db || (d == db && b % 2 == 0) {
+            if d < db || (d == db && b.is_multiple_of(2)) {
                 best = b;
             }
         }
