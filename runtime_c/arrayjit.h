@@ -1,9 +1,16 @@
 /* arrayjit runtime header: included by every generated C file.
  *
  * Generated code computes in `float` (for half and single arrays) or `double` (for byte and
- * double arrays) and converts explicitly when storing. Stores into byte arrays saturate:
- * NaN becomes 0, values are truncated toward zero and clamped to 0..255 (a plain C cast of an
- * out-of-range value would be undefined behaviour). */
+ * double arrays) and converts explicitly when storing.
+ *
+ * Half arrays hold IEEE binary16 bit patterns in `aj_half` (`uint16_t`), never `_Float16`:
+ * every conversion goes through `aj_h2f` / `aj_f2h` below, written in portable integer
+ * arithmetic, so no compiler or CPU (AVX512-FP16, ARM FP16) can fuse, skip or widen the
+ * rounding that the program's meaning requires at every store (GCC 12 with AVX512-FP16 drops
+ * it in vectorized reductions when `_Float16` is used).
+ *
+ * Byte arrays are modular, as C's `unsigned char` and numpy's uint8: a value stored into a
+ * byte is truncated toward zero and wrapped modulo 256; NaN and infinities store 0. */
 #ifndef ARRAYJIT_RUNTIME_H
 #define ARRAYJIT_RUNTIME_H
 
@@ -12,10 +19,68 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* An IEEE binary16 value, as its bit pattern. */
+typedef uint16_t aj_half;
+
+/* binary16 -> binary32, exact. Branch-free (bit masks, no conditional selects), so it
+ * vectorizes without if-conversion. */
+static inline float aj_h2f(aj_half h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t em = (uint32_t)h & 0x7fffu;
+  /* Normal numbers: move the fields into place and rebias the exponent (15 -> 127). */
+  uint32_t normal = (em << 13) + 0x38000000u;
+  /* Infinities and NaNs keep their payload under an all-ones exponent. */
+  uint32_t special = (em << 13) | 0x7f800000u;
+  /* Zero and subnormals: em * 2^-24, exact in float (and a normal float, so flush-to-zero
+   * modes cannot touch it). */
+  float sub_f = (float)(int32_t)em * 0x1p-24f;
+  uint32_t sub;
+  memcpy(&sub, &sub_f, sizeof sub);
+  uint32_t is_sub = -(uint32_t)(em < 0x400u);
+  uint32_t is_special = -(uint32_t)(em >= 0x7c00u);
+  uint32_t bits = (sub & is_sub) | (special & is_special) | (normal & ~(is_sub | is_special));
+  bits |= sign;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/* binary32 -> binary16, rounding to nearest, ties to even, exactly as IEEE 754 requires
+ * (overflow gives infinity, NaN gives a quiet NaN). Integer arithmetic only, branch-free. */
+static inline aj_half aj_f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t a = x & 0x7fffffffu;
+  /* Results that are normal halves (|f| >= 2^-14): drop 13 mantissa bits, rounding to
+   * nearest even, and rebias; a carry out of the mantissa correctly bumps the exponent. */
+  uint32_t normal = (a - 0x38000000u + 0x0fffu + ((a >> 13) & 1u)) >> 13;
+  /* Results that are subnormal halves or zero: the 24-bit significand shifted right by
+   * 14..25 places (capped so the shift is always defined), rounded to nearest even. */
+  int32_t e = (int32_t)(a >> 23);
+  int32_t s = 126 - e;
+  s = s < 14 ? 14 : s;
+  s = s > 25 ? 25 : s;
+  uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t q = m >> s;
+  uint32_t rem = m & ((1u << s) - 1u);
+  uint32_t halfway = 1u << (s - 1);
+  uint32_t up = (uint32_t)(rem > halfway) | ((uint32_t)(rem == halfway) & q);
+  uint32_t sub = q + up;
+  uint32_t is_nan = -(uint32_t)(a > 0x7f800000u);
+  uint32_t is_inf = -(uint32_t)(a >= 0x477ff000u) & ~is_nan; /* >= 65520 rounds to inf */
+  uint32_t is_normal = -(uint32_t)(a >= 0x38800000u) & ~(is_nan | is_inf);
+  uint32_t is_sub = ~(is_nan | is_inf | is_normal);
+  uint32_t h = (0x7e00u & is_nan) | (0x7c00u & is_inf) | (normal & is_normal) | (sub & is_sub);
+  return (aj_half)(sign | h);
+}
+
+/* Stores into byte arrays: truncate toward zero, then wrap modulo 256. Clamping to +-2^62
+ * first keeps the conversion defined and changes nothing modulo 256 (every double of that
+ * magnitude is a multiple of 1024); NaN and infinities end up as 0. */
 static inline unsigned char aj_to_byte(double x) {
-  if (!(x > 0.0)) return 0;
-  if (x >= 255.0) return 255;
-  return (unsigned char)x;
+  double c = fmin(fmax(x, -0x1p62), 0x1p62);
+  return (unsigned char)((uint64_t)(int64_t)c & 0xffu);
 }
 
 /* `c > 0 ? v : 0` without a branch or a conditional select: the comparison becomes a bit

@@ -1,7 +1,10 @@
 //! Lowering: assignments to the loop IR (`Low_level`, SPEC section 4), and its printer.
 
 use crate::error::{Error, Result};
-use crate::ir::{Assignments, AxisIndex, Binop, Buffer, FetchOp, Projections, Symbol, Tnode, Unop};
+use crate::ir::tnode::provenance;
+use crate::ir::{
+    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode, Unop,
+};
 use std::fmt::Write;
 
 /// A scalar local holding one virtual node's value at one read site.
@@ -233,12 +236,34 @@ fn accum_body(
     }
 }
 
-/// Lowers assignments to the loop IR.
+/// Lowers assignments to the loop IR: one flat sequence of statements, block comments
+/// becoming comments before their bodies. Iterative, so sequences of any length and depth
+/// lower without deep recursion.
 pub fn lower(asgns: &Assignments) -> Result<Llc> {
+    let mut out = vec![];
+    let mut err = None;
+    asgns.walk(&mut |a, _| {
+        if err.is_some() {
+            return;
+        }
+        match lower_leaf(a) {
+            Ok(Llc::Seq(v)) => out.extend(v),
+            Ok(Llc::Noop) => {}
+            Ok(c) => out.push(c),
+            Err(e) => err = Some(e),
+        }
+    });
+    match err {
+        Some(e) => Err(e),
+        None => Ok(Llc::Seq(out)),
+    }
+}
+
+/// Lowers one block comment (just its comment) or one leaf assignment.
+fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
     Ok(match asgns {
-        Assignments::Noop => Llc::Noop,
-        Assignments::Seq(a, b) => Llc::Seq(vec![lower(a)?, lower(b)?]),
-        Assignments::BlockComment(c, body) => Llc::Seq(vec![Llc::Comment(c.clone()), lower(body)?]),
+        Assignments::Noop | Assignments::Seq(..) => Llc::Noop,
+        Assignments::BlockComment(c, _) => Llc::Comment(c.clone()),
         Assignments::AccumBinop {
             initialize_neutral,
             accum,
@@ -249,13 +274,19 @@ pub fn lower(asgns: &Assignments) -> Result<Llc> {
             projections,
         } => {
             check_projections(lhs, &[rhs1, rhs2], projections)?;
+            let (snapshot, args) =
+                snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs1, rhs2])?;
             let p = projections.freshen();
             let v = Llv::Binop(
                 *op,
-                Box::new(get(rhs1, &p.project_rhs[0])),
-                Box::new(get(rhs2, &p.project_rhs[1])),
+                Box::new(get(&args[0], &p.project_rhs[0])),
+                Box::new(get(&args[1], &p.project_rhs[1])),
             );
-            lower_accum(*initialize_neutral, *accum, lhs, &p, v)
+            with_snapshot(
+                lhs,
+                snapshot,
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+            )
         }
         Assignments::AccumUnop {
             initialize_neutral,
@@ -266,12 +297,64 @@ pub fn lower(asgns: &Assignments) -> Result<Llc> {
             projections,
         } => {
             check_projections(lhs, &[rhs], projections)?;
+            let (snapshot, args) = snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs])?;
             let p = projections.freshen();
-            let v = Llv::Unop(*op, Box::new(get(rhs, &p.project_rhs[0])));
-            lower_accum(*initialize_neutral, *accum, lhs, &p, v)
+            let v = Llv::Unop(*op, Box::new(get(&args[0], &p.project_rhs[0])));
+            with_snapshot(
+                lhs,
+                snapshot,
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+            )
         }
         Assignments::Fetch { array, fetch_op } => lower_fetch(array, fetch_op)?,
     })
+}
+
+/// An assignment that reads its own result at other cells than the one it writes (`b = b`
+/// with `ij->ji`, an in-place product), or reads it after `initialize_neutral` refills it,
+/// would see half-updated values. Such reads go to a snapshot of the result taken just before
+/// the assignment: the assignment then means what it says, computed from the old values.
+/// Returns the snapshot node (if one is needed) and the arguments to read.
+fn snapshot_aliases(
+    lhs: &Tnode,
+    initialize_neutral: bool,
+    p: &Projections,
+    args: &[&Buffer],
+) -> Result<(Option<Tnode>, Vec<Buffer>)> {
+    let refilled = initialize_neutral && !p.is_bijective();
+    let aliased = args.iter().zip(&p.project_rhs).any(|(a, proj)| {
+        matches!(a, Buffer::Node(t) if t == lhs) && (refilled || *proj != p.project_lhs)
+    });
+    if !aliased {
+        return Ok((None, args.iter().map(|a| (*a).clone()).collect()));
+    }
+    let mut label: Vec<&str> = lhs.label().iter().map(String::as_str).collect();
+    label.push("old");
+    let snap = Tnode::new(&label, lhs.dims(), lhs.prec())?;
+    snap.update_memory_mode(MemoryMode::Local, provenance::SNAPSHOT)?;
+    let args = args
+        .iter()
+        .map(|a| match a {
+            Buffer::Node(t) if t == lhs => Buffer::Node(snap.clone()),
+            a => (*a).clone(),
+        })
+        .collect();
+    Ok((Some(snap), args))
+}
+
+/// Prefixes `body` with the copy of `lhs` into the snapshot, if there is one.
+fn with_snapshot(lhs: &Tnode, snapshot: Option<Tnode>, body: Llc) -> Llc {
+    match snapshot {
+        None => body,
+        Some(snap) => {
+            let copy = over_all_cells(&snap, |idcs| Llc::Set {
+                tn: snap.clone(),
+                idcs: idcs.clone(),
+                value: Llv::Get(lhs.clone(), idcs),
+            });
+            Llc::Seq(vec![copy, body])
+        }
+    }
 }
 
 fn lower_accum(

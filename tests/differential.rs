@@ -333,16 +333,26 @@ fn store(x: Est, p: Prec) -> Check<Est> {
     }
     match p {
         Prec::Byte => {
-            let (lo, hi) = (common::round_to(p, x.lo), common::round_to(p, x.hi));
-            let identical = x.grid.is_some() || lo == hi;
+            // Bytes wrap modulo 256: the stored range is the image of [lo, hi] unless that
+            // interval crosses a multiple of 256, and two computations that differ by `err`
+            // can land on opposite sides of one (255 against 0).
+            let block = |v: f64| (v.trunc() / 256.0).floor();
+            let (lo, hi) = if block(x.lo) == block(x.hi) {
+                (common::round_to(p, x.lo), common::round_to(p, x.hi))
+            } else {
+                (0.0, 255.0)
+            };
+            let identical = x.grid.is_some() || x.lo.trunc() == x.hi.trunc();
             Ok(Est {
                 lo,
                 hi,
                 grid: identical.then_some(if hi == 0.0 { ANY } else { 0 }),
                 err: if identical {
                     0.0
-                } else {
+                } else if block(x.lo - x.err) == block(x.hi + x.err) {
                     (x.err + 1.0).min(255.0)
+                } else {
+                    255.0
                 },
                 nonfinite: false,
             })
@@ -559,7 +569,7 @@ fn accumulate(mut acc: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check
 fn neutral_est(accum: Binop, p: Prec) -> Est {
     let v = accum.neutral();
     if v.is_finite() || p == Prec::Byte {
-        // Bytes saturate: -inf stores as 0, +inf as 255.
+        // Bytes store infinities as 0.
         Est::value(common::round_to(p, v))
     } else {
         Est::infinite()

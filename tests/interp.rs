@@ -178,7 +178,7 @@ fn embed_index() {
 }
 
 #[test]
-fn byte_saturation() {
+fn byte_arithmetic_is_modular() {
     let b = Bindings::empty();
     let x = input(
         "x",
@@ -193,11 +193,12 @@ fn byte_saturation() {
         binop(&q, Binop::Arg2, false, Binop::Div, &x, &x, "i,i->i", &b),
         binop(&out, Binop::Arg2, false, Binop::Mul, &q, &x, "i,i->i", &b),
     ]);
+    // Truncated toward zero, then wrapped modulo 256: -3.7 -> -3 -> 253, 1000 -> 232.
     assert_eq!(
         interpret(&asg, &[], &[&out])[0],
-        vec![0., 0., 2., 254., 255., 0.]
+        vec![253., 0., 2., 254., 232., 0.]
     );
-    // A byte intermediate saturates before the next operation reads it.
+    // A byte intermediate wraps before the next operation reads it: 200 + 100 = 44.
     let p = input("p", &[2], Prec::Byte, &[200., 7.]);
     let r = input("r", &[2], Prec::Byte, &[100., 3.]);
     let hundred = temp("hundred", &[1], Prec::Double);
@@ -220,11 +221,11 @@ fn byte_saturation() {
             &b,
         ),
     ]);
-    assert_eq!(interpret(&asg, &[], &[&y])[0], vec![155., -90.]);
+    assert_eq!(interpret(&asg, &[], &[&y])[0], vec![-56., -90.]);
     // Memory::set rounds like a store.
     let mut mem = Memory::new();
-    mem.set(&t, vec![-1., 300.]).unwrap();
-    assert_eq!(mem.get(&t).unwrap(), &[0., 255.]);
+    mem.set(&t, vec![-1., 300.7]).unwrap();
+    assert_eq!(mem.get(&t).unwrap(), &[255., 44.]);
     assert!(mem.set(&t, vec![1.]).is_err());
 }
 

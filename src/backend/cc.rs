@@ -4,7 +4,7 @@
 use super::buffer::{Buffer, BufferPtr};
 use super::context::Context;
 use super::device::Device;
-use crate::codegen::{self, RoutineSignature};
+use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, RoutineBindings, Tnode};
@@ -59,15 +59,16 @@ impl MergeBuffer {
     }
 }
 
+/// A compiled routine: the entry points of its parts, in order, and the libraries holding
+/// them (kept loaded as long as the routine lives).
 struct Compiled {
-    lib: Arc<LoadedLibrary>,
+    libs: Vec<Arc<LoadedLibrary>>,
     sig: RoutineSignature,
-    entry: EntryFn,
+    entries: Vec<EntryFn>,
 }
 
 struct Postponed {
-    source: String,
-    sig: RoutineSignature,
+    generated: Generated,
     dumps: Vec<DebugFile>,
 }
 
@@ -89,19 +90,18 @@ pub struct Code {
     state: CodeState,
 }
 
-/// Routines compiled together into one file and one compiler run.
+/// Routines compiled together, with few compiler runs.
 pub struct CodeBatch {
     source: String,
     bindings: Bindings,
     entries: Vec<Option<BatchEntry>>,
 }
 
-/// One compiled routine of a batch, with the library (one per compiler run) holding it.
+/// One compiled routine of a batch.
 struct BatchEntry {
     name: String,
     optimized: Optimized,
-    sig: RoutineSignature,
-    lib: Arc<LoadedLibrary>,
+    compiled: Arc<Compiled>,
 }
 
 /// A unit of work: a description (for error messages) and a closure.
@@ -208,7 +208,7 @@ impl Routine {
     fn run_with(&self, values: &[i64]) -> Result<()> {
         let sig = &self.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
-            let lim = limit.unwrap_or(i32::MAX as usize);
+            let lim = limit.unwrap_or(i64::MAX as usize);
             if v < 0 || v as u64 >= lim as u64 {
                 return Err(Error::BindingOutOfRange {
                     routine: self.name.clone(),
@@ -243,18 +243,22 @@ impl Routine {
         let merge_ptr = merge
             .as_ref()
             .map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
-        // SAFETY: the entry point was generated for exactly this signature: `ptrs` holds one
-        // live buffer per node of `sig.buffers`, each of the node's full size (allocated at
-        // link); `values` has one entry per static index, each checked above against the
-        // extents it indexes; the merge buffer, if read, holds the expected node and is large
-        // enough (checked above). The library stays loaded while `self.compiled` lives.
-        let status = unsafe { (self.compiled.entry)(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
-        let _ = &self.compiled.lib;
-        if status != 0 {
-            return Err(Error::Usage(format!(
-                "routine {}: could not allocate its local arrays",
-                self.name
-            )));
+        let _ = &self.compiled.libs;
+        for (part, entry) in self.compiled.entries.iter().enumerate() {
+            // SAFETY: every part's entry point was generated for this routine's tables:
+            // `ptrs` holds one live buffer per node of `sig.buffers` followed by one per
+            // `sig.scratch`, each of the node's full size (allocated at link); `values` has
+            // one entry per static index, each checked above against the extents it indexes;
+            // the merge buffer, if read, holds the expected node and is large enough (checked
+            // above). The libraries stay loaded while `self.compiled` lives.
+            let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
+            if status != 0 {
+                return Err(Error::Usage(format!(
+                    "routine {}: part {} of its code failed (status {status})",
+                    self.name,
+                    part + 1
+                )));
+            }
         }
         Ok(())
     }
@@ -394,17 +398,13 @@ impl CcBackend {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
         let optimized = self.optimize_one(&name, asgns)?;
-        let (source, mut sigs) = codegen::write_file(&[(&optimized, bindings)])?;
-        let sig = sigs.remove(0);
+        let generated = codegen::generate(&[(&optimized, bindings)])?;
+        let source = generated.source();
         let dumps = dumps(&optimized, asgns, 0);
         let state = if shared {
-            CodeState::Compiled(Arc::new(Self::build(&source, sig, &dumps)?))
+            CodeState::Compiled(Arc::new(Self::build_one(&generated, &dumps)?))
         } else {
-            CodeState::Postponed(Box::new(Postponed {
-                source: source.clone(),
-                sig,
-                dumps,
-            }))
+            CodeState::Postponed(Box::new(Postponed { generated, dumps }))
         };
         Ok(Code {
             source,
@@ -415,11 +415,68 @@ impl CcBackend {
         })
     }
 
-    fn build(source: &str, sig: RoutineSignature, dumps: &[DebugFile]) -> Result<Compiled> {
+    /// Compiles generated code holding exactly one routine.
+    fn build_one(generated: &Generated, dumps: &[DebugFile]) -> Result<Compiled> {
+        Self::build(generated, dumps)?
+            .pop()
+            .ok_or_else(|| Error::Usage("internal error: no routine was generated".into()))
+    }
+
+    /// Compiles generated code: its parts are dealt out to files of similar weight (see
+    /// [`plan_files`]), compiled by up to `ARRAYJIT_COMPILE_JOBS` compiler processes at once.
+    /// Returns one compiled routine per signature, in order.
+    fn build(generated: &Generated, dumps: &[DebugFile]) -> Result<Vec<Compiled>> {
         let cfg = CompilerConfig::from_env()?;
-        let lib = compile::compile_and_load(&cfg, source, &sig.name, dumps)?;
-        let entry = lib.entry(&sig.entry)?;
-        Ok(Compiled { lib, sig, entry })
+        let jobs = compile_jobs();
+        let files = plan_files(generated, jobs);
+        let sources: Vec<(String, String)> = files
+            .iter()
+            .enumerate()
+            .map(|(k, parts)| {
+                let first = parts
+                    .first()
+                    .and_then(|&p| generated.parts.get(p))
+                    .and_then(|p| generated.sigs.get(p.routine))
+                    .map_or("routine", |s| s.name.as_str());
+                let stem = if files.len() == 1 {
+                    first.to_string()
+                } else {
+                    format!("{first}_f{}", k + 1)
+                };
+                (generated.file(parts), stem)
+            })
+            .collect();
+        let libs = compile_files(&cfg, &sources, dumps, jobs)?;
+        let mut lib_of_part = vec![0usize; generated.parts.len()];
+        for (f, parts) in files.iter().enumerate() {
+            for &p in parts {
+                lib_of_part[p] = f;
+            }
+        }
+        generated
+            .sigs
+            .iter()
+            .enumerate()
+            .map(|(r, sig)| {
+                let mut entries = vec![];
+                let mut used: Vec<Arc<LoadedLibrary>> = vec![];
+                for (p, part) in generated.parts.iter().enumerate() {
+                    if part.routine != r {
+                        continue;
+                    }
+                    let lib = &libs[lib_of_part[p]];
+                    entries.push(lib.entry(&part.entry)?);
+                    if !used.iter().any(|l| Arc::ptr_eq(l, lib)) {
+                        used.push(lib.clone());
+                    }
+                }
+                Ok(Compiled {
+                    libs: used,
+                    sig: sig.clone(),
+                    entries,
+                })
+            })
+            .collect()
     }
 
     /// Lowers, optimizes and prints the C of a batch without compiling it (what
@@ -444,7 +501,7 @@ impl CcBackend {
     ) -> Result<(
         Vec<Option<(String, Optimized)>>,
         String,
-        Vec<RoutineSignature>,
+        Generated,
         Vec<DebugFile>,
     )> {
         let mut entries = vec![];
@@ -464,17 +521,18 @@ impl CcBackend {
             .flatten()
             .map(|(_, o)| (o, bindings))
             .collect();
-        let (source, sigs) = codegen::write_file(&included)?;
-        Ok((entries, source, sigs, all_dumps))
+        let generated = codegen::generate(&included)?;
+        let source = generated.source();
+        Ok((entries, source, generated, all_dumps))
     }
 
     /// Compiles many routines with few compiler runs. Only entries for which
     /// `occupancy(name, index)` is true are included; the others are `None` in the batch.
     ///
-    /// The routines are dealt out to at most `ARRAYJIT_COMPILE_JOBS` files (default: the
-    /// machine's available parallelism) of similar size, compiled by parallel compiler
-    /// processes; with `ARRAYJIT_COMPILE_JOBS=1` the batch is one file and one compiler run.
-    /// [`CodeBatch::source`] shows the whole batch as one file.
+    /// Routines are split into parts of bounded size, and the parts are dealt out to files
+    /// of similar size compiled by up to `ARRAYJIT_COMPILE_JOBS` parallel compiler processes
+    /// (default: the machine's available parallelism). [`CodeBatch::source`] shows the whole
+    /// batch as one file.
     pub fn compile_batch(
         &self,
         _shared: bool,
@@ -484,80 +542,18 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
-        let (entries, source, _, all_dumps) =
+        let (entries, source, generated, all_dumps) =
             self.prepare_batch(names, occupancy, bindings, asgns)?;
-        let cfg = CompilerConfig::from_env()?;
-        let included: Vec<(usize, &String, &Optimized)> = entries
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| e.as_ref().map(|(n, o)| (i, n, o)))
-            .collect();
-        let jobs = compile_jobs().min(included.len()).max(1);
-        // One file per compiler run: with several jobs, the routines are dealt out to files
-        // of similar size (largest first) that compile in parallel.
-        let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, vec![]); jobs];
-        let mut by_size: Vec<usize> = (0..included.len()).collect();
-        let sizes: Vec<usize> = included
-            .iter()
-            .map(|(_, _, o)| lower::to_doc(&o.code).len())
-            .collect();
-        by_size.sort_by_key(|&k| std::cmp::Reverse(sizes[k]));
-        for k in by_size {
-            if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
-                g.0 += sizes[k];
-                g.1.push(k);
-            }
-        }
-        groups.retain(|g| !g.1.is_empty());
-        for g in &mut groups {
-            g.1.sort();
-        }
-        let files = groups
-            .iter()
-            .map(|(_, members)| {
-                let rs: Vec<(&Optimized, &Bindings)> =
-                    members.iter().map(|&k| (included[k].2, bindings)).collect();
-                let (src, sigs) = codegen::write_file(&rs)?;
-                let stem = format!("{}_batch", included[members[0]].1);
-                Ok((src, sigs, stem))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let libs: Vec<Arc<LoadedLibrary>> = if files.len() == 1 {
-            vec![compile::compile_and_load(
-                &cfg,
-                &files[0].0,
-                &files[0].2,
-                &all_dumps,
-            )?]
-        } else {
-            use rayon::prelude::*;
-            files
-                .par_iter()
-                .enumerate()
-                .map(|(i, (src, _, stem))| {
-                    let dumps: &[DebugFile] = if i == 0 { &all_dumps } else { &[] };
-                    compile::compile_and_load(&cfg, src, stem, dumps)
-                })
-                .collect::<Result<Vec<_>>>()?
-        };
-        let mut compiled: Vec<Option<(RoutineSignature, Arc<LoadedLibrary>)>> =
-            (0..included.len()).map(|_| None).collect();
-        for ((_, members), ((_, sigs, _), lib)) in groups.iter().zip(files.into_iter().zip(libs)) {
-            for (&k, sig) in members.iter().zip(sigs) {
-                compiled[k] = Some((sig, lib.clone()));
-            }
-        }
-        let mut compiled = compiled.into_iter();
+        let mut compiled = Self::build(&generated, &all_dumps)?.into_iter();
         let entries = entries
             .into_iter()
             .map(|e| {
                 let (name, optimized) = e?;
-                let (sig, lib) = compiled.next()??;
+                let compiled = Arc::new(compiled.next()?);
                 Some(BatchEntry {
                     name,
                     optimized,
-                    sig,
-                    lib,
+                    compiled,
                 })
             })
             .collect();
@@ -635,7 +631,7 @@ impl CcBackend {
         self.check_initialized()?;
         let compiled = match &code.state {
             CodeState::Compiled(c) => c.clone(),
-            CodeState::Postponed(p) => Arc::new(Self::build(&p.source, p.sig.clone(), &p.dumps)?),
+            CodeState::Postponed(p) => Arc::new(Self::build_one(&p.generated, &p.dumps)?),
         };
         Self::make_routine(
             &code.name,
@@ -662,16 +658,10 @@ impl CcBackend {
             match e {
                 None => out.push(None),
                 Some(e) => {
-                    let entry = e.lib.entry(&e.sig.entry)?;
-                    let compiled = Arc::new(Compiled {
-                        lib: e.lib.clone(),
-                        sig: e.sig.clone(),
-                        entry,
-                    });
                     let r = Self::make_routine(
                         &e.name,
                         &batch.bindings,
-                        compiled,
+                        e.compiled.clone(),
                         &ctx,
                         from_prior_context,
                         merge_buffer,
@@ -737,6 +727,89 @@ impl CcBackend {
             None => Ok(false),
         }
     }
+}
+
+/// The most loop-IR weight one compiled file should carry (about 16 parts): big programs
+/// are compiled as many files of this size, `ARRAYJIT_COMPILE_JOBS` at a time, so that no
+/// compiler run grows with the program.
+const FILE_WEIGHT: usize = 16 * codegen::PART_WEIGHT;
+
+/// Deals the parts out to files: contiguous runs of similar weight, at least one file per
+/// compile job (when there are enough parts) and at most [`FILE_WEIGHT`] per file (unless a
+/// part alone is heavier). Deterministic, so that unchanged code hits the compile cache.
+fn plan_files(generated: &Generated, jobs: usize) -> Vec<Vec<usize>> {
+    let n = generated.parts.len();
+    let total: usize = generated
+        .parts
+        .iter()
+        .map(|p| p.weight)
+        .sum::<usize>()
+        .max(1);
+    let count = total.div_ceil(FILE_WEIGHT).max(jobs.min(n)).min(n).max(1);
+    let mut files: Vec<Vec<usize>> = vec![vec![]; count];
+    let mut before = 0usize;
+    for (i, p) in generated.parts.iter().enumerate() {
+        let k = (before.saturating_mul(count) / total).min(count - 1);
+        files[k].push(i);
+        before += p.weight;
+    }
+    files.retain(|f| !f.is_empty());
+    files
+}
+
+/// Compiles and loads `(source, stem)` files with at most `jobs` compiler processes at once;
+/// the debug dumps are kept with the first file. The first failure (in file order) is
+/// returned.
+fn compile_files(
+    cfg: &CompilerConfig,
+    files: &[(String, String)],
+    dumps: &[DebugFile],
+    jobs: usize,
+) -> Result<Vec<Arc<LoadedLibrary>>> {
+    use std::sync::atomic::AtomicUsize;
+    let compile_one = |k: usize| {
+        let (src, stem) = &files[k];
+        let dumps: &[DebugFile] = if k == 0 { dumps } else { &[] };
+        compile::compile_and_load(cfg, src, stem, dumps)
+    };
+    if files.len() <= 1 || jobs <= 1 {
+        return (0..files.len()).map(compile_one).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Arc<LoadedLibrary>>>>> =
+        Mutex::new((0..files.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(files.len()) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::SeqCst);
+                if k >= files.len() {
+                    break;
+                }
+                let r = compile_one(k);
+                let failed = r.is_err();
+                if let Some(slot) = results.lock().unwrap_or_else(|p| p.into_inner()).get_mut(k) {
+                    *slot = Some(r);
+                }
+                if failed {
+                    // Stop handing out work: the batch fails anyway.
+                    next.store(files.len(), Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::with_capacity(files.len());
+    for r in results {
+        match r {
+            Some(r) => out.push(r?),
+            None => {
+                return Err(Error::Usage(
+                    "a compile job was skipped after another failed".into(),
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 impl Code {

@@ -15,6 +15,11 @@ use std::thread::JoinHandle;
 /// How many tasks a device queue holds before `schedule` blocks (back-pressure).
 pub const QUEUE_CAPACITY: usize = 1024;
 
+/// The stack size of device worker threads: generated routines keep at most
+/// [`crate::codegen::MAX_FRAME_BYTES`] of local arrays on the stack, so this leaves ample room
+/// for the task machinery and libm.
+pub const WORKER_STACK_BYTES: usize = 8 << 20;
+
 pub(crate) static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
 
 /// A physical device.
@@ -125,6 +130,7 @@ impl Device {
         let queue = dev.0.queue.clone();
         let handle = std::thread::Builder::new()
             .name(dev.name())
+            .stack_size(WORKER_STACK_BYTES)
             .spawn(move || queue.work(rx))
             .map_err(|e| Error::io("starting a device worker thread", e))?;
         *lock(&dev.0.worker) = Some(handle);

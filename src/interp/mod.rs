@@ -42,7 +42,7 @@
 //!   `half` or `single` node rounds the operand to `f32` ([`Prec::round_compute`]). Operands of
 //!   other precisions are exact in every compute type.
 //! - **Stores**: every `Set` rounds to the written node's precision ([`Prec::round`]; bytes
-//!   truncate toward zero and saturate to `0..=255`, NaN becomes 0), and every `SetLocal`
+//!   truncate toward zero and wrap modulo 256, NaN and infinities become 0), and every `SetLocal`
 //!   rounds to the precision of the local's (virtual) node.
 //! - `ZeroOut` fills a node with zeros; a `LocalScope` starts its local at 0, runs its body
 //!   and yields the local.

@@ -93,12 +93,17 @@ pub enum Assignments {
 }
 
 impl Assignments {
-    /// Sequences a list of assignments.
+    /// Sequences a list of assignments, as a balanced tree (depth logarithmic in the number
+    /// of items, so that walking or dropping it never needs a deep stack).
     pub fn seq(items: impl IntoIterator<Item = Assignments>) -> Assignments {
-        items
-            .into_iter()
-            .reduce(|a, b| Assignments::Seq(Box::new(a), Box::new(b)))
-            .unwrap_or(Assignments::Noop)
+        fn balanced(mut v: Vec<Assignments>) -> Assignments {
+            if v.len() <= 1 {
+                return v.pop().unwrap_or(Assignments::Noop);
+            }
+            let right = v.split_off(v.len() / 2);
+            Assignments::Seq(Box::new(balanced(v)), Box::new(balanced(right)))
+        }
+        balanced(items.into_iter().collect())
     }
 
     /// A labelled block.
@@ -108,11 +113,18 @@ impl Assignments {
 
     /// The first block comment, used to name a routine when no name is given.
     pub fn first_comment(&self) -> Option<&str> {
-        match self {
-            Assignments::BlockComment(c, _) => Some(c),
-            Assignments::Seq(a, b) => a.first_comment().or_else(|| b.first_comment()),
-            _ => None,
+        let mut stack = vec![self];
+        while let Some(a) = stack.pop() {
+            match a {
+                Assignments::BlockComment(c, _) => return Some(c),
+                Assignments::Seq(a, b) => {
+                    stack.push(b);
+                    stack.push(a);
+                }
+                _ => {}
+            }
         }
+        None
     }
 
     /// Every node mentioned, in order of first appearance.
@@ -146,36 +158,50 @@ impl Assignments {
         out
     }
 
-    /// Calls `f` on every leaf assignment, in order.
+    /// Calls `f` on every leaf assignment, in order. Iterative: sequences of any depth are
+    /// fine.
     pub fn visit(&self, f: &mut impl FnMut(&Assignments)) {
-        match self {
-            Assignments::Seq(a, b) => {
-                a.visit(f);
-                b.visit(f);
+        self.walk(&mut |a, _| {
+            if !matches!(a, Assignments::BlockComment(..)) {
+                f(a)
             }
-            Assignments::BlockComment(_, body) => body.visit(f),
-            a => f(a),
+        });
+    }
+
+    /// Calls `f` on every block comment (before its body) and every leaf, in order, with the
+    /// block nesting depth. Iterative, without recursion.
+    pub fn walk(&self, f: &mut impl FnMut(&Assignments, usize)) {
+        let mut stack = vec![(self, 0usize)];
+        while let Some((a, depth)) = stack.pop() {
+            match a {
+                Assignments::Seq(x, y) => {
+                    stack.push((y, depth));
+                    stack.push((x, depth));
+                }
+                Assignments::BlockComment(_, body) => {
+                    f(a, depth);
+                    stack.push((body, depth + 1));
+                }
+                Assignments::Noop => {}
+                a => f(a, depth),
+            }
         }
     }
 
     /// A readable rendering, one assignment per line.
     pub fn to_doc(&self) -> String {
         let mut out = String::new();
-        self.write_doc(&mut out, 0);
+        self.walk(&mut |a, indent| a.write_doc(&mut out, indent));
         out
     }
 
+    /// Writes one block comment's header or one leaf.
     fn write_doc(&self, out: &mut String, indent: usize) {
         let pad = "  ".repeat(indent);
         match self {
-            Assignments::Noop => {}
-            Assignments::Seq(a, b) => {
-                a.write_doc(out, indent);
-                b.write_doc(out, indent);
-            }
-            Assignments::BlockComment(c, body) => {
+            Assignments::Noop | Assignments::Seq(..) => {}
+            Assignments::BlockComment(c, _) => {
                 let _ = writeln!(out, "{pad}# {}", c.escape_debug());
-                body.write_doc(out, indent + 1);
             }
             Assignments::AccumBinop {
                 initialize_neutral,

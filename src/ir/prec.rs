@@ -7,7 +7,7 @@ use std::fmt;
 pub enum Prec {
     /// Unsigned 8-bit integer (`unsigned char`).
     Byte,
-    /// IEEE binary16 (`_Float16`).
+    /// IEEE binary16 (stored in C as its bit pattern, `aj_half`; see [`Prec::c_type`]).
     Half,
     /// IEEE binary32 (`float`).
     Single,
@@ -30,10 +30,15 @@ impl Prec {
     }
 
     /// The C type that stores an element.
+    ///
+    /// Halves are stored as their IEEE binary16 bit pattern (`aj_half`, a `uint16_t`) and
+    /// converted only through the runtime header's exact `aj_h2f` / `aj_f2h`, never as
+    /// `_Float16`: with `_Float16`, compilers targeting CPUs with native half arithmetic
+    /// (AVX512-FP16) may keep values in wider registers and skip the rounding at a store.
     pub fn c_type(self) -> &'static str {
         match self {
             Prec::Byte => "unsigned char",
-            Prec::Half => "_Float16",
+            Prec::Half => "aj_half",
             Prec::Single => "float",
             Prec::Double => "double",
         }
@@ -41,7 +46,7 @@ impl Prec {
 
     /// The C type in which values of this precision are computed before being stored.
     ///
-    /// Bytes are computed in `double` (and stored saturating, see `runtime_c/arrayjit.h`),
+    /// Bytes are computed in `double` (and stored modulo 256, see `runtime_c/arrayjit.h`),
     /// halves in `float`, singles in `float`, doubles in `double`.
     pub fn compute_c_type(self) -> &'static str {
         match self {
@@ -72,7 +77,8 @@ impl Prec {
 
     /// Rounds a value to this precision, exactly as generated code stores it.
     ///
-    /// Bytes saturate: NaN becomes 0, values are truncated toward zero and clamped to 0..=255.
+    /// Bytes are modular: values are truncated toward zero, then wrapped modulo 256 (300.7
+    /// becomes 44, -1 becomes 255); NaN and infinities become 0.
     pub fn round(self, v: f64) -> f64 {
         match self {
             Prec::Byte => byte_of_f64(v) as f64,
@@ -92,15 +98,16 @@ impl Prec {
     }
 }
 
-/// The saturating conversion used to store into byte arrays (mirrors `aj_to_byte` in C).
+/// The modular conversion used to store into byte arrays (mirrors `aj_to_byte` in C):
+/// truncate toward zero, then wrap modulo 256; NaN and infinities give 0.
 pub fn byte_of_f64(v: f64) -> u8 {
-    if v.is_nan() || v <= 0.0 {
-        0
-    } else if v >= 255.0 {
-        255
-    } else {
-        v as u8
+    if !v.is_finite() {
+        return 0;
     }
+    // Every double of magnitude 2^62 or more is a multiple of 1024, so clamping there changes
+    // nothing modulo 256 and keeps the integer conversion exact.
+    const LIMIT: f64 = 4_611_686_018_427_387_904.0; // 2^62
+    (v.clamp(-LIMIT, LIMIT) as i64 & 0xff) as u8
 }
 
 impl fmt::Display for Prec {

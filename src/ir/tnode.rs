@@ -135,6 +135,9 @@ pub mod provenance {
     pub const DEFAULTED: u32 = 17;
     /// Used by more than one routine of a program.
     pub const SHARED_BY_ROUTINES: u32 = 18;
+    /// Lowering: a snapshot of a node that an assignment reads at other cells than it
+    /// writes (an in-place transpose or product), kept for the assignment's duration.
+    pub const SNAPSHOT: u32 = 19;
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
@@ -165,6 +168,19 @@ impl Tnode {
             return Err(Error::Usage(format!(
                 "tensor {}: dims {dims:?} must be non-empty and every dim at least 1",
                 label.join(".")
+            )));
+        }
+        // Sizes and offsets are computed in usize here and int64_t in C: the size in bytes
+        // must fit in isize (and hence in int64_t).
+        let bytes = dims
+            .iter()
+            .try_fold(prec.size_in_bytes(), |acc, &d| acc.checked_mul(d))
+            .filter(|&b| b <= isize::MAX as usize);
+        if bytes.is_none() {
+            return Err(Error::Usage(format!(
+                "tensor {}: dims {dims:?} of precision {prec} are too large (more than {} bytes)",
+                label.join("."),
+                isize::MAX
             )));
         }
         Ok(Tnode(Arc::new(Inner {

@@ -124,13 +124,12 @@ pub fn compute(
 /// toward zero and saturate to 0..=255 (NaN to 0).
 pub fn round_to(prec: Prec, v: f64) -> f64 {
     match prec {
+        // Modular bytes: truncate toward zero, wrap modulo 256; NaN and infinities give 0.
         Prec::Byte => {
-            if v.is_nan() || v <= 0.0 {
-                0.0
-            } else if v >= 255.0 {
-                255.0
+            if v.is_finite() {
+                v.trunc().rem_euclid(256.0)
             } else {
-                v.trunc()
+                0.0
             }
         }
         Prec::Half => half::f16::from_f64(v).to_f64(),

@@ -1,0 +1,239 @@
+//! Inputs at the edges of what a program may ask for: results that alias their arguments,
+//! indices and offsets beyond 32 bits, many local arrays, very long routines.
+
+mod common;
+
+use arrayjit::ir::*;
+use common::*;
+use serde_json::{json, Value};
+use std::process::Command;
+
+#[test]
+fn in_place_transpose_reads_the_old_values() {
+    let b = Bindings::empty();
+    let m = input(
+        "m",
+        &[3, 3],
+        Prec::Single,
+        &[1., 2., 3., 4., 5., 6., 7., 8., 9.],
+    );
+    let asg = unop(&m, Binop::Arg2, false, Unop::Identity, &m, "ij->ji", &b);
+    let (got, _) = compute(&asg, &b, &[&m]);
+    assert_eq!(got[0], vec![1., 4., 7., 2., 5., 8., 3., 6., 9.]);
+    // The interpreter agrees.
+    let m2 = input(
+        "m",
+        &[3, 3],
+        Prec::Single,
+        &[1., 2., 3., 4., 5., 6., 7., 8., 9.],
+    );
+    let asg = unop(&m2, Binop::Arg2, false, Unop::Identity, &m2, "ij->ji", &b);
+    let mut mem = arrayjit::interp::Memory::new();
+    mem.load_from_hosts(&asg.nodes());
+    arrayjit::interp::run_assignments(&asg, &[], &mut mem).unwrap();
+    assert_eq!(mem.get(&m2).unwrap(), &[1., 4., 7., 2., 5., 8., 3., 6., 9.]);
+}
+
+#[test]
+fn in_place_matmul_uses_the_old_matrix() {
+    let b = Bindings::empty();
+    // a = a @ w, and a = a @ a: by hand.
+    let a = input("a", &[2, 2], Prec::Double, &[1., 2., 3., 4.]);
+    let w = input("w", &[2, 2], Prec::Double, &[0., 1., 1., 0.]);
+    let asg = binop(&a, Binop::Add, true, Binop::Mul, &a, &w, "ij,jk->ik", &b);
+    let (got, _) = compute(&asg, &b, &[&a]);
+    assert_eq!(got[0], vec![2., 1., 4., 3.]);
+    let a = input("a", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+    let asg = binop(&a, Binop::Add, true, Binop::Mul, &a, &a, "ij,jk->ik", &b);
+    let (got, src) = compute(&asg, &b, &[&a]);
+    assert_eq!(got[0], vec![7., 10., 15., 22.]);
+    assert!(src.contains("a_old"), "{src}");
+    // A pointwise in-place update still reads the cell it writes, without a snapshot.
+    let v = input("v", &[3], Prec::Single, &[1., 2., 3.]);
+    let asg = binop(&v, Binop::Arg2, false, Binop::Mul, &v, &v, "i,i->i", &b);
+    let (got, src) = compute(&asg, &b, &[&v]);
+    assert_eq!(got[0], vec![1., 4., 9.]);
+    assert!(!src.contains("v_old"), "{src}");
+}
+
+/// A byte tensor of 65536 x 32769 cells (just over 2^31) is indexed past 2^31 through a static
+/// index: with 32-bit offsets this was undefined behaviour (a crash). Untouched pages of the
+/// zero-filled buffer are never materialized, so this costs almost no memory.
+#[test]
+fn offsets_beyond_two_to_the_31() {
+    let s = StaticSymbol::new("row", Some(65536));
+    let b = Bindings(vec![s.clone()]);
+    let big = temp("big", &[65536, 32769], Prec::Byte);
+    let c = input("c", &[32769], Prec::Byte, &vec![7.0; 32769]);
+    let row = output("row", &[32769], Prec::Byte);
+    let asg = Assignments::seq([
+        unop(
+            &big,
+            Binop::Arg2,
+            false,
+            Unop::Identity,
+            &c,
+            "j->{row}j",
+            &b,
+        ),
+        unop(
+            &row,
+            Binop::Arg2,
+            false,
+            Unop::Identity,
+            &big,
+            "{row}j->j",
+            &b,
+        ),
+    ]);
+    big.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, src) = build(&backend, "big", &b, &asg).unwrap();
+    assert!(src.contains("int64_t row_"), "{src}");
+    r.bindings().set("row", 65535).unwrap();
+    let got = run_and_read(&backend, &r, &[&row]);
+    assert!(got[0].iter().all(|&v| v == 7.0));
+}
+
+#[test]
+fn static_index_values_beyond_int_max() {
+    let s = StaticSymbol::new("step", Some(5_000_000_000));
+    let b = Bindings(vec![s.clone()]);
+    let y = output("y", &[1], Prec::Double);
+    let asg = Assignments::Fetch {
+        array: y.clone(),
+        fetch_op: FetchOp::EmbedSymbol(s),
+    };
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, _) = build(&backend, "embed", &b, &asg).unwrap();
+    r.bindings().set("step", 4_000_000_000).unwrap();
+    assert_eq!(run_and_read(&backend, &r, &[&y])[0], vec![4e9]);
+    // Out of its range: an error before anything runs.
+    r.bindings().set("step", 5_000_000_000).unwrap();
+    assert!(matches!(
+        r.run(),
+        Err(arrayjit::Error::BindingOutOfRange { .. })
+    ));
+}
+
+#[test]
+fn absurd_sizes_are_errors() {
+    let e = Tnode::new(&["huge"], &[1 << 40, 1 << 40], Prec::Single).unwrap_err();
+    assert!(
+        e.to_string().contains("huge") && e.to_string().contains("too large"),
+        "{e}"
+    );
+    let e = Tnode::new(&["h2"], &[usize::MAX / 2, 3], Prec::Byte).unwrap_err();
+    assert!(e.to_string().contains("h2"), "{e}");
+}
+
+/// Runs `arrayjit run` on a program (with a bound on its time) and returns its JSON output.
+fn run_program(prog: &Value, secs: u64) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("p.json");
+    std::fs::write(&f, serde_json::to_string(prog).unwrap()).unwrap();
+    let out = Command::new("timeout")
+        .arg(secs.to_string())
+        .arg(env!("CARGO_BIN_EXE_arrayjit"))
+        .arg("run")
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "status {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A thousand 16 KiB local arrays in one routine (16 MB, far more than any stack), on the
+/// calling thread and on multicore device workers.
+#[test]
+fn many_local_arrays_fit_any_stack() {
+    let n = 1000;
+    let mut tensors = vec![
+        json!({"name": "x", "dims": [4096], "init": "range"}),
+        json!({"name": "y", "dims": [4096]}),
+    ];
+    let mut code = vec![];
+    for k in 0..n {
+        let t = format!("t{k}");
+        tensors.push(json!({"name": t, "dims": [4096], "memory": "local"}));
+        code.push(json!({"assign": t, "op": "add", "args": ["x", "x"]}));
+    }
+    for k in 0..n {
+        code.push(
+            json!({"assign": "y", "accum": "add", "op": "identity", "args": [format!("t{k}")]}),
+        );
+    }
+    let want: Vec<f64> = (0..4096).map(|i| (2 * i * n) as f64).collect();
+    for devices in [None, Some(2)] {
+        let mut prog = json!({
+            "tensors": tensors,
+            "routines": [{"name": "r", "code": code}],
+            "run": [{"routine": "r"}],
+            "print": ["y"]
+        });
+        if let Some(d) = devices {
+            prog["devices"] = json!(d);
+            prog["run"] = json!([{"routine": "r", "device": 1}, {"await": "all"},
+                                 {"copy": "y", "from": 1, "to": 0}]);
+        }
+        let out = run_program(&prog, 600);
+        let got: Vec<f64> = out["y"]["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(got, want, "devices {devices:?}");
+    }
+}
+
+/// 100,000 statements in one routine: printed, interpreted and compiled (the routine is
+/// split into parts, so compile time grows linearly).
+#[test]
+fn a_hundred_thousand_statements() {
+    let n = 100_000;
+    let code: Vec<Value> = (0..n)
+        .map(|_| json!({"assign": "x", "op": "add", "args": ["x", "c"]}))
+        .collect();
+    let prog = json!({
+        "tensors": [{"name": "x", "dims": [4], "init": {"values": [1, 2, 3, 4]}},
+                    {"name": "c", "dims": [4], "init": {"values": [1, 0.5, 0.25, 0]}}],
+        "routines": [{"name": "r", "code": code}],
+        "run": [{"routine": "r"}],
+        "print": ["x"]
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("p.json");
+    std::fs::write(&f, serde_json::to_string(&prog).unwrap()).unwrap();
+    let emit = Command::new("timeout")
+        .args(["120", env!("CARGO_BIN_EXE_arrayjit"), "emit-c"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        emit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&emit.stderr)
+    );
+    assert!(emit.stdout.len() > 1_000_000);
+    let want = json!([100001, 50002, 25003, 4]);
+    let interp = Command::new("timeout")
+        .args(["120", env!("CARGO_BIN_EXE_arrayjit"), "run", "--interpret"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    assert!(
+        interp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&interp.stderr)
+    );
+    let v: Value = serde_json::from_slice(&interp.stdout).unwrap();
+    assert_eq!(v["x"]["values"], want);
+    let v = run_program(&prog, 1500);
+    assert_eq!(v["x"]["values"], want);
+}
