@@ -613,7 +613,7 @@ fn sizes_beyond_the_limits_are_errors_before_allocating() {
     for (dims, prec, msg) in [
         ("[4294967296, 4294967296]", "byte", "too large"),
         ("[18446744073709551615, 2]", "double", "too large"),
-        ("[65536, 65536]", "byte", "too many cells"),
+        ("[3, 0]", "single", "every dim at least 1"),
     ] {
         let f = d.write(
             "p.json",
@@ -815,10 +815,11 @@ fn other_hostile_inputs_get_clear_errors() {
             r#"{"tensors": [{"name": "x", "dims": [2], "init": {"values": [1, 2, 3], "strict": false}}], "print": ["x"]}"#.into(),
             vec!["tensor \"x\"", "3 values for 2 cells"],
         ),
-        // Static index values are C ints.
+        // Static index values are checked against the range even when it does not fit in
+        // i64 (it used to wrap to -1, rejecting every value).
         (
-            r#"{"static_indices": [{"name": "r", "range": 4294967296}]}"#.into(),
-            vec!["static index \"r\"", "at most 2147483647"],
+            r#"{"tensors": [{"name": "x", "dims": [1], "prec": "double"}], "static_indices": [{"name": "r", "range": 18446744073709551615}], "routines": [{"name": "f", "code": [{"fetch": "x", "embed_index": "r"}]}], "run": [{"routine": "f", "bindings": {"r": -1}}], "print": ["x"]}"#.into(),
+            vec!["run step 1", "static index \"r\" = -1 is out of range 0..9223372036854775807"],
         ),
     ];
     for (i, (text, parts)) in cases.iter().enumerate() {
@@ -826,6 +827,14 @@ fn other_hostile_inputs_get_clear_errors() {
         for args in [vec!["run", s(&f)], vec!["run", "--interpret", s(&f)]] {
             assert_has(&err(&args), parts);
         }
+    }
+    // A static index with the largest range, bound beyond i32.
+    let f = d.write(
+        "wide.json",
+        r#"{"tensors": [{"name": "x", "dims": [1], "prec": "double"}], "static_indices": [{"name": "r", "range": 18446744073709551615}], "routines": [{"name": "f", "code": [{"fetch": "x", "embed_index": "r"}]}], "run": [{"routine": "f", "bindings": {"r": 5000000000}}], "print": ["x"]}"#,
+    );
+    for args in [vec!["run", s(&f)], vec!["run", "--interpret", s(&f)]] {
+        assert_eq!(values_text(&ok(&args), "x"), "5000000000");
     }
     // A program file that never ends, or is not text.
     assert_has(

@@ -22,9 +22,6 @@ use std::path::Path;
 /// errors).
 pub const MAX_TENSOR_BYTES: u128 = 1 << 34;
 
-/// The most cells a tensor may have: the generated C indexes arrays with `int`.
-pub const MAX_TENSOR_CELLS: u128 = i32::MAX as u128;
-
 /// The most run steps one execution of a program's `run` list may execute, counting every
 /// repetition (a `repeat` of N × M steps counts N·M; a `repeat` of nothing counts 0 and is
 /// skipped). A guard against counts that would run for centuries.
@@ -448,20 +445,6 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
             ),
         ));
     }
-    let cells = decl
-        .dims
-        .iter()
-        .try_fold(1u128, |acc, &d| acc.checked_mul(d as u128));
-    if cells.is_none_or(|c| c > MAX_TENSOR_CELLS) {
-        return Err(ProgramError::at(
-            dims_path,
-            format!(
-                "dims {:?} have too many cells (the generated C indexes with int: the limit is \
-                 {MAX_TENSOR_CELLS} cells per tensor)",
-                decl.dims
-            ),
-        ));
-    }
     let init_path = with(path, json_path!["init"]);
     let mem_path = with(path, json_path!["memory"]);
     let lib = |p: &JsonPath| {
@@ -485,9 +468,9 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
             if values.is_empty() {
                 return Err(ProgramError::at(init_path, "\"values\" must not be empty"));
             }
-            // (`cells` fits: checked above.)
-            let n = cells.unwrap_or(0);
-            if !*strict && values.len() as u128 > n {
+            // (The number of cells fits: the size was checked above.)
+            let n = crate::ir::ndarray::numel(&decl.dims);
+            if !*strict && values.len() > n {
                 return Err(ProgramError::at(
                     with(&init_path, json_path!["values"]),
                     format!(
@@ -683,7 +666,9 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<(Vec<PlanStep>, 
                             ),
                         ));
                     };
-                    let limit = s.range.map_or(i32::MAX as i64, |r| r as i64);
+                    let limit = s
+                        .range
+                        .map_or(i64::MAX, |r| i64::try_from(r).unwrap_or(i64::MAX));
                     if v < 0 || v >= limit {
                         return Err(ProgramError::at(
                             vpath,
@@ -864,15 +849,6 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
             return Err(ProgramError::at(
                 with(&path, json_path!["range"]),
                 "a static index range must be at least 1",
-            ));
-        }
-        if s.range.is_some_and(|r| r > i32::MAX as usize) {
-            return Err(ProgramError::at(
-                with(&path, json_path!["range"]),
-                format!(
-                    "a static index range must be at most {} (static indices are C ints)",
-                    i32::MAX
-                ),
             ));
         }
         bindings.0.push(StaticSymbol::new(&s.name, s.range));
