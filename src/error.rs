@@ -88,6 +88,15 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// Memory for a host array, a device buffer, interpreter values or other data sized by
+    /// the user could not be allocated (or its size does not fit in memory at all).
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What the memory was for (e.g. `host array of tensor x`).
+        what: String,
+        /// How many bytes were requested (`usize::MAX` when the size itself overflows).
+        bytes: usize,
+    },
     /// A routine expected one node in the merge buffer but found another (or none).
     #[error(
         "routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}"

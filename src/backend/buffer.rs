@@ -33,20 +33,36 @@ unsafe impl Sync for Buffer {}
 pub type BufferPtr = Arc<Buffer>;
 
 impl Buffer {
-    /// A zero-filled buffer of `size` bytes.
+    /// A zero-filled buffer of `size` bytes; [`Error::OutOfMemory`] when it cannot be
+    /// allocated.
     pub fn new(size: usize) -> Result<BufferPtr> {
+        Buffer::new_for(size, || "a device buffer".to_string())
+    }
+
+    /// A zero-filled buffer of `size` bytes; when it cannot be allocated (or `size` is beyond
+    /// what any allocation can have), [`Error::OutOfMemory`] saying what it was for (`what`,
+    /// e.g. `the device buffer of tensor x`).
+    pub fn new_for(size: usize, what: impl FnOnce() -> String) -> Result<BufferPtr> {
         // Over-allocate with the allocator's natural alignment so that `alloc_zeroed` can use
         // calloc (lazily zeroed pages for large buffers, instead of an eager memset), then align
         // the start by hand.
-        let layout = size
+        let Some(layout) = size
             .checked_add(ALIGN)
             .and_then(|n| Layout::from_size_align(n, 16).ok())
-            .ok_or_else(|| Error::Usage(format!("cannot allocate a buffer of {size} bytes")))?;
+        else {
+            return Err(Error::OutOfMemory {
+                what: what(),
+                bytes: size,
+            });
+        };
         // SAFETY: the layout has non-zero size (at least ALIGN bytes).
         let raw = unsafe { alloc_zeroed(layout) };
-        let raw = NonNull::new(raw).ok_or_else(|| {
-            Error::Usage(format!("out of memory allocating a buffer of {size} bytes"))
-        })?;
+        let Some(raw) = NonNull::new(raw) else {
+            return Err(Error::OutOfMemory {
+                what: what(),
+                bytes: size,
+            });
+        };
         let offset = raw.as_ptr().align_offset(ALIGN);
         // SAFETY: offset < ALIGN, and the allocation has size + ALIGN bytes, so the aligned
         // start and the `size` bytes after it stay inside the allocation.

@@ -71,7 +71,8 @@ impl Context {
         let mut buffers = self.0.buffers.clone();
         for tn in nodes {
             if !buffers.contains_key(tn) {
-                buffers.insert(tn.clone(), Buffer::new(tn.size_in_bytes())?);
+                let what = || format!("the device buffer of tensor {}", tn.name());
+                buffers.insert(tn.clone(), Buffer::new_for(tn.size_in_bytes(), what)?);
             }
         }
         Ok(Context(Arc::new(Inner {

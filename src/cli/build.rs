@@ -2,6 +2,7 @@
 //! routine and a validated run plan. Every semantic error carries the JSON path of the
 //! offending value, so that it can be reported with the routine/statement and line.
 
+use super::decimal;
 use super::locate::{json_path, JsonPath, Seg};
 use super::program::{
     ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Statement, Step,
@@ -17,8 +18,17 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// The largest tensor the CLI creates, in bytes (a guard against typos such as an extra
-/// zero in `dims` turning into an allocation failure, which would abort the process).
+/// zero in `dims`; smaller tensors that do not fit in memory are [`crate::Error::OutOfMemory`]
+/// errors).
 pub const MAX_TENSOR_BYTES: u128 = 1 << 34;
+
+/// The most run steps one execution of a program's `run` list may execute, counting every
+/// repetition (a `repeat` of N × M steps counts N·M; a `repeat` of nothing counts 0 and is
+/// skipped). A guard against counts that would run for centuries.
+pub const MAX_EXECUTED_STEPS: u64 = 1_000_000_000;
+
+/// The most devices a multi-device program may have (each gets a worker thread).
+pub const MAX_DEVICES: usize = 1024;
 
 /// A semantic error: a message and the JSON path of the value it is about.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,7 +72,7 @@ pub enum PlanStep {
         /// Where the step is (for run-time errors).
         path: JsonPath,
     },
-    /// Repeat the steps.
+    /// Repeat the steps (never empty: a repeat that executes nothing is left out of the plan).
     Repeat {
         /// How many times.
         count: u64,
@@ -121,6 +131,8 @@ pub struct Built {
     pub assignments: Vec<Assignments>,
     /// The validated run steps.
     pub plan: Vec<PlanStep>,
+    /// How many steps one execution of the plan executes (at most [`MAX_EXECUTED_STEPS`]).
+    pub executed_steps: u64,
     /// The printed tensors (name, node), in print order.
     pub print: Vec<(String, Tnode)>,
     /// Number of devices of a multi-device program (`None`: single device, no device layer).
@@ -437,7 +449,16 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
     let mem_path = with(path, json_path!["memory"]);
     let lib = |p: &JsonPath| {
         let p = p.clone();
-        move |e: crate::Error| ProgramError::at(p, e.to_string())
+        move |e: crate::Error| {
+            let e = match e {
+                crate::Error::OutOfMemory { what, bytes } => crate::Error::OutOfMemory {
+                    what: format!("tensor {} ({what})", quote(name)),
+                    bytes,
+                },
+                e => e,
+            };
+            ProgramError::at(p, e.to_string())
+        }
     };
     // The host data, when the init is something other than zeros.
     let data_init: Option<InitOp> = match &decl.init {
@@ -447,8 +468,26 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
             if values.is_empty() {
                 return Err(ProgramError::at(init_path, "\"values\" must not be empty"));
             }
+            // (The number of cells fits: the size was checked above.)
+            let n = crate::ir::ndarray::numel(&decl.dims);
+            if !*strict && values.len() > n {
+                return Err(ProgramError::at(
+                    with(&init_path, json_path!["values"]),
+                    format!(
+                        "{} values for {n} cells: with \"strict\": false the values repeat, \
+                         and values beyond the last cell would be ignored",
+                        values.len()
+                    ),
+                ));
+            }
+            let mut converted = Vec::with_capacity(values.len());
+            for (i, v) in values.iter().enumerate() {
+                let x = decimal::convert(v, prec)
+                    .map_err(|m| ProgramError::at(with(&init_path, json_path!["values", i]), m))?;
+                converted.push(x);
+            }
             Some(InitOp::ConstantFill {
-                values: values.clone(),
+                values: converted,
                 strict: *strict,
             })
         }
@@ -458,39 +497,36 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
         }),
     };
     let label = [name];
-    let create = || -> Res<Tnode> {
-        match &data_init {
-            Some(init) => Tnode::with_init(&label, &decl.dims, prec, init).map_err(lib(&init_path)),
-            None => Tnode::new(&label, &decl.dims, prec).map_err(lib(&dims_path)),
+    // Host arrays are always created through `with_init` (zeros included), so that a failed
+    // allocation is an error naming the tensor rather than an abort.
+    let create = |hosted: bool, at: &JsonPath| -> Res<Tnode> {
+        match (&data_init, hosted) {
+            (Some(init), _) => {
+                Tnode::with_init(&label, &decl.dims, prec, init).map_err(lib(&init_path))
+            }
+            (None, true) => {
+                Tnode::with_init(&label, &decl.dims, prec, &InitOp::Zeros).map_err(lib(at))
+            }
+            (None, false) => Tnode::new(&label, &decl.dims, prec).map_err(lib(&dims_path)),
         }
     };
     match decl.memory {
-        None => {
-            let tn = create()?;
-            if decl.init.is_some() || printed {
-                tn.ensure_hosted().map_err(lib(&path.to_vec()))?;
-            }
-            Ok(tn)
-        }
+        None => create(decl.init.is_some() || printed, &path.to_vec()),
         Some(MemoryDecl::Hosted) => {
-            let tn = create()?;
+            let tn = create(true, &mem_path)?;
             tn.update_memory_mode(
                 MemoryMode::Hosted(HostedMode::Nonconstant),
                 provenance::USER,
             )
             .map_err(lib(&mem_path))?;
-            tn.ensure_hosted().map_err(lib(&mem_path))?;
             Ok(tn)
         }
         Some(MemoryDecl::OnDevice) => {
             // A non-zero init gets a host array that only stages the data for `from_host`;
             // a printed tensor gets one to receive `to_host`.
-            let tn = create()?;
+            let tn = create(printed, &mem_path)?;
             tn.update_memory_mode(MemoryMode::OnDevice, provenance::USER)
                 .map_err(lib(&mem_path))?;
-            if printed {
-                tn.ensure_hosted().map_err(lib(&mem_path))?;
-            }
             Ok(tn)
         }
         Some(m @ (MemoryDecl::Virtual | MemoryDecl::Local)) => {
@@ -514,7 +550,7 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
                     ),
                 ));
             }
-            let tn = create()?;
+            let tn = create(false, &mem_path)?;
             let mode = if m == MemoryDecl::Virtual {
                 MemoryMode::Virtual
             } else {
@@ -558,6 +594,21 @@ impl PlanEnv<'_> {
         Ok(d)
     }
 
+    /// A `from_host` / `to_host` step needs a tensor with a host array.
+    fn hosted(&self, tensor: &(String, Tnode), step: &str, path: JsonPath) -> Res<()> {
+        if tensor.1.is_hosted() {
+            return Ok(());
+        }
+        Err(ProgramError::at(
+            path,
+            format!(
+                "{step} of tensor {}, which is not hosted (a tensor is hosted when it has an \
+                 \"init\", is printed, or has \"memory\": \"hosted\")",
+                quote(&tensor.0)
+            ),
+        ))
+    }
+
     fn tensor(&self, name: &str, path: JsonPath) -> Res<(String, Tnode)> {
         match self.tensors.get(name) {
             Some(t) => Ok((name.to_string(), t.clone())),
@@ -569,11 +620,16 @@ impl PlanEnv<'_> {
     }
 }
 
-fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
+/// Validates run steps; returns the plan and how many steps it executes (every repetition
+/// counted), which is at most [`MAX_EXECUTED_STEPS`].
+fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<(Vec<PlanStep>, u64)> {
     let (routines, bindings) = (env.routines, env.bindings);
     let mut out = vec![];
+    let mut executed: u64 = 0;
     for (i, step) in steps.iter().enumerate() {
         let here = with(path, json_path![i]);
+        // Every step but a repeat executes one step.
+        let mut cost: u64 = 1;
         match step {
             Step::Routine {
                 routine,
@@ -610,7 +666,9 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
                             ),
                         ));
                     };
-                    let limit = s.range.map_or(i32::MAX as i64, |r| r as i64);
+                    let limit = s
+                        .range
+                        .map_or(i64::MAX, |r| i64::try_from(r).unwrap_or(i64::MAX));
                     if v < 0 || v >= limit {
                         return Err(ProgramError::at(
                             vpath,
@@ -627,20 +685,39 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
                     routine: r,
                     device,
                     bindings: sets,
-                    path: here,
+                    path: here.clone(),
                 });
             }
             Step::Repeat { count, steps } => {
-                if *count < 0 {
+                let count_path = with(&here, json_path!["repeat"]);
+                let Ok(count) = u64::try_from(*count) else {
                     return Err(ProgramError::at(
-                        with(&here, json_path!["repeat"]),
+                        count_path,
                         format!("repeat count {count} must not be negative"),
                     ));
+                };
+                let (inner, per_round) = plan(steps, &with(&here, json_path!["steps"]), env)?;
+                cost = match count.checked_mul(per_round) {
+                    Some(c) if c <= MAX_EXECUTED_STEPS => c,
+                    _ => {
+                        return Err(ProgramError::at(
+                            count_path,
+                            format!(
+                                "repeating {per_round} step{} {count} times executes more than \
+                                 {MAX_EXECUTED_STEPS} steps, the limit for one run",
+                                if per_round == 1 { "" } else { "s" }
+                            ),
+                        ))
+                    }
+                };
+                // A repeat that executes nothing (no steps, or 0 times) is left out, so that
+                // no executor ever loops over it.
+                if cost > 0 {
+                    out.push(PlanStep::Repeat {
+                        count,
+                        steps: inner,
+                    });
                 }
-                out.push(PlanStep::Repeat {
-                    count: *count as u64,
-                    steps: plan(steps, &with(&here, json_path!["steps"]), env)?,
-                });
             }
             Step::Copy {
                 tensor,
@@ -668,25 +745,27 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
                     from,
                     to,
                     merge: *merge,
-                    path: here,
+                    path: here.clone(),
                 });
             }
             Step::FromHost { tensor, device } => {
                 let tensor = env.tensor(tensor, with(&here, json_path!["from_host"]))?;
+                env.hosted(&tensor, "from_host", with(&here, json_path!["from_host"]))?;
                 let device = env.device(*device, with(&here, json_path!["device"]))?;
                 out.push(PlanStep::FromHost {
                     tensor,
                     device,
-                    path: here,
+                    path: here.clone(),
                 });
             }
             Step::ToHost { tensor, device } => {
                 let tensor = env.tensor(tensor, with(&here, json_path!["to_host"]))?;
+                env.hosted(&tensor, "to_host", with(&here, json_path!["to_host"]))?;
                 let device = env.device(*device, with(&here, json_path!["device"]))?;
                 out.push(PlanStep::ToHost {
                     tensor,
                     device,
-                    path: here,
+                    path: here.clone(),
                 });
             }
             Step::Await { device } => {
@@ -694,11 +773,26 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<Vec<PlanStep>> {
                     Some(d) => Some(env.device(Some(*d), with(&here, json_path!["await"]))?),
                     None => None,
                 };
-                out.push(PlanStep::Await { device, path: here });
+                out.push(PlanStep::Await {
+                    device,
+                    path: here.clone(),
+                });
             }
         }
+        executed = match executed.checked_add(cost) {
+            Some(e) if e <= MAX_EXECUTED_STEPS => e,
+            _ => {
+                return Err(ProgramError::at(
+                    here,
+                    format!(
+                        "with this step the run executes more than {MAX_EXECUTED_STEPS} steps, \
+                         the limit for one run"
+                    ),
+                ))
+            }
+        };
     }
-    Ok(out)
+    Ok((out, executed))
 }
 
 /// Builds tensors, static indices, routines and the run plan; relative `file` inits are
@@ -829,6 +923,12 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
             "a program needs at least one device",
         ));
     }
+    if let Some(n) = prog.devices.filter(|&n| n > MAX_DEVICES) {
+        return Err(ProgramError::at(
+            json_path!["devices"],
+            format!("{n} devices are too many (the limit is {MAX_DEVICES})"),
+        ));
+    }
     let backend = prog.backend.clone().unwrap_or_else(|| "multicore".into());
     if !matches!(backend.as_str(), "multicore" | "sync") {
         return Err(ProgramError::at(
@@ -852,7 +952,7 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         devices: prog.devices.unwrap_or(1),
         multi: prog.devices.is_some(),
     };
-    let plan = plan(&prog.run, &json_path!["run"], &env)?;
+    let (plan, executed_steps) = plan(&prog.run, &json_path!["run"], &env)?;
     let print = prog
         .print
         .iter()
@@ -864,6 +964,7 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         routine_names: prog.routines.iter().map(|r| r.name.clone()).collect(),
         assignments,
         plan,
+        executed_steps,
         print,
         devices: prog.devices,
         backend,

@@ -1,6 +1,6 @@
 //! Compiling, running and emitting a built program on the cc backend.
 
-use super::build::{Built, PlanStep, ProgramError};
+use super::build::{Built, PlanStep, ProgramError, MAX_EXECUTED_STEPS};
 use super::locate::json_path;
 use super::output::Printed;
 use super::program::MergeDecl;
@@ -286,9 +286,13 @@ pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, Progr
         .print
         .iter()
         .map(|(name, tn)| {
-            let values = tn.host_values().ok_or_else(|| {
-                ProgramError::nowhere(format!("tensor {} has no host array", quote(name)))
-            })?;
+            let what = format!("the printed values of tensor {}", quote(name));
+            let values = tn
+                .with_host(|a| a.try_to_f64_vec(&what))
+                .ok_or_else(|| {
+                    ProgramError::nowhere(format!("tensor {} has no host array", quote(name)))
+                })?
+                .map_err(|e| ProgramError::nowhere(e.to_string()))?;
             Ok((name.clone(), tn.dims().to_vec(), tn.prec(), values))
         })
         .collect()
@@ -518,13 +522,36 @@ impl BenchResult {
 /// Compiles the program once, copies hosted tensors to the device(s), then executes its run
 /// steps `warmup` times untimed and `runs` times timed (each timing covers the steps and, on
 /// several devices, awaiting them; not compilation or the initial host copies).
+///
+/// All executions together may execute at most [`MAX_EXECUTED_STEPS`] run steps; more is an
+/// error naming `--runs` (checked before anything is compiled).
 pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, ProgramError> {
-    let mut run_ms = Vec::with_capacity(runs);
+    let rounds = warmup.checked_add(runs).ok_or_else(|| {
+        ProgramError::nowhere(format!("--warmup {warmup} plus --runs {runs} overflows"))
+    })?;
+    let total = (rounds as u64).checked_mul(built.executed_steps);
+    if total.is_none_or(|t| t > MAX_EXECUTED_STEPS) {
+        return Err(ProgramError::nowhere(format!(
+            "--runs {runs} with --warmup {warmup}: {rounds} executions of the run steps \
+             ({} steps each) execute more than {MAX_EXECUTED_STEPS} steps, the limit",
+            built.executed_steps
+        )));
+    }
+    let mut run_ms: Vec<f64> = Vec::new();
+    if run_ms.try_reserve_exact(runs).is_err() {
+        return Err(ProgramError::nowhere(
+            crate::Error::OutOfMemory {
+                what: format!("the timings of --runs {runs}"),
+                bytes: runs.saturating_mul(8),
+            }
+            .to_string(),
+        ));
+    }
     if let Some(n) = built.devices {
         let mut devices = prepare_devices(built, n)?;
         let compile_ms = devices.compile_ms;
         let result = (|| {
-            for i in 0..warmup + runs {
+            for i in 0..rounds {
                 let t = Instant::now();
                 devices.execute(&built.plan)?;
                 for d in 0..n {
@@ -543,7 +570,7 @@ pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, P
         return Ok(BenchResult { compile_ms, run_ms });
     }
     let (be, ctx, routines, compile_ms) = prepare_single(built)?;
-    for i in 0..warmup + runs {
+    for i in 0..rounds {
         let t = Instant::now();
         execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
         if i >= warmup {

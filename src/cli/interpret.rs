@@ -149,17 +149,19 @@ impl Sim<'_> {
             .map(|(_, tn)| tn)
             .filter(|tn| on_device.contains(*tn))
             .collect();
-        let devices = (0..n)
-            .map(|_| {
-                let mut mem = Memory::new();
-                mem.load_from_hosts(hosted.iter().copied());
-                SimDevice {
-                    mem,
-                    statics: vec![initial.clone(); routines.len()],
-                    streams_from: None,
-                }
-            })
-            .collect();
+        let mut devices = Vec::with_capacity(n);
+        for d in 0..n {
+            let mut mem = Memory::new();
+            mem.try_load_from_hosts(hosted.iter().copied())
+                .map_err(|e| {
+                    ProgramError::nowhere(format!("loading the tensors of device {d}: {e}"))
+                })?;
+            devices.push(SimDevice {
+                mem,
+                statics: vec![initial.clone(); routines.len()],
+                streams_from: None,
+            });
+        }
         Ok(Sim {
             built,
             routines,
@@ -168,14 +170,24 @@ impl Sim<'_> {
         })
     }
 
-    /// The values of `tn` on device `d` (zeros if no routine touched it yet, as a freshly
-    /// linked buffer).
-    fn values(&self, d: usize, tn: &Tnode) -> Vec<f64> {
-        self.devices[d]
-            .mem
-            .get(tn)
-            .map(<[f64]>::to_vec)
-            .unwrap_or_else(|| vec![0.0; tn.numel()])
+    /// A copy of the values of `tn` on device `d` (zeros if no routine touched it yet, as a
+    /// freshly linked buffer); [`crate::Error::OutOfMemory`] when the copy cannot be
+    /// allocated.
+    fn values(&self, d: usize, tn: &Tnode) -> crate::Result<Vec<f64>> {
+        match self.devices[d].mem.get(tn) {
+            Some(v) => {
+                let mut copy: Vec<f64> = Vec::new();
+                if copy.try_reserve_exact(v.len()).is_err() {
+                    return Err(crate::Error::OutOfMemory {
+                        what: format!("a copy of the values of tensor {}", tn.name()),
+                        bytes: v.len().saturating_mul(8),
+                    });
+                }
+                copy.extend_from_slice(v);
+                Ok(copy)
+            }
+            None => interp::zeroed_values(tn),
+        }
     }
 
     fn run_routine(
@@ -187,7 +199,7 @@ impl Sim<'_> {
         let r = &self.routines[routine];
         if !r.merge_nodes.is_empty() {
             if let Some((src, tn)) = self.devices[device].streams_from.clone() {
-                let values = self.values(src, &tn);
+                let values = self.values(src, &tn)?;
                 self.devices[device].mem.set_merge(&tn, values)?;
             }
         }
@@ -205,7 +217,7 @@ impl Sim<'_> {
             }
         }
         for tn in &r.locals {
-            dev.mem.set(tn, vec![0.0; tn.numel()])?;
+            dev.mem.set(tn, interp::zeroed_values(tn)?)?;
         }
         interp::run_named(&r.name, &r.code, statics, &mut dev.mem)
     }
@@ -223,7 +235,7 @@ impl Sim<'_> {
                 ),
             });
         }
-        let values = self.values(from, tn);
+        let values = self.values(from, tn).map_err(|e| e.to_string())?;
         match merge {
             MergeDecl::No => self.devices[to]
                 .mem
@@ -299,10 +311,17 @@ impl Sim<'_> {
                     self.copy(&tensor.1, *from, *to, *merge)
                         .map_err(|m| ProgramError::at(path.clone(), m))?;
                 }
-                PlanStep::FromHost { tensor, device, .. } => {
+                PlanStep::FromHost {
+                    tensor,
+                    device,
+                    path,
+                } => {
                     // Like `from_host`: only tensors on the device that have a host array.
                     if self.on_device.contains(&tensor.1) {
-                        self.devices[*device].mem.load_from_hosts([&tensor.1]);
+                        self.devices[*device]
+                            .mem
+                            .try_load_from_hosts([&tensor.1])
+                            .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
                     }
                 }
                 PlanStep::ToHost {

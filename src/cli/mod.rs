@@ -43,6 +43,7 @@
 //! rounding of intermediate results.
 
 pub mod build;
+pub mod decimal;
 pub mod exec;
 pub mod interpret;
 pub mod locate;
@@ -51,6 +52,9 @@ pub mod program;
 
 use std::io::Write;
 use std::path::Path;
+
+/// The largest `--runs` and `--warmup` of `arrayjit bench`.
+pub const MAX_BENCH_COUNT: usize = 1_000_000;
 
 /// The usage text.
 pub const USAGE: &str = "\
@@ -67,7 +71,8 @@ Usage:
   arrayjit emit-c FILE                      print the C source of all routines of FILE
   arrayjit bench FILE [--warmup N] [--runs N]
                                             compile once, time the run steps (JSON: compile_ms,
-                                            run_ms median/min/max; no compilation or host copies)
+                                            run_ms median/min/max; no compilation or host copies;
+                                            defaults 3 and 10, at most 1000000 each)
   arrayjit --help                           print this help
 
 The program file format is described in README.md.
@@ -162,7 +167,11 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
             };
             let n: usize = v
                 .parse()
-                .map_err(|_| format!("{flag} needs a non-negative number, got {v:?}"))?;
+                .ok()
+                .filter(|&n| n <= MAX_BENCH_COUNT)
+                .ok_or_else(|| {
+                    format!("{flag} needs a number from 0 to {MAX_BENCH_COUNT}, got {v:?}")
+                })?;
             let slot = if flag == "--warmup" {
                 &mut warmup
             } else {
@@ -214,7 +223,9 @@ pub fn parse_args(args: &[String]) -> Result<Command, String> {
         "bench" => {
             let runs = runs.unwrap_or(10);
             if runs == 0 {
-                return Err("--runs must be at least 1".into());
+                return Err(format!(
+                    "--runs must be at least 1 (and at most {MAX_BENCH_COUNT})"
+                ));
             }
             Command::Bench {
                 file,
@@ -237,13 +248,16 @@ fn render_parse_error(file: &str, text: &str, e: &serde_json::Error) -> String {
     if e.line() == 0 {
         return format!("{file}: {msg}");
     }
-    let offset = locate::offset_of(text, e.line(), e.column());
+    // serde_json says column 0 before the first character of a line (e.g. an empty file);
+    // columns shown count from 1.
+    let column = e.column().max(1);
+    let offset = locate::offset_of(text, e.line(), column);
     let root: Option<serde_json::Value> = serde_json::from_str(text).ok();
     let context = locate::describe(&locate::path_at(text, offset), root.as_ref());
     if context.is_empty() {
-        format!("{file}:{}:{}: {msg}", e.line(), e.column())
+        format!("{file}:{}:{column}: {msg}", e.line())
     } else {
-        format!("{file}:{}:{}: {context}: {msg}", e.line(), e.column())
+        format!("{file}:{}:{column}: {context}: {msg}", e.line())
     }
 }
 
@@ -266,10 +280,51 @@ fn render_program_error(file: &str, text: &str, e: &build::ProgramError) -> Stri
     }
 }
 
+/// The largest program file `arrayjit` reads (`/dev/zero` as a program is an error, not an
+/// endless read). Large data belongs in `{"file": ...}` inits.
+pub const MAX_PROGRAM_BYTES: usize = 1 << 30;
+
+/// Reads a program file: at most [`MAX_PROGRAM_BYTES`], allocating fallibly, UTF-8.
+fn read_program(file: &str) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot read {file}: {e}");
+    let mut f = std::fs::File::open(file).map_err(|e| cannot(&e))?;
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 1 << 16];
+    loop {
+        let n = match f.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(cannot(&e)),
+        };
+        if bytes.len() + n > MAX_PROGRAM_BYTES {
+            return Err(format!(
+                "{file}: a program file may have at most {MAX_PROGRAM_BYTES} bytes (put large \
+                 data in a {{\"file\": ...}} init)"
+            ));
+        }
+        if bytes.try_reserve(n).is_err() {
+            let e = crate::Error::OutOfMemory {
+                what: format!("the text of {file}"),
+                bytes: bytes.len() + n,
+            };
+            return Err(cannot(&e));
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "{file}: the program is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
 /// Reads, parses and builds a program file; returns the built program and the file's text
 /// (for rendering later errors). `Err` is a rendered error message.
 pub fn load(file: &str) -> Result<(build::Built, String), String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let text = read_program(file)?;
     let prog: program::Program =
         serde_json::from_str(&text).map_err(|e| render_parse_error(file, &text, &e))?;
     let base = Path::new(file)
@@ -307,10 +362,11 @@ fn execute(cmd: &Command) -> Result<String, String> {
             }
             .map_err(|e| render_program_error(file, &text, &e))?;
             let printed = result.printed();
-            Ok(match format {
+            match format {
                 Format::Json => output::to_json(&printed),
                 Format::Table => output::to_table(&printed),
-            })
+            }
+            .map_err(|e| format!("{file}: {e}"))
         }
     }
 }

@@ -1,7 +1,11 @@
 //! Printing tensors: the JSON object of `arrayjit run` and the tables of `--format table`.
 
+use super::decimal;
+use crate::error::{Error, Result};
+use crate::ir::ndarray::f16_from_f64;
 use crate::ir::Prec;
 use half::f16;
+use std::fmt::Write as _;
 
 /// A value's text: the shortest decimal that reads back as the same value of `prec`.
 ///
@@ -9,6 +13,9 @@ use half::f16;
 /// exponent form (`1e20`, `1.5e-7`) when `|x| >= 1e16` or `0 < |x| < 1e-5`. Halves use the
 /// fewest significant digits that round back to the same `f16`. Non-finite values print as
 /// `inf`, `-inf` and `nan` (the JSON output quotes them). Negative zero prints as `-0`.
+///
+/// Every printed number, given back as an `init` value of a tensor of the same precision,
+/// reads back as the same value ([`decimal`] converts it correctly rounded).
 pub fn format_value(prec: Prec, v: f64) -> String {
     if v.is_nan() {
         return "nan".into();
@@ -18,7 +25,7 @@ pub fn format_value(prec: Prec, v: f64) -> String {
     }
     match prec {
         Prec::Byte => format!("{}", v as u8),
-        Prec::Half => format_f64(shortest_half(f16::from_f64(v))),
+        Prec::Half => format_f64(shortest_half(f16_from_f64(v))),
         Prec::Single => {
             let x = v as f32;
             let a = x.abs();
@@ -41,7 +48,8 @@ fn format_f64(x: f64) -> String {
     }
 }
 
-/// The `f64` with the fewest significant decimal digits that converts back to `h`.
+/// The `f64` with the fewest significant decimal digits whose decimal converts back to `h`
+/// (correctly rounded, see [`decimal::convert_text`]).
 fn shortest_half(h: f16) -> f64 {
     let exact = h.to_f64();
     if exact == 0.0 {
@@ -49,13 +57,34 @@ fn shortest_half(h: f16) -> f64 {
     }
     for digits in 1..=17 {
         let s = format!("{:.*e}", digits - 1, exact);
-        if let Ok(y) = s.parse::<f64>() {
-            if f16::from_f64(y).to_bits() == h.to_bits() {
-                return y;
+        if let Ok(back) = decimal::convert_text(&s, Prec::Half) {
+            if back.to_bits() == exact.to_bits() {
+                if let Ok(y) = s.parse::<f64>() {
+                    return y;
+                }
             }
         }
     }
     exact
+}
+
+/// The longest text [`json_value`] gives for a finite value of `prec`, quotes included
+/// (`"-inf"` is 6).
+fn max_value_len(prec: Prec) -> usize {
+    match prec {
+        Prec::Byte => 6,
+        Prec::Half => 12,
+        Prec::Single => 16,
+        Prec::Double => 25,
+    }
+}
+
+/// Reserves room for `more` bytes, or [`Error::OutOfMemory`] for the printed tensor `name`.
+fn reserve(out: &mut String, more: usize, name: &str) -> Result<()> {
+    out.try_reserve(more).map_err(|_| Error::OutOfMemory {
+        what: format!("the printed text of tensor {}", json_string(name)),
+        bytes: out.len().saturating_add(more),
+    })
 }
 
 /// A value as JSON: a number, or the strings `"inf"`, `"-inf"`, `"nan"`.
@@ -86,22 +115,36 @@ fn json_string(s: &str) -> String {
 
 /// The JSON object printed by `arrayjit run`, one member per line:
 /// `{"NAME": {"dims": [...], "prec": "...", "values": [...]}, ...}`.
-pub fn to_json(tensors: &[Printed<'_>]) -> String {
+///
+/// [`Error::OutOfMemory`] when the text does not fit in memory.
+pub fn to_json(tensors: &[Printed<'_>]) -> Result<String> {
     let mut out = String::from("{");
     for (i, t) in tensors.iter().enumerate() {
         let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
-        let values: Vec<String> = t.values.iter().map(|&v| json_value(t.prec, v)).collect();
-        out.push_str(if i == 0 { "\n  " } else { ",\n  " });
-        out.push_str(&format!(
-            "{}: {{\"dims\": [{}], \"prec\": \"{}\", \"values\": [{}]}}",
+        let head = format!(
+            "{}{}: {{\"dims\": [{}], \"prec\": \"{}\", \"values\": [",
+            if i == 0 { "\n  " } else { ",\n  " },
             json_string(t.name),
             dims.join(", "),
             t.prec.name(),
-            values.join(", ")
-        ));
+        );
+        let body = t.values.len().saturating_mul(max_value_len(t.prec) + 2);
+        reserve(
+            &mut out,
+            head.len().saturating_add(body).saturating_add(8),
+            t.name,
+        )?;
+        out.push_str(&head);
+        for (k, &v) in t.values.iter().enumerate() {
+            if k > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&json_value(t.prec, v));
+        }
+        out.push_str("]}");
     }
     out.push_str(if tensors.is_empty() { "}\n" } else { "\n}\n" });
-    out
+    Ok(out)
 }
 
 /// A tensor name as a table header shows it: as is, unless it holds characters that could
@@ -121,7 +164,9 @@ fn table_name(name: &str) -> String {
 /// right-aligned in columns of one width: a 1-D tensor as one row, a 2-D tensor as rows and
 /// columns, and higher-dimensional tensors as a sequence of 2-D slices, each introduced by its
 /// leading indices (`[0, 1, :, :]`).
-pub fn to_table(tensors: &[Printed<'_>]) -> String {
+///
+/// [`Error::OutOfMemory`] when the text does not fit in memory.
+pub fn to_table(tensors: &[Printed<'_>]) -> Result<String> {
     let mut out = String::new();
     for (k, t) in tensors.iter().enumerate() {
         if k > 0 {
@@ -134,8 +179,20 @@ pub fn to_table(tensors: &[Printed<'_>]) -> String {
             dims.join(", "),
             t.prec.name()
         ));
-        let cells: Vec<String> = t.values.iter().map(|&v| format_value(t.prec, v)).collect();
+        let mut cells: Vec<String> = Vec::new();
+        cells
+            .try_reserve_exact(t.values.len())
+            .map_err(|_| Error::OutOfMemory {
+                what: format!("the printed cells of tensor {}", json_string(t.name)),
+                bytes: t.values.len().saturating_mul(std::mem::size_of::<String>()),
+            })?;
+        cells.extend(t.values.iter().map(|&v| format_value(t.prec, v)));
         let width = cells.iter().map(|c| c.chars().count()).max().unwrap_or(1);
+        reserve(
+            &mut out,
+            cells.len().saturating_mul(width + 2).saturating_add(64),
+            t.name,
+        )?;
         let (rows, cols) = match t.dims.len() {
             0 => (1, 1),
             1 => (1, t.dims[0]),
@@ -161,14 +218,18 @@ pub fn to_table(tensors: &[Printed<'_>]) -> String {
                 out.push_str(&format!("[{}]\n", parts.join(", ")));
             }
             for row in chunk.chunks(cols.max(1)) {
-                let line: Vec<String> = row.iter().map(|c| format!("{c:>width$}")).collect();
                 out.push_str("  ");
-                out.push_str(&line.join("  "));
+                for (k, c) in row.iter().enumerate() {
+                    if k > 0 {
+                        out.push_str("  ");
+                    }
+                    let _ = write!(out, "{c:>width$}");
+                }
                 out.push('\n');
             }
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -206,7 +267,8 @@ mod tests {
             dims: &[1],
             prec: Prec::Single,
             values: &[1.0],
-        }]);
+        }])
+        .unwrap();
         assert_eq!(t.lines().count(), 2, "{t}");
     }
 
@@ -218,8 +280,8 @@ mod tests {
                 continue;
             }
             let s = format_value(Prec::Half, h.to_f64());
-            let back = f16::from_f64(s.parse::<f64>().unwrap());
-            assert_eq!(back.to_bits(), h.to_bits(), "{s}");
+            let back = decimal::convert_text(&s, Prec::Half).unwrap();
+            assert_eq!(back.to_bits(), h.to_f64().to_bits(), "{s}");
         }
     }
 }

@@ -1,19 +1,94 @@
 //! The program file model: what `arrayjit run` and `arrayjit emit-c` read (see
 //! `README.md`).
 //!
-//! Every struct rejects unknown fields. The shapes that JSON cannot express as one serde
-//! derive (an `init` that is a string or an object, a statement or run step whose kind is
-//! given by which keys it has, numbers that may be written as `"inf"`) have hand-written
-//! `Deserialize` impls, so that every error still carries serde_json's line and column.
+//! Every struct rejects unknown fields, and every object of the format must be a JSON object:
+//! serde's derived `Deserialize` for structs would also accept an array of the fields in
+//! order (`["x", [2]]` for a tensor), so the derived impls are only used through
+//! [`from_object`], which asks for a map. Names (precisions, memory modes, merge modes) must
+//! be strings. The shapes that JSON cannot express as one serde derive (an `init` that is a
+//! string or an object, a statement or run step whose kind is given by which keys it has,
+//! numbers that may be written as `"inf"`) have hand-written `Deserialize` impls, so that
+//! every error still carries serde_json's line and column.
+//!
+//! The numbers of `init.values` are kept as written ([`ValueLit`]) and converted to the
+//! tensor's precision by [`super::decimal`], correctly rounded from the decimal text.
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::marker::PhantomData;
+
+/// A type whose fields are read from a JSON object by a derived visitor.
+trait FromObject<'de>: Sized {
+    /// What the object is, for "expected ..." messages.
+    const WHAT: &'static str;
+    /// Reads the fields (the derived `deserialize`, fed the object's entries).
+    fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+}
+
+/// Deserializes `T` from a JSON object only: an array (or anything else) is an
+/// "invalid type" error with serde_json's position.
+fn from_object<'de, D: Deserializer<'de>, T: FromObject<'de>>(d: D) -> Result<T, D::Error> {
+    struct V<T>(PhantomData<T>);
+    impl<'de, T: FromObject<'de>> Visitor<'de> for V<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(T::WHAT)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::from_map(map)
+        }
+    }
+    d.deserialize_map(V(PhantomData))
+}
+
+/// Implements `Deserialize` for a struct whose derive is `#[serde(remote = "Self")]` (an
+/// inherent `deserialize`), so that it only accepts a JSON object.
+macro_rules! object_only {
+    ($t:ty, $what:expr) => {
+        impl<'de> FromObject<'de> for $t {
+            const WHAT: &'static str = $what;
+            fn from_map<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+                // The inherent (derived) function, not the trait method being defined below.
+                <$t>::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                from_object(d)
+            }
+        }
+    };
+}
+
+/// Implements `Deserialize` for a unit-variant enum whose derive is
+/// `#[serde(remote = "Self")]`, so that it only accepts a string (serde would also take
+/// `{"single": null}`).
+macro_rules! name_only {
+    ($t:ty, $what:expr) => {
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl Visitor<'_> for V {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$t, E> {
+                        <$t>::deserialize(de::IntoDeserializer::<E>::into_deserializer(v))
+                    }
+                }
+                d.deserialize_str(V)
+            }
+        }
+    };
+}
 
 /// A whole program file.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct Program {
     /// Number of virtual devices for a multi-device run; absent: one device, no device
     /// backend.
@@ -39,9 +114,11 @@ pub struct Program {
     pub print: Vec<String>,
 }
 
+object_only!(Program, "a program (one JSON object)");
+
 /// A tensor declaration.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct TensorDecl {
     /// The unique name (also the node's label).
     pub name: String,
@@ -58,9 +135,11 @@ pub struct TensorDecl {
     pub memory: Option<MemoryDecl>,
 }
 
+object_only!(TensorDecl, "a tensor declaration (an object)");
+
 /// A precision as written in a program file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(remote = "Self", rename_all = "snake_case")]
 pub enum PrecDecl {
     /// `"byte"`
     Byte,
@@ -72,6 +151,11 @@ pub enum PrecDecl {
     /// `"double"`
     Double,
 }
+
+name_only!(
+    PrecDecl,
+    "a precision name: \"byte\", \"half\", \"single\" or \"double\""
+);
 
 impl PrecDecl {
     /// The library's precision.
@@ -88,7 +172,7 @@ impl PrecDecl {
 
 /// An explicit memory mode as written in a program file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(remote = "Self", rename_all = "snake_case")]
 pub enum MemoryDecl {
     /// `"virtual"`: inlined where used, never materialized.
     Virtual,
@@ -99,6 +183,11 @@ pub enum MemoryDecl {
     /// `"hosted"`: kept in the context and on the host.
     Hosted,
 }
+
+name_only!(
+    MemoryDecl,
+    "a memory mode: \"virtual\", \"local\", \"on_device\" or \"hosted\""
+);
 
 impl MemoryDecl {
     /// The name as written in program files.
@@ -121,8 +210,8 @@ pub enum InitDecl {
     Range,
     /// `{"values": [...], "strict": bool}`
     Values {
-        /// The values, row-major.
-        values: Vec<f64>,
+        /// The values, row-major, as written.
+        values: Vec<ValueLit>,
         /// Whether there must be exactly one value per cell (default true); otherwise the
         /// values repeat cyclically.
         strict: bool,
@@ -137,9 +226,54 @@ pub enum InitDecl {
     File(String),
 }
 
+/// A value of `init.values` as written in the file. Numbers keep their decimal text, so that
+/// they can be converted directly to the tensor's precision once it is known (see
+/// [`super::decimal::convert`]); going through `f64` first would round twice.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ValueLit {
+    /// A JSON number's text, e.g. `-1.5e3`.
+    Number(Box<str>),
+    /// `"inf"`
+    Inf,
+    /// `"-inf"`
+    NegInf,
+    /// `"nan"`
+    NaN,
+}
+
+impl<'de> Deserialize<'de> for ValueLit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const EXPECTED: &str = "a number or one of the strings \"inf\", \"-inf\", \"nan\"";
+        let raw = <Box<RawValue>>::deserialize(d)?;
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'-' | b'0'..=b'9') => Ok(ValueLit::Number(text.into())),
+            Some(b'"') => {
+                let s: String = serde_json::from_str(text).map_err(de::Error::custom)?;
+                match s.as_str() {
+                    "inf" => Ok(ValueLit::Inf),
+                    "-inf" => Ok(ValueLit::NegInf),
+                    "nan" => Ok(ValueLit::NaN),
+                    _ => Err(de::Error::invalid_value(de::Unexpected::Str(&s), &EXPECTED)),
+                }
+            }
+            _ => {
+                let unexpected = match text.as_bytes().first() {
+                    Some(b'[') => de::Unexpected::Seq,
+                    Some(b'{') => de::Unexpected::Map,
+                    Some(b't') => de::Unexpected::Bool(true),
+                    Some(b'f') => de::Unexpected::Bool(false),
+                    _ => de::Unexpected::Unit,
+                };
+                Err(de::Error::invalid_type(unexpected, &EXPECTED))
+            }
+        }
+    }
+}
+
 /// A static index declaration.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct StaticDecl {
     /// The name used in `{name}` einsum entries, fetches and run bindings.
     pub name: String,
@@ -148,15 +282,19 @@ pub struct StaticDecl {
     pub range: Option<usize>,
 }
 
+object_only!(StaticDecl, "a static index declaration (an object)");
+
 /// A routine: a name and its statements.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct RoutineDecl {
     /// The unique routine name.
     pub name: String,
     /// The statements, in order.
     pub code: Vec<Statement>,
 }
+
+object_only!(RoutineDecl, "a routine (an object)");
 
 /// One statement of a routine or block.
 #[derive(Clone, Debug, PartialEq)]
@@ -282,7 +420,7 @@ pub enum Step {
 
 /// How a `copy` step uses the destination device's merge buffer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(remote = "Self", rename_all = "snake_case")]
 pub enum MergeDecl {
     /// Copy into the destination's own buffer of the tensor.
     #[default]
@@ -291,6 +429,39 @@ pub enum MergeDecl {
     Streaming,
     /// Copy into the destination's merge buffer.
     Copy,
+}
+
+name_only!(MergeDecl, "a merge mode: \"no\", \"streaming\" or \"copy\"");
+
+/// The bindings of a run step: a map from static index names to values in which a name may
+/// appear only once (serde's `BTreeMap` would silently keep the last of repeated keys).
+struct UniqueBindings(BTreeMap<String, i64>);
+
+impl<'de> Deserialize<'de> for UniqueBindings {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = UniqueBindings;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("bindings: an object {STATIC_INDEX: value, ...}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UniqueBindings, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(de::Error::custom(format!(
+                            "static index {} is bound twice in these bindings",
+                            serde_json::to_string(&key).unwrap_or_else(|_| format!("{key:?}"))
+                        )));
+                    }
+                    let v: i64 = map.next_value()?;
+                    out.insert(key, v);
+                }
+                Ok(UniqueBindings(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// The value of `"await"`: a device or `"all"`.
@@ -376,10 +547,12 @@ fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
 const INIT_FIELDS: &[&str] = &["values", "strict", "uniform", "file"];
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 struct UniformDecl {
     seed: u64,
 }
+
+object_only!(UniformDecl, "{\"seed\": N}");
 
 impl<'de> Deserialize<'de> for InitDecl {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -400,7 +573,7 @@ impl<'de> Deserialize<'de> for InitDecl {
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<InitDecl, A::Error> {
-                let mut values: Option<Vec<Scalar>> = None;
+                let mut values: Option<Vec<ValueLit>> = None;
                 let mut strict: Option<bool> = None;
                 let mut uniform: Option<UniformDecl> = None;
                 let mut file: Option<String> = None;
@@ -425,7 +598,7 @@ impl<'de> Deserialize<'de> for InitDecl {
                 }
                 Ok(if let Some(values) = values {
                     InitDecl::Values {
-                        values: values.into_iter().map(|s| s.0).collect(),
+                        values,
                         strict: strict.unwrap_or(true),
                     }
                 } else if let Some(u) = uniform {
@@ -660,7 +833,7 @@ impl<'de> Deserialize<'de> for Step {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
                 let mut routine: Option<String> = None;
-                let mut bindings: Option<BTreeMap<String, i64>> = None;
+                let mut bindings: Option<UniqueBindings> = None;
                 let mut device: Option<usize> = None;
                 let mut repeat: Option<i64> = None;
                 let mut steps: Option<Vec<Step>> = None;
@@ -725,7 +898,7 @@ impl<'de> Deserialize<'de> for Step {
                     stray(&["bindings", "device"])?;
                     return Ok(Step::Routine {
                         routine,
-                        bindings: bindings.unwrap_or_default(),
+                        bindings: bindings.map(|b| b.0).unwrap_or_default(),
                         device,
                     });
                 }

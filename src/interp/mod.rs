@@ -101,6 +101,7 @@
 //! ```
 
 use crate::error::{Error, Result};
+use crate::ir::ndarray::{checked_numel, try_filled};
 use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, StaticSymbol, Symbol, Tnode};
 use crate::loops::{Llc, Llv, Vlv};
 use crate::lower;
@@ -154,6 +155,22 @@ fn check_len(tn: &Tnode, values: &[f64], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// A node's values, all zero; [`Error::OutOfMemory`] (naming the node) when they cannot be
+/// allocated, instead of aborting.
+pub fn zeroed_values(tn: &Tnode) -> Result<Vec<f64>> {
+    let n = checked_numel(tn.dims())?;
+    try_filled(n, 0.0, || {
+        format!("the interpreter's values of tensor {}", tn.name())
+    })
+}
+
+/// A copy of a node's host values, if it has a host array; [`Error::OutOfMemory`] (naming the
+/// node) when the copy cannot be allocated.
+fn try_host_values(tn: &Tnode) -> Result<Option<Vec<f64>>> {
+    let what = format!("the interpreter's values of tensor {}", tn.name());
+    tn.with_host(|a| a.try_to_f64_vec(&what)).transpose()
+}
+
 impl Memory {
     /// An empty memory: no nodes, an empty merge buffer, no imported functions.
     pub fn new() -> Self {
@@ -163,10 +180,12 @@ impl Memory {
     /// Sets all values of a node (row-major), rounding them to the node's precision.
     ///
     /// An error if the number of values differs from the node's number of cells.
-    pub fn set(&mut self, tn: &Tnode, values: Vec<f64>) -> Result<()> {
+    pub fn set(&mut self, tn: &Tnode, mut values: Vec<f64>) -> Result<()> {
         check_len(tn, &values, "interpreter memory")?;
         let p = tn.prec();
-        let values = values.into_iter().map(|v| p.round(v)).collect();
+        for v in &mut values {
+            *v = p.round(*v);
+        }
         self.nodes.insert(tn.clone(), values);
         Ok(())
     }
@@ -191,10 +210,13 @@ impl Memory {
     /// Makes the merge buffer hold `tn` with the given values (rounded to `tn`'s precision).
     ///
     /// An error if the number of values differs from the node's number of cells.
-    pub fn set_merge(&mut self, tn: &Tnode, values: Vec<f64>) -> Result<()> {
+    pub fn set_merge(&mut self, tn: &Tnode, mut values: Vec<f64>) -> Result<()> {
         check_len(tn, &values, "interpreter merge buffer")?;
         let p = tn.prec();
-        self.merge = Some((tn.clone(), values.into_iter().map(|v| p.round(v)).collect()));
+        for v in &mut values {
+            *v = p.round(*v);
+        }
+        self.merge = Some((tn.clone(), values));
         Ok(())
     }
 
@@ -214,8 +236,28 @@ impl Memory {
         self.functions.insert(name.to_string(), Arc::new(f));
     }
 
+    /// Like [`Memory::load_from_hosts`], but a copy that cannot be allocated is
+    /// [`Error::OutOfMemory`] naming the node (the nodes before it are loaded) instead of
+    /// aborting the process.
+    pub fn try_load_from_hosts<'a>(
+        &mut self,
+        nodes: impl IntoIterator<Item = &'a Tnode>,
+    ) -> Result<usize> {
+        let mut n = 0;
+        for tn in nodes {
+            if let Some(values) = try_host_values(tn)? {
+                self.nodes.insert(tn.clone(), values);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// Copies the host arrays of the given nodes that are hosted into the memory (like
     /// `from_host`); returns how many were copied. Nodes without a host array are skipped.
+    ///
+    /// Aborts the process, like `vec!`, when a copy cannot be allocated; use
+    /// [`Memory::try_load_from_hosts`] for sizes that come from user input.
     pub fn load_from_hosts<'a>(&mut self, nodes: impl IntoIterator<Item = &'a Tnode>) -> usize {
         let mut n = 0;
         for tn in nodes {
@@ -240,10 +282,12 @@ impl Memory {
         Ok(n)
     }
 
-    fn values_mut(&mut self, tn: &Tnode) -> &mut Vec<f64> {
-        self.nodes
-            .entry(tn.clone())
-            .or_insert_with(|| vec![0.0; tn.numel()])
+    /// The values of a node, created zero-filled if the memory does not hold it yet.
+    fn values_mut(&mut self, tn: &Tnode) -> Result<&mut Vec<f64>> {
+        match self.nodes.entry(tn.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => Ok(e.insert(zeroed_values(tn)?)),
+        }
     }
 }
 
@@ -279,7 +323,7 @@ pub fn run_optimized(
     m.check_stmt(&o.code, &mut vec![])?;
     for (tn, mode) in &o.nodes {
         if *mode == MemoryMode::Local {
-            m.mem.nodes.insert(tn.clone(), vec![0.0; tn.numel()]);
+            m.mem.nodes.insert(tn.clone(), zeroed_values(tn)?);
         }
     }
     m.exec(&o.code)
@@ -600,14 +644,14 @@ impl<'m> Machine<'m> {
                 r
             }
             Llc::ZeroOut(tn) => {
-                self.mem.values_mut(tn).fill(0.0);
+                self.mem.values_mut(tn)?.fill(0.0);
                 Ok(())
             }
             Llc::Set { tn, idcs, value } => {
                 let p = tn.prec();
                 let v = p.round(self.eval(value, p)?);
                 let off = self.offset(tn, idcs)?;
-                self.mem.values_mut(tn)[off] = v;
+                self.mem.values_mut(tn)?[off] = v;
                 Ok(())
             }
             Llc::SetLocal(id, value) => {
@@ -710,7 +754,7 @@ impl<'m> Machine<'m> {
             Llv::EmbedIndex(ix) => p.round_compute(self.index(ix)? as f64),
             Llv::Get(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                p.round_compute(self.mem.values_mut(tn)[off])
+                p.round_compute(self.mem.values_mut(tn)?[off])
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;

@@ -3,7 +3,9 @@
 use super::prec::{byte_of_f64, Prec};
 use crate::error::{Error, Result};
 use half::f16;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// How a host array is filled when it is created.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,7 +25,14 @@ pub enum InitOp {
         /// The generator's seed.
         seed: u64,
     },
+    /// All cells zero. (Unlike [`Ndarray::zeros`], [`Ndarray::create`] reports a failed
+    /// allocation as [`Error::OutOfMemory`].)
+    Zeros,
     /// The raw bytes of a file, in the array's precision (native byte order).
+    ///
+    /// The path must name a regular file of exactly the array's size in bytes; it is checked
+    /// before anything is read (so `/dev/zero` or a FIFO is an error, not an endless read or a
+    /// wait), opened without blocking, and checked again on the opened handle.
     FileMapped {
         /// The file to read.
         path: PathBuf,
@@ -45,9 +54,107 @@ pub struct Ndarray {
     data: Data,
 }
 
-/// Number of cells of an array with the given dims.
+/// Number of cells of an array with the given dims; `usize::MAX` when the product overflows
+/// (never a panic or a wrapped value). Use [`checked_numel`] or [`checked_size_in_bytes`] to
+/// get an error instead.
 pub fn numel(dims: &[usize]) -> usize {
-    dims.iter().product()
+    checked_numel(dims).unwrap_or(usize::MAX)
+}
+
+/// Number of cells of an array with the given dims, or an error when the product overflows
+/// `usize`.
+pub fn checked_numel(dims: &[usize]) -> Result<usize> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            Error::Ndarray(format!(
+                "dims {dims:?}: the number of cells overflows the address space"
+            ))
+        })
+}
+
+/// Size in bytes of an array with the given dims and precision, or an error when it does not
+/// fit in the address space (more than `isize::MAX` bytes, the most any allocation can have).
+pub fn checked_size_in_bytes(prec: Prec, dims: &[usize]) -> Result<usize> {
+    checked_numel(dims)?
+        .checked_mul(prec.size_in_bytes())
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::Ndarray(format!(
+                "dims {dims:?} of precision {prec}: the size in bytes overflows the address space"
+            ))
+        })
+}
+
+/// A vector of `n` copies of `fill`, or [`Error::OutOfMemory`] for `what` when it cannot be
+/// allocated (instead of aborting the process).
+pub(crate) fn try_filled<T: Clone>(
+    n: usize,
+    fill: T,
+    what: impl FnOnce() -> String,
+) -> Result<Vec<T>> {
+    let mut v: Vec<T> = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::OutOfMemory {
+            what: what(),
+            bytes: n.saturating_mul(std::mem::size_of::<T>()),
+        });
+    }
+    v.resize(n, fill);
+    Ok(v)
+}
+
+/// The `f16` nearest to `x` (ties to even; beyond the largest finite half, infinity), computed
+/// exactly.
+///
+/// `half::f16::from_f64` is not correctly rounded: on x86 CPUs with F16C it converts through
+/// `f32` (double rounding), otherwise it ignores the low 32 bits of the mantissa, so its
+/// result can depend on the CPU. Host arrays use this function instead.
+pub fn f16_from_f64(x: f64) -> f16 {
+    if x.is_nan() {
+        return f16::NAN;
+    }
+    let a = x.abs();
+    let bits = if a.is_infinite() {
+        0x7C00
+    } else {
+        let (lo_bits, lo, hi) = f16_bracket(a);
+        let mid = (lo + hi) / 2.0;
+        if a < mid || (a == mid && lo_bits.is_multiple_of(2)) {
+            lo_bits
+        } else {
+            lo_bits + 1
+        }
+    };
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    f16::from_bits(sign | bits)
+}
+
+/// For a finite `a >= 0`: the bits and value of the largest finite `f16` not above `a`, and
+/// the value of the next `f16` (65536 after the largest finite half, 65504, as if the
+/// exponent range went on: IEEE rounding overflows to infinity from the midpoint 65520 on).
+///
+/// Every value involved has at most 11 significant bits, so all arithmetic here is exact.
+pub(crate) fn f16_bracket(a: f64) -> (u16, f64, f64) {
+    const MIN_NORMAL: f64 = 1.0 / 16384.0; // 2^-14
+    let lo_bits: u16 = if a >= 65504.0 {
+        0x7BFF
+    } else if a < MIN_NORMAL {
+        // Subnormals: multiples of 2^-24.
+        (a * 16_777_216.0).floor() as u16
+    } else {
+        let e = ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023; // -14..=15
+        let step = 2f64.powi(e - 10);
+        let m = (a / step).floor() as u16; // 1024..=2047
+        (((e + 15) as u16) << 10) | (m - 1024)
+    };
+    let lo = f16::from_bits(lo_bits).to_f64();
+    let hi = if lo_bits == 0x7BFF {
+        65536.0
+    } else {
+        f16::from_bits(lo_bits + 1).to_f64()
+    };
+    (lo_bits, lo, hi)
 }
 
 /// A small, fast, seedable generator (SplitMix64) for [`InitOp::StandardUniform`].
@@ -70,8 +177,86 @@ impl SplitMix64 {
     }
 }
 
+/// The platform's `O_NONBLOCK` open flag, where it is known (from the kernels' headers).
+#[cfg(unix)]
+fn o_nonblock() -> Option<i32> {
+    if cfg!(any(target_os = "linux", target_os = "android")) {
+        if cfg!(any(target_arch = "mips", target_arch = "mips64")) {
+            Some(0x80)
+        } else if cfg!(any(target_arch = "sparc", target_arch = "sparc64")) {
+            Some(0x4000)
+        } else {
+            Some(0o4000)
+        }
+    } else if cfg!(any(
+        target_os = "macos",
+        target_os = "ios",
+        target_os = "freebsd",
+        target_os = "netbsd",
+        target_os = "openbsd",
+        target_os = "dragonfly"
+    )) {
+        Some(0x0004)
+    } else {
+        None
+    }
+}
+
+/// Opens an array file for reading without blocking (a FIFO swapped in after the metadata
+/// check must not make `open` wait for a writer).
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    if let Some(flag) = o_nonblock() {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(flag);
+    }
+    opts.open(path)
+}
+
+/// Checks that an array file is a regular file of exactly `want` bytes (before opening it and
+/// again on the opened handle), then reads it into `dst`.
+fn read_array_file(path: &Path, want: usize, dst: &mut [u8], what: &str) -> Result<()> {
+    let shown = path.display();
+    let check = |md: &std::fs::Metadata, when: &str| -> Result<()> {
+        if !md.is_file() {
+            return Err(Error::Ndarray(format!(
+                "{what}: file {shown} is not a regular file{when}"
+            )));
+        }
+        if md.len() != want as u64 {
+            return Err(Error::Ndarray(format!(
+                "{what}: file {shown} has {} bytes, but needs exactly {want}{when}",
+                md.len()
+            )));
+        }
+        Ok(())
+    };
+    let io = |e: std::io::Error, doing: &str| {
+        Error::Ndarray(format!("{what}: {doing} file {shown}: {e}"))
+    };
+    let md = std::fs::metadata(path).map_err(|e| io(e, "cannot access"))?;
+    check(&md, "")?;
+    let mut f = open_nonblocking(path).map_err(|e| io(e, "cannot open"))?;
+    let md = f.metadata().map_err(|e| io(e, "cannot access"))?;
+    check(&md, " (it changed while being opened)")?;
+    f.read_exact(dst).map_err(|e| io(e, "reading"))?;
+    let mut extra = [0u8; 1];
+    match f.read(&mut extra) {
+        Ok(0) => Ok(()),
+        Ok(_) => Err(Error::Ndarray(format!(
+            "{what}: file {shown} grew beyond {want} bytes while being read"
+        ))),
+        Err(e) => Err(io(e, "reading")),
+    }
+}
+
 impl Ndarray {
     /// An array of zeros.
+    ///
+    /// Like `vec!`, this aborts the process when the memory cannot be allocated; use
+    /// [`Ndarray::try_zeros`] for sizes that come from user input.
     pub fn zeros(prec: Prec, dims: &[usize]) -> Ndarray {
         let n = numel(dims);
         let data = match prec {
@@ -86,11 +271,34 @@ impl Ndarray {
         }
     }
 
+    /// An array of zeros, or [`Error::OutOfMemory`] when it cannot be allocated (an error
+    /// too when its size overflows the address space).
+    pub fn try_zeros(prec: Prec, dims: &[usize]) -> Result<Ndarray> {
+        checked_size_in_bytes(prec, dims)?;
+        let n = numel(dims);
+        let what = || format!("a host array of dims {dims:?} ({prec})");
+        let data = match prec {
+            Prec::Byte => Data::Byte(try_filled(n, 0, what)?),
+            Prec::Half => Data::Half(try_filled(n, f16::ZERO, what)?),
+            Prec::Single => Data::Single(try_filled(n, 0.0, what)?),
+            Prec::Double => Data::Double(try_filled(n, 0.0, what)?),
+        };
+        Ok(Ndarray {
+            dims: dims.to_vec(),
+            data,
+        })
+    }
+
     /// Creates an array and fills it with `init`.
+    ///
+    /// Errors: a size that overflows the address space, a failed allocation
+    /// ([`Error::OutOfMemory`]), a wrong number of values, and for [`InitOp::FileMapped`] a
+    /// path that is not a regular file of exactly the array's size or cannot be read.
     pub fn create(prec: Prec, dims: &[usize], init: &InitOp) -> Result<Ndarray> {
-        let mut a = Ndarray::zeros(prec, dims);
+        let mut a = Ndarray::try_zeros(prec, dims)?;
         let n = a.len();
         match init {
+            InitOp::Zeros => {}
             InitOp::ConstantFill { values, strict } => {
                 if *strict && values.len() != n {
                     return Err(Error::Ndarray(format!(
@@ -103,8 +311,11 @@ impl Ndarray {
                         "constant fill of dims {dims:?} got no values"
                     )));
                 }
-                for i in 0..n {
-                    a.set(i, values[i % values.len()]);
+                // The array is zero already.
+                if values.iter().any(|v| v.to_bits() != 0) {
+                    for i in 0..n {
+                        a.set(i, values[i % values.len()]);
+                    }
                 }
             }
             InitOp::RangeOverOffsets => {
@@ -119,17 +330,9 @@ impl Ndarray {
                 }
             }
             InitOp::FileMapped { path } => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| Error::io(format!("reading array file {}", path.display()), e))?;
-                let want = n * prec.size_in_bytes();
-                if bytes.len() != want {
-                    return Err(Error::Ndarray(format!(
-                        "file {} has {} bytes, but dims {dims:?} of precision {prec} need {want}",
-                        path.display(),
-                        bytes.len()
-                    )));
-                }
-                a.as_bytes_mut().copy_from_slice(&bytes);
+                let want = a.size_in_bytes();
+                let what = format!("dims {dims:?} of precision {prec}");
+                read_array_file(path, want, a.as_bytes_mut(), &what)?;
             }
         }
         Ok(a)
@@ -175,11 +378,12 @@ impl Ndarray {
         }
     }
 
-    /// Writes cell `i`, rounding to the array's precision (bytes saturate).
+    /// Writes cell `i`, rounding to the array's precision (halves correctly rounded with
+    /// [`f16_from_f64`]; bytes as [`crate::ir::prec::byte_of_f64`] stores them).
     pub fn set(&mut self, i: usize, x: f64) {
         match &mut self.data {
             Data::Byte(v) => v[i] = byte_of_f64(x),
-            Data::Half(v) => v[i] = f16::from_f64(x),
+            Data::Half(v) => v[i] = f16_from_f64(x),
             Data::Single(v) => v[i] = x as f32,
             Data::Double(v) => v[i] = x,
         }
@@ -188,6 +392,21 @@ impl Ndarray {
     /// All cells as `f64`, row-major.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         (0..self.len()).map(|i| self.get(i)).collect()
+    }
+
+    /// All cells as `f64`, row-major, or [`Error::OutOfMemory`] (naming `what`) when the
+    /// vector cannot be allocated.
+    pub fn try_to_f64_vec(&self, what: &str) -> Result<Vec<f64>> {
+        let n = self.len();
+        let mut v: Vec<f64> = Vec::new();
+        if v.try_reserve_exact(n).is_err() {
+            return Err(Error::OutOfMemory {
+                what: what.to_string(),
+                bytes: n.saturating_mul(8),
+            });
+        }
+        v.extend((0..n).map(|i| self.get(i)));
+        Ok(v)
     }
 
     /// Overwrites all cells from `values` (row-major); the length must match.
@@ -243,4 +462,130 @@ fn bytes_of_mut<T: Pod>(v: &mut [T]) -> &mut [u8] {
     // SAFETY: as in `bytes_of`; additionally every bit pattern is a valid T, so writes through
     // the byte view cannot create invalid values.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The nearest half by brute force over every finite half (ties to the even bit
+    /// pattern), as an oracle independent of `f16_bracket`.
+    fn nearest_half(x: f64) -> u16 {
+        let a = x.abs();
+        let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+        if a >= 65520.0 {
+            return sign | 0x7C00;
+        }
+        let mut best = 0u16;
+        for b in 1..0x7C00u16 {
+            let (d, db) = (
+                (f16::from_bits(b).to_f64() - a).abs(),
+                (f16::from_bits(best).to_f64() - a).abs(),
+            );
+            if d < db || (d == db && b.is_multiple_of(2)) {
+                best = b;
+            }
+        }
+        sign | best
+    }
+
+    #[test]
+    fn f16_from_f64_is_correctly_rounded() {
+        let mut cases = vec![
+            0.0,
+            -0.0,
+            1.0,
+            65504.0,
+            65519.999,
+            65520.0,
+            1e-9,
+            2f64.powi(-25),
+            2f64.powi(-25) * (1.0 + f64::EPSILON),
+            1.0 + 2f64.powi(-11),
+            1.0 + 2f64.powi(-11) + 2f64.powi(-40),
+            -(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+            3.0 * 2f64.powi(-25),
+        ];
+        // Values just around every 97th midpoint, and pseudo-random values.
+        for b in (0..0x7BFFu16).step_by(97) {
+            let mid = (f16::from_bits(b).to_f64() + f16::from_bits(b + 1).to_f64()) / 2.0;
+            cases.extend([
+                mid,
+                mid * (1.0 + f64::EPSILON),
+                mid * (1.0 - f64::EPSILON / 2.0),
+            ]);
+        }
+        let mut rng = SplitMix64::new(5);
+        for _ in 0..300 {
+            let e = (rng.next_u64() % 44) as i32 - 28;
+            cases.push((rng.next_f64() + 0.5) * 2f64.powi(e));
+        }
+        for x in cases {
+            assert_eq!(f16_from_f64(x).to_bits(), nearest_half(x), "{x:e}");
+        }
+        assert!(f16_from_f64(f64::NAN).is_nan());
+        assert_eq!(f16_from_f64(f64::NEG_INFINITY), f16::NEG_INFINITY);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_errors() {
+        let huge = [usize::MAX / 2, 3];
+        assert_eq!(numel(&huge), usize::MAX);
+        assert!(checked_numel(&huge).is_err());
+        assert_eq!(checked_numel(&[4, 5]).unwrap(), 20);
+        // Fits in usize as cells, not as bytes.
+        let dims = [usize::MAX / 8];
+        assert!(checked_numel(&dims).is_ok());
+        assert!(checked_size_in_bytes(Prec::Double, &dims).is_err());
+        let e = Ndarray::try_zeros(Prec::Double, &dims).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        let e = Ndarray::create(Prec::Single, &huge, &InitOp::RangeOverOffsets).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+    }
+
+    #[test]
+    fn zeros_init_and_fallible_zeros() {
+        let a = Ndarray::create(Prec::Half, &[2, 3], &InitOp::Zeros).unwrap();
+        assert_eq!(a.to_f64_vec(), vec![0.0; 6]);
+        assert_eq!(Ndarray::try_zeros(Prec::Byte, &[7]).unwrap().len(), 7);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn array_files_must_be_regular_files_of_the_exact_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("ok.bin");
+        std::fs::write(&ok, 1.5f32.to_ne_bytes().repeat(2)).unwrap();
+        let file = |p: &Path| InitOp::FileMapped {
+            path: p.to_path_buf(),
+        };
+        let a = Ndarray::create(Prec::Single, &[2], &file(&ok)).unwrap();
+        assert_eq!(a.to_f64_vec(), vec![1.5, 1.5]);
+        let e = Ndarray::create(Prec::Single, &[3], &file(&ok)).unwrap_err();
+        assert!(
+            e.to_string().contains("has 8 bytes, but needs exactly 12"),
+            "{e}"
+        );
+        for special in ["/dev/zero", "/dev/null"] {
+            let e = Ndarray::create(Prec::Single, &[2], &file(Path::new(special))).unwrap_err();
+            assert!(e.to_string().contains("is not a regular file"), "{e}");
+        }
+        let e = Ndarray::create(Prec::Single, &[2], &file(dir.path())).unwrap_err();
+        assert!(e.to_string().contains("is not a regular file"), "{e}");
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let e = Ndarray::create(Prec::Single, &[2], &file(&fifo)).unwrap_err();
+            assert!(e.to_string().contains("is not a regular file"), "{e}");
+            // Opening a FIFO (as if it had been swapped in after the check) does not wait
+            // for a writer.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let p = fifo.clone();
+            std::thread::spawn(move || {
+                let _ = tx.send(open_nonblocking(&p).map(|_| ()).is_ok());
+            });
+            let opened = rx.recv_timeout(std::time::Duration::from_secs(10));
+            assert_eq!(opened, Ok(true), "opening a FIFO blocked or failed");
+        }
+    }
 }
