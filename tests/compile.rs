@@ -36,6 +36,7 @@ fn config(root: &Path) -> CompilerConfig {
         timeout: Duration::from_secs(120),
         temp_root: Some(root.to_path_buf()),
         cache_dir: None,
+        compile_jobs: 1,
     }
 }
 
@@ -326,14 +327,20 @@ fn cache_hits_same_source_and_misses_changed_flags() {
         v.sort();
         v
     };
-    let entries = files(cache.path());
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    assert!(entries[0].ends_with(".so"), "{entries:?}");
+    let objects = |d: &Path| -> Vec<String> {
+        files(d)
+            .into_iter()
+            .filter(|f| f.ends_with(".so"))
+            .collect()
+    };
+    assert_eq!(objects(cache.path()).len(), 1, "{:?}", files(cache.path()));
+    // Besides the object, the cache holds the memo of the target probe.
+    assert_eq!(files(cache.path()).len(), 2, "{:?}", files(cache.path()));
     // A changed flag is a different key.
     cfg.opt_level = "2".into();
     let c = compile_and_load(&cfg, DOUBLER, "cached", &[]).unwrap();
     assert!(!c.from_cache());
-    assert_eq!(files(cache.path()).len(), 2);
+    assert_eq!(objects(cache.path()).len(), 2);
     // A changed source too.
     let other = DOUBLER.replace("2.0", "3.0");
     let d = compile_and_load(&cfg, &other, "cached", &[]).unwrap();
@@ -352,7 +359,7 @@ fn cache_is_shared_between_processes() {
     fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nif [ \"$1\" != --version ]; then echo compile >> '{}'; fi\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
             log.display(),
             real.display()
         ),
@@ -378,14 +385,35 @@ fn cache_is_shared_between_processes() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let compiles = || fs::read_to_string(&log).unwrap_or_default().lines().count();
+    // Every run of the compiler, as (probe?, arguments).
+    let runs = || -> Vec<(bool, String)> {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| (l.contains("-E -dM"), l.to_string()))
+            .collect()
+    };
     let first = run("");
-    assert_eq!(compiles(), 1);
+    let r = runs();
+    assert_eq!(r.len(), 2, "one target probe and one compile: {r:?}");
+    assert!(r[0].0 && r[0].1.contains("-march=native"), "{r:?}");
+    assert!(!r[1].0, "{r:?}");
     let second = run("");
-    assert_eq!(compiles(), 1, "the second process must hit the cache");
+    assert_eq!(
+        runs().len(),
+        2,
+        "the second process must hit the cache without running the compiler (not even the \
+         target probe, which is remembered in the cache directory)"
+    );
     assert_eq!(first, second);
     run("-fno-math-errno");
-    assert_eq!(compiles(), 2, "a changed flag must miss the cache");
+    let r = runs();
+    assert_eq!(
+        r.len(),
+        4,
+        "a changed flag must miss the cache (and probe again): {r:?}"
+    );
+    assert!(r[2].0 && r[2].1.contains("-fno-math-errno"), "{r:?}");
 }
 
 /// GCC 12.2 with -O3 -march=native on an AVX-512 machine turns this generated routine (found

@@ -14,16 +14,6 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// How many compiler processes a batch may use at once: `ARRAYJIT_COMPILE_JOBS`, else the
-/// machine's available parallelism. With 1, a batch is one file and one compiler run.
-fn compile_jobs() -> usize {
-    std::env::var("ARRAYJIT_COMPILE_JOBS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n >= 1)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 /// How many virtual devices a backend suggests (see the devices layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Config {
@@ -492,7 +482,7 @@ impl CcBackend {
             .enumerate()
             .filter_map(|(i, e)| e.as_ref().map(|(n, o)| (i, n, o)))
             .collect();
-        let jobs = compile_jobs().min(included.len()).max(1);
+        let jobs = cfg.compile_jobs.min(included.len()).max(1);
         // One file per compiler run: with several jobs, the routines are dealt out to files
         // of similar size (largest first) that compile in parallel.
         let mut groups: Vec<(usize, Vec<usize>)> = vec![(0, vec![]); jobs];
