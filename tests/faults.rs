@@ -943,6 +943,18 @@ fn corrupt_detected_compiler_file_heals() {
     assert_eq!(out.stdout, first.stdout);
     assert_eq!(std::fs::read_to_string(file).unwrap(), good);
     assert_no_leftovers(tmp.path());
+
+    // A compile that fails for its source (here: its flags) with a working remembered
+    // compiler is not blamed on the file, and the file stays.
+    remove_objects(cache.path());
+    let mut bad_source = env.clone();
+    bad_source.push(("ARRAYJIT_CFLAGS", os("-Dfor=@")));
+    let out = cli(&["run", &p], tmp.path(), &bad_source);
+    assert_error(&out);
+    assert!(out.stderr.contains("stray"), "{}", out.stderr);
+    assert!(!out.stderr.contains("remembered in"), "{}", out.stderr);
+    assert_eq!(std::fs::read_to_string(file).unwrap(), good);
+    assert_no_leftovers(tmp.path());
 }
 
 /// When the remembered compiler fails and a fresh detection chooses it again, the error names

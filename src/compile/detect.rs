@@ -15,8 +15,9 @@
 //! (`identity`: the resolved path, size and modification time of the compiler). A file that
 //! does not have exactly this form, names another target, or whose identity no longer matches
 //! the compiler on disk is ignored and rewritten by a fresh detection. When a compile with a
-//! compiler read from such a file fails, [`redetect`] runs a fresh detection; the caller
-//! retries if it finds another compiler, and otherwise names the file in the error.
+//! compiler read from such a file fails and the compiler cannot build a trivial library
+//! either, [`redetect`] runs a fresh detection; the caller retries if it finds another
+//! compiler, and otherwise names the file in the error.
 
 use std::collections::HashMap;
 use std::fs;
@@ -96,6 +97,16 @@ pub(super) fn remembered(compiler: &Path) -> Option<PathBuf> {
         Ok(d) if d.path == compiler => d.remembered_in.clone(),
         _ => None,
     })
+}
+
+/// Records that `compiler` works (it built a trivial library), so that failures with it are
+/// no longer blamed on the file that remembered it.
+pub(super) fn confirm(compiler: &Path) {
+    for d in memo().values_mut().flatten() {
+        if d.path == compiler {
+            d.remembered_in = None;
+        }
+    }
 }
 
 /// Runs a fresh detection for the compiler remembered in `file`, rewrites the file and the

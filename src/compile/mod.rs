@@ -136,8 +136,9 @@ fn sanitize_debug_name(name: &str) -> String {
 /// If the compiler fails inside its own assembler (GCC 12 can emit invalid AVX-512
 /// assembly from valid C), the compile is retried once with `-mno-avx512f`. If the compiler
 /// was chosen by automatic detection and remembered in the cache directory, a failure makes
-/// the detection run afresh; the compile is retried if it finds another compiler, and
-/// otherwise the error names the file that remembered it.
+/// it check itself on a trivial library; if that fails too, the detection runs afresh, the
+/// compile is retried if it finds another compiler, and otherwise the error names the file
+/// that remembered it.
 ///
 /// Errors: [`Error::CompilerNotFound`] if the compiler cannot be started,
 /// [`Error::Compile`] if it fails (exits non-zero or is killed by a signal),
@@ -169,6 +170,12 @@ pub fn compile_and_load(
     else {
         return Err(err);
     };
+    // Whose fault is it? A compiler that builds and loads a trivial library works: the failure
+    // is the source's (or the flags'), and a fresh detection would not help.
+    if compiler_works(config) {
+        detect::confirm(&config.compiler);
+        return Err(err);
+    }
     match detect::redetect(&file) {
         Some(fresh) if fresh != config.compiler => {
             let retry = CompilerConfig {
@@ -179,6 +186,25 @@ pub fn compile_and_load(
         }
         _ => Err(note_remembered(err, &file, &config.compiler)),
     }
+}
+
+/// Whether `config`'s compiler builds and loads a trivial shared object (no cache, no debug
+/// directory).
+fn compiler_works(config: &CompilerConfig) -> bool {
+    let check = CompilerConfig {
+        cache_dir: None,
+        debug_dir: None,
+        // A trivial library takes well under a second; do not wait long for a hung compiler.
+        timeout: config.timeout.min(std::time::Duration::from_secs(30)),
+        ..config.clone()
+    };
+    compile_once(
+        &check,
+        "int arrayjit_compiler_check(void) { return 0; }\n",
+        "compiler_check",
+        &[],
+    )
+    .is_ok()
 }
 
 /// Adds to a compiler failure that the compiler came from a `detected-cc-*` file.
