@@ -292,6 +292,10 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Ctrl-C during a compile must not leave the compiler running or its files behind.
+    if let Err(e) = arrayjit::compile::install_signal_cleanup() {
+        eprintln!("warning: {e}");
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(msg) => {

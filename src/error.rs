@@ -48,6 +48,25 @@ pub enum Error {
         /// The timeout that expired.
         seconds: u64,
     },
+    /// Asking the compiler what it makes of the architecture flags (its predefined macros,
+    /// see [`crate::compile::Target::resolve`]) failed.
+    #[error("probing the C compiler's target failed (command: {command}):\n{output}")]
+    TargetProbe {
+        /// The probe's command line.
+        command: String,
+        /// The compiler's output (its tail, if it was long).
+        output: String,
+    },
+    /// An environment variable holds a value arrayjit cannot use.
+    #[error("environment variable {var}={value:?}: expected {expected}")]
+    Config {
+        /// The variable's name.
+        var: String,
+        /// Its value (non-UTF-8 bytes replaced).
+        value: String,
+        /// What the variable must hold.
+        expected: String,
+    },
     /// A compiled library could not be loaded.
     #[error("loading compiled library {path}: {msg}")]
     Load {

@@ -36,6 +36,7 @@ fn config(root: &Path) -> CompilerConfig {
         timeout: Duration::from_secs(120),
         temp_root: Some(root.to_path_buf()),
         cache_dir: None,
+        compile_jobs: 1,
     }
 }
 
@@ -326,14 +327,20 @@ fn cache_hits_same_source_and_misses_changed_flags() {
         v.sort();
         v
     };
-    let entries = files(cache.path());
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    assert!(entries[0].ends_with(".so"), "{entries:?}");
+    let objects = |d: &Path| -> Vec<String> {
+        files(d)
+            .into_iter()
+            .filter(|f| f.ends_with(".so"))
+            .collect()
+    };
+    assert_eq!(objects(cache.path()).len(), 1, "{:?}", files(cache.path()));
+    // Besides the object, the cache holds the memo of the target probe.
+    assert_eq!(files(cache.path()).len(), 2, "{:?}", files(cache.path()));
     // A changed flag is a different key.
     cfg.opt_level = "2".into();
     let c = compile_and_load(&cfg, DOUBLER, "cached", &[]).unwrap();
     assert!(!c.from_cache());
-    assert_eq!(files(cache.path()).len(), 2);
+    assert_eq!(objects(cache.path()).len(), 2);
     // A changed source too.
     let other = DOUBLER.replace("2.0", "3.0");
     let d = compile_and_load(&cfg, &other, "cached", &[]).unwrap();
@@ -352,7 +359,7 @@ fn cache_is_shared_between_processes() {
     fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nif [ \"$1\" != --version ]; then echo compile >> '{}'; fi\nexec '{}' \"$@\"\n",
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
             log.display(),
             real.display()
         ),
@@ -378,14 +385,35 @@ fn cache_is_shared_between_processes() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let compiles = || fs::read_to_string(&log).unwrap_or_default().lines().count();
+    // Every run of the compiler, as (probe?, arguments).
+    let runs = || -> Vec<(bool, String)> {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| (l.contains("-E -dM"), l.to_string()))
+            .collect()
+    };
     let first = run("");
-    assert_eq!(compiles(), 1);
+    let r = runs();
+    assert_eq!(r.len(), 2, "one target probe and one compile: {r:?}");
+    assert!(r[0].0 && r[0].1.contains("-march=native"), "{r:?}");
+    assert!(!r[1].0, "{r:?}");
     let second = run("");
-    assert_eq!(compiles(), 1, "the second process must hit the cache");
+    assert_eq!(
+        runs().len(),
+        2,
+        "the second process must hit the cache without running the compiler (not even the \
+         target probe, which is remembered in the cache directory)"
+    );
     assert_eq!(first, second);
     run("-fno-math-errno");
-    assert_eq!(compiles(), 2, "a changed flag must miss the cache");
+    let r = runs();
+    assert_eq!(
+        r.len(),
+        4,
+        "a changed flag must miss the cache (and probe again): {r:?}"
+    );
+    assert!(r[2].0 && r[2].1.contains("-fno-math-errno"), "{r:?}");
 }
 
 /// GCC 12.2 with -O3 -march=native on an AVX-512 machine turns this generated routine (found
@@ -408,4 +436,251 @@ fn compiler_emitting_invalid_assembly_is_retried_without_avx512() {
         fs::read_dir(root.path()).unwrap().next().is_none(),
         "temporary files left behind"
     );
+}
+
+/// The same source compiled for two targets from one cache directory: `-march=x86-64-v2`
+/// and the default `-march=native`. The cache key holds what the flags resolve to, so the
+/// two get separate entries and each loads and computes right.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn targets_are_resolved_into_the_cache_key() {
+    use arrayjit::compile::{Arch, Target};
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let native = CompilerConfig {
+        temp_root: Some(root.path().to_path_buf()),
+        cache_dir: Some(cache.path().to_path_buf()),
+        arch_flags: vec!["-march=native".into()],
+        ..CompilerConfig::from_env().unwrap()
+    };
+    let v2 = CompilerConfig {
+        arch_flags: vec!["-march=x86-64-v2".into()],
+        ..native.clone()
+    };
+    let t_native = Target::resolve(&native).unwrap();
+    let t_v2 = Target::resolve(&v2).unwrap();
+    assert_ne!(t_native.fingerprint, t_v2.fingerprint);
+    assert_eq!(t_v2.arch, Arch::X86_64);
+    assert!(t_v2.features.sse2 && t_v2.features.sse4_1, "{t_v2:?}");
+    assert!(
+        !t_v2.features.avx && !t_v2.features.avx2 && !t_v2.features.avx512f,
+        "{t_v2:?}"
+    );
+    assert_eq!((t_v2.vector_bytes, t_v2.vector_registers), (16, 16));
+    // -march=native means this CPU: compare with what the kernel says it has.
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap();
+    let cpu_flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let has = |f: &str| cpu_flags.contains(&f);
+    assert_eq!(t_native.features.avx2, has("avx2"), "{t_native:?}");
+    assert_eq!(t_native.features.avx512f, has("avx512f"), "{t_native:?}");
+    assert_eq!(
+        t_native.features.avx512fp16,
+        has("avx512_fp16"),
+        "{t_native:?}"
+    );
+    let widest = if has("avx512f") {
+        64
+    } else if has("avx") {
+        32
+    } else {
+        16
+    };
+    assert_eq!(t_native.vector_bytes, widest);
+
+    // Two entries in one cache directory, each loading and computing right.
+    let a = compile_and_load(&native, DOUBLER, "t", &[]).unwrap();
+    let b = compile_and_load(&v2, DOUBLER, "t", &[]).unwrap();
+    assert!(!a.from_cache() && !b.from_cache());
+    assert_eq!(call(a.entry("f").unwrap(), 21), 42.0);
+    assert_eq!(call(b.entry("f").unwrap(), 5), 10.0);
+    let a2 = compile_and_load(&native, DOUBLER, "t", &[]).unwrap();
+    let b2 = compile_and_load(&v2, DOUBLER, "t", &[]).unwrap();
+    assert!(a2.from_cache() && b2.from_cache());
+    assert_ne!(a2.path(), b2.path());
+    assert_eq!(call(a2.entry("f").unwrap(), 1), 2.0);
+    assert_eq!(call(b2.entry("f").unwrap(), 3), 6.0);
+    let objects: Vec<_> = fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".so"))
+        .collect();
+    assert_eq!(objects.len(), 2, "{objects:?}");
+    assert_empty(root.path());
+}
+
+/// Targets we cannot run are checked through the compiler: `-march=sapphirerapids` has
+/// AVX-512 with half-precision arithmetic, for GCC and Clang alike (where installed).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn target_probe_reports_what_the_flags_mean() {
+    use arrayjit::compile::{CompilerFamily, Target};
+    let root = tempfile::tempdir().unwrap();
+    let mut seen = 0;
+    for (cc, family) in [
+        ("gcc", CompilerFamily::Gcc),
+        ("clang", CompilerFamily::Clang),
+    ] {
+        let Some(path) = which(cc) else { continue };
+        seen += 1;
+        let cfg = CompilerConfig {
+            compiler: path.clone(),
+            arch_flags: vec!["-march=sapphirerapids".into()],
+            ..config(root.path())
+        };
+        let t = Target::resolve(&cfg).unwrap();
+        let f = t.features;
+        assert!(
+            f.avx512fp16 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl,
+            "{cc}: {t:?}"
+        );
+        assert!(f.avx2 && f.fma && f.f16c && f.sse4_1, "{cc}: {t:?}");
+        assert_eq!((t.vector_bytes, t.f32_lanes()), (64, 16), "{cc}");
+        assert_eq!(t.compiler, family, "{cc}");
+        // The version is the compiler's own: `cc -dumpversion` starts with the major version.
+        let out = Command::new(&path).arg("-dumpversion").output().unwrap();
+        let major: u32 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .split('.')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(t.compiler_version.0, major, "{cc}: {t:?}");
+        assert_eq!(t.macro_value("__AVX512FP16__"), Some("1"));
+        // Haswell: AVX2 without AVX-512.
+        let hsw = Target::resolve(&CompilerConfig {
+            arch_flags: vec!["-march=haswell".into()],
+            ..cfg.clone()
+        })
+        .unwrap();
+        assert!(hsw.features.avx2 && !hsw.features.avx512f, "{cc}: {hsw:?}");
+        assert_eq!(hsw.vector_bytes, 32);
+        assert_ne!(hsw.fingerprint, t.fingerprint);
+    }
+    assert!(seen > 0, "neither gcc nor clang is installed");
+    // Host cache sizes are sane whatever the machine.
+    let t = Target::resolve(&CompilerConfig::from_env().unwrap()).unwrap();
+    assert!(
+        t.caches.l1d >= 4096 && t.caches.l2 >= t.caches.l1d,
+        "{:?}",
+        t.caches
+    );
+
+    // An unknown architecture is a probe error carrying the compiler's complaint.
+    let cfg = CompilerConfig {
+        arch_flags: vec!["-march=no-such-cpu".into()],
+        ..config(root.path())
+    };
+    match Target::resolve(&cfg) {
+        Err(Error::TargetProbe { command, output }) => {
+            assert!(command.contains("-march=no-such-cpu -E -dM"), "{command}");
+            assert!(output.contains("no-such-cpu"), "{output}");
+        }
+        other => panic!("expected a probe error, got {other:?}"),
+    }
+    assert_empty(root.path());
+}
+
+/// `name` looked up in `PATH`.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+const TRIPLER: &str = r#"#include "arrayjit.h"
+int f(void *const *b, const int64_t *s, const void *m) {
+  (void)m;
+  ((double *)b[0])[0] = s[0] * 3.0;
+  return 0;
+}
+"#;
+
+/// A valid shared object from another program copied over a cache entry, a garbage file and
+/// a truncated object are all detected (the key compiled into the object does not match),
+/// deleted and compiled again.
+#[test]
+fn invalid_cache_entries_are_recompiled() {
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        cache_dir: Some(cache.path().to_path_buf()),
+        ..config(root.path())
+    };
+    let (doubler_entry, tripler_entry) = {
+        let a = compile_and_load(&cfg, DOUBLER, "d", &[]).unwrap();
+        let b = compile_and_load(&cfg, TRIPLER, "t", &[]).unwrap();
+        assert_eq!(call(a.entry("f").unwrap(), 2), 4.0);
+        assert_eq!(call(b.entry("f").unwrap(), 2), 6.0);
+        let a = compile_and_load(&cfg, DOUBLER, "d", &[]).unwrap();
+        let b = compile_and_load(&cfg, TRIPLER, "t", &[]).unwrap();
+        assert!(a.from_cache() && b.from_cache());
+        (a.path().to_path_buf(), b.path().to_path_buf())
+    }; // all libraries unloaded here
+    let good = fs::read(&doubler_entry).unwrap();
+    // Replaces the entry by a new file (a rename, as a copy from elsewhere would).
+    let replace = |contents: &[u8]| {
+        let tmp = cache.path().join("replacement");
+        fs::write(&tmp, contents).unwrap();
+        fs::rename(&tmp, &doubler_entry).unwrap();
+    };
+    let tripler = fs::read(&tripler_entry).unwrap();
+    // A shared object built by someone else (not through the cache) that computes otherwise.
+    let foreign_dir = tempfile::tempdir().unwrap();
+    fs::write(
+        foreign_dir.path().join("arrayjit.h"),
+        "#include <stdint.h>\n",
+    )
+    .unwrap();
+    fs::write(foreign_dir.path().join("f.c"), TRIPLER).unwrap();
+    let status = Command::new(&cfg.compiler)
+        .args(["-shared", "-fPIC", "-I.", "-o", "libf.so", "f.c"])
+        .current_dir(foreign_dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let foreign = fs::read(foreign_dir.path().join("libf.so")).unwrap();
+    for (what, contents) in [
+        ("another program's shared object", foreign),
+        ("another entry", tripler.clone()),
+        ("garbage", b"this is not an ELF file".to_vec()),
+        ("a truncated object", good[..good.len() / 2].to_vec()),
+        ("an empty file", Vec::new()),
+    ] {
+        replace(&contents);
+        let lib = compile_and_load(&cfg, DOUBLER, "d", &[]).unwrap();
+        assert!(!lib.from_cache(), "{what} was used");
+        assert_eq!(call(lib.entry("f").unwrap(), 21), 42.0, "{what}");
+        drop(lib);
+        // The entry was written again and is used from now on.
+        let lib = compile_and_load(&cfg, DOUBLER, "d", &[]).unwrap();
+        assert!(lib.from_cache(), "{what}: entry not rewritten");
+        assert_eq!(call(lib.entry("f").unwrap(), 5), 10.0, "{what}");
+    }
+    // The other entry was never touched.
+    assert_eq!(fs::read(&tripler_entry).unwrap(), tripler);
+    // The debug log says what happened to an invalid entry.
+    let debug = tempfile::tempdir().unwrap();
+    replace(&tripler);
+    let with_debug = CompilerConfig {
+        debug_dir: Some(debug.path().to_path_buf()),
+        ..cfg.clone()
+    };
+    let lib = compile_and_load(&with_debug, DOUBLER, "d", &[]).unwrap();
+    assert_eq!(call(lib.entry("f").unwrap(), 1), 2.0);
+    let log = fs::read_to_string(debug.path().join("d.log")).unwrap();
+    assert!(
+        log.starts_with(&format!(
+            "[cache entry {} holds the object stored under key {}: deleted, compiling again]",
+            doubler_entry.display(),
+            tripler_entry.file_stem().unwrap().to_string_lossy()
+        )),
+        "{log}"
+    );
+    assert_empty(root.path());
 }

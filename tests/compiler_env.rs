@@ -75,4 +75,40 @@ fn compiler_errors_and_missing_compiler() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("arrayjit_no_such_function"), "{err}");
+
+    // Junk in a variable is a typed error naming the variable, its value and what it must
+    // hold: for the variables that used to be ignored silently too.
+    let boolean = "1, on, true or yes to enable; 0, off, false or no to disable";
+    let jobs = "a whole number of compiler processes, at least 1";
+    for (var, value, expected) in [
+        ("ARRAYJIT_CACHE", "maybe", boolean),
+        ("ARRAYJIT_COMPILE_JOBS", "lots", jobs),
+        ("ARRAYJIT_COMPILE_JOBS", "0", jobs),
+        ("ARRAYJIT_GCC_WORKAROUND", "perhaps", boolean),
+    ] {
+        std::env::set_var(var, value);
+        let err = backend.compile(true, Some("r"), &b, &chain()).unwrap_err();
+        match &err {
+            arrayjit::Error::Config {
+                var: v,
+                value: val,
+                expected: exp,
+            } => assert_eq!(
+                (v.as_str(), val.as_str(), exp.as_str()),
+                (var, value, expected)
+            ),
+            other => panic!("{var}={value}: expected a Config error, got {other:?}"),
+        }
+        let e = arrayjit::compile::CompilerConfig::from_env().unwrap_err();
+        assert_eq!(e.to_string(), err.to_string());
+        std::env::remove_var(var);
+    }
+    // The job count is part of the configuration.
+    std::env::set_var("ARRAYJIT_COMPILE_JOBS", " 3 ");
+    let cfg = arrayjit::compile::CompilerConfig::from_env().unwrap();
+    assert_eq!(cfg.compile_jobs, 3);
+    std::env::remove_var("ARRAYJIT_COMPILE_JOBS");
+    backend
+        .compile(true, Some("fine_again"), &b, &chain())
+        .unwrap();
 }

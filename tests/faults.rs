@@ -735,3 +735,476 @@ fn a_panicking_task_is_named_and_other_devices_keep_working() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Environment variables.
+
+/// Junk in any of the compile stage's variables is an error naming the variable, its value
+/// and what was expected, whether or not the variable used to be checked.
+#[test]
+fn junk_in_compile_variables_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = program_str();
+    let boolean = "1, on, true or yes to enable; 0, off, false or no to disable";
+    let jobs = "a whole number of compiler processes, at least 1";
+    let flags = "compiler flags separated by whitespace, each starting with '-'";
+    let cases: Vec<(&str, &str, String)> = vec![
+        ("ARRAYJIT_COMPILE_JOBS", "lots", jobs.into()),
+        ("ARRAYJIT_COMPILE_JOBS", "0", jobs.into()),
+        ("ARRAYJIT_CACHE", "maybe", boolean.into()),
+        ("ARRAYJIT_GCC_WORKAROUND", "2", boolean.into()),
+        (
+            "ARRAYJIT_OPT_LEVEL",
+            "fastest",
+            "an optimization level: 0, 1, 2, 3, s, z, g or fast (optionally with -O)".into(),
+        ),
+        (
+            "ARRAYJIT_COMPILE_TIMEOUT",
+            "-1",
+            "a positive number of seconds, such as 300 or 2.5".into(),
+        ),
+        (
+            "ARRAYJIT_ARCH_FLAGS",
+            "march=native",
+            format!("{flags} (\"march=native\" does not)"),
+        ),
+        (
+            "ARRAYJIT_CFLAGS",
+            "-O2 -E",
+            format!("{flags}, but not -E (arrayjit chooses what the compiler produces)"),
+        ),
+        (
+            "CC",
+            "gcc -m32",
+            "a single program (a path, or a name found in PATH); put flags in ARRAYJIT_CFLAGS"
+                .into(),
+        ),
+    ];
+    for (var, value, expected) in cases {
+        let mut env: Vec<Var> = vec![(var, os(value))];
+        if var == "CC" {
+            env.push(("ARRAYJIT_CC", None));
+        }
+        let out = cli(&["run", &p], tmp.path(), &env);
+        assert_error(&out);
+        let want = format!("environment variable {var}={value:?}: expected {expected}");
+        assert!(
+            out.stderr.contains(&want),
+            "expected {want:?} in {}",
+            out.stderr
+        );
+        assert_no_leftovers(tmp.path());
+    }
+    // Good values of the same variables work.
+    let out = cli(
+        &["run", &p],
+        tmp.path(),
+        &[
+            ("ARRAYJIT_CC", Some(real_cc())),
+            ("ARRAYJIT_COMPILE_JOBS", os("2")),
+            ("ARRAYJIT_CACHE", os("OFF")),
+            ("ARRAYJIT_GCC_WORKAROUND", os("yes")),
+            ("ARRAYJIT_OPT_LEVEL", os("-O2")),
+            ("ARRAYJIT_COMPILE_TIMEOUT", os("30.5")),
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_no_leftovers(tmp.path());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The compiler remembered by detection (`detected-cc-*` in the cache directory).
+
+/// The first line of a valid `detected-cc-*` file.
+const DETECTED_HEADER: &str = "arrayjit detected C compiler, format 1";
+
+/// The environment for a run that detects its compiler and uses the cache in `cache`.
+fn detecting(cache: &Path) -> Vec<Var<'static>> {
+    vec![
+        ("ARRAYJIT_CC", None),
+        ("CC", None),
+        ("ARRAYJIT_CACHE", None),
+        ("ARRAYJIT_CACHE_DIR", os(cache)),
+    ]
+}
+
+/// The `detected-cc-*` files in `cache`.
+fn detected_files(cache: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("detected-cc-")
+        })
+        .collect()
+}
+
+/// Deletes the compiled objects in `cache`, so that the next run must compile.
+fn remove_objects(cache: &Path) {
+    for e in std::fs::read_dir(cache).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "so") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+}
+
+/// The `identity` line of a `detected-cc-*` file for `path`: resolved path, size and
+/// modification time.
+fn identity_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(path).unwrap();
+    let m = std::fs::metadata(&real).unwrap();
+    format!(
+        "{} {} {} {}",
+        real.display(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec()
+    )
+}
+
+/// A corrupted `detected-cc-*` file (`false`, which is found in PATH; empty; binary junk; a
+/// path to nothing; a directory) is ignored and rewritten, and the run works.
+#[test]
+fn corrupt_detected_compiler_file_heals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let p = program_str();
+    let env = detecting(cache.path());
+    let first = cli(&["run", &p], tmp.path(), &env);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let files = detected_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file = &files[0];
+    let good = std::fs::read_to_string(file).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    assert_eq!(lines.len(), 4, "{good}");
+    assert_eq!(lines[0], DETECTED_HEADER);
+    assert!(lines[1].starts_with("target ") && lines[2].starts_with("path "));
+    assert!(lines[3].starts_with("identity /"), "{good}");
+
+    let cases: [(&str, &[u8]); 6] = [
+        ("false", b"false\n"),
+        ("false without a newline", b"false"),
+        ("empty", b""),
+        (
+            "binary junk",
+            &[0x7f, b'E', b'L', b'F', 0, 0xff, 0xfe, b'\n', 1, 2, 3],
+        ),
+        ("a path to nothing", b"/nonexistent/bin/cc\n"),
+        (
+            "the old format naming false",
+            b"arrayjit detected C compiler, format 1\nfalse\n",
+        ),
+    ];
+    for (what, contents) in cases {
+        std::fs::write(file, contents).unwrap();
+        remove_objects(cache.path());
+        let out = cli(&["run", &p], tmp.path(), &env);
+        assert_eq!(out.code, 0, "{what}: {}", out.stderr);
+        assert_eq!(out.stdout, first.stdout, "{what}");
+        assert_eq!(std::fs::read_to_string(file).unwrap(), good, "{what}");
+        assert_no_leftovers(tmp.path());
+    }
+    // A directory in its place: detection still works (the memo just cannot be written).
+    std::fs::remove_file(file).unwrap();
+    std::fs::create_dir(file).unwrap();
+    remove_objects(cache.path());
+    let out = cli(&["run", &p], tmp.path(), &env);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, first.stdout);
+    std::fs::remove_dir(file).unwrap();
+
+    // A well-formed file naming a compiler that exists and fails: the failure makes the
+    // detection run afresh, which finds the real compiler; the run works and the file heals.
+    let bin = tempfile::tempdir().unwrap();
+    let broken = script(
+        bin.path(),
+        "broken-cc",
+        "echo 'broken-cc: I am not a compiler' >&2\nexit 1",
+    );
+    std::fs::write(
+        file,
+        format!(
+            "{DETECTED_HEADER}\n{}\npath {}\nidentity {}\n",
+            lines[1],
+            broken.display(),
+            identity_of(&broken)
+        ),
+    )
+    .unwrap();
+    remove_objects(cache.path());
+    let out = cli(&["run", &p], tmp.path(), &env);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(out.stdout, first.stdout);
+    assert_eq!(std::fs::read_to_string(file).unwrap(), good);
+    assert_no_leftovers(tmp.path());
+
+    // A compile that fails for its source (here: its flags) with a working remembered
+    // compiler is not blamed on the file, and the file stays.
+    remove_objects(cache.path());
+    let mut bad_source = env.clone();
+    bad_source.push(("ARRAYJIT_CFLAGS", os("-Dfor=@")));
+    let out = cli(&["run", &p], tmp.path(), &bad_source);
+    assert_error(&out);
+    assert!(out.stderr.contains("stray"), "{}", out.stderr);
+    assert!(!out.stderr.contains("remembered in"), "{}", out.stderr);
+    assert_eq!(std::fs::read_to_string(file).unwrap(), good);
+    assert_no_leftovers(tmp.path());
+}
+
+/// When the remembered compiler fails and a fresh detection chooses it again, the error names
+/// the file that remembered it.
+#[test]
+fn failing_detected_compiler_error_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    // A `cc` first in PATH that is not a compiler: the cc crate's detection picks it.
+    script(
+        bin.path(),
+        "cc",
+        "echo 'fake cc: refusing 5150' >&2\nexit 1",
+    );
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin.path().to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let mut env = detecting(cache.path());
+    env.push(("PATH", Some(std::env::join_paths(dirs).unwrap())));
+    env.push(("CC_x86_64_unknown_linux_gnu", None));
+    env.push(("TARGET_CC", None));
+    env.push(("HOST_CC", None));
+    let p = program_str();
+    // The first run detects it afresh, so there is nothing to blame on the file.
+    let out = cli(&["run", &p], tmp.path(), &env);
+    assert_error(&out);
+    assert!(
+        out.stderr.contains("fake cc: refusing 5150"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("detected-cc-"), "{}", out.stderr);
+    // The second run takes it from the file.
+    let files = detected_files(cache.path());
+    assert_eq!(files.len(), 1, "{files:?}");
+    let out = cli(&["run", &p], tmp.path(), &env);
+    assert_error(&out);
+    assert!(
+        out.stderr.contains("fake cc: refusing 5150"),
+        "{}",
+        out.stderr
+    );
+    let want = format!(
+        "remembered in {}; a fresh detection chose it again",
+        files[0].display()
+    );
+    assert!(
+        out.stderr.contains(&want),
+        "expected {want:?} in {}",
+        out.stderr
+    );
+    assert_no_leftovers(tmp.path());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compiler output.
+
+/// The process's children's peak resident memory so far, in KiB.
+fn children_max_rss_kib() -> i64 {
+    // SAFETY: getrusage only writes into the struct we pass, which is plain data for which
+    // all-zero bytes are a valid value.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss
+    }
+}
+
+/// A compiler that writes ~100 MB and fails: the error holds only the tail of its output
+/// (the last lines, at most 16 KiB) and names a file with all of it, and the output is never
+/// read whole into memory.
+#[test]
+fn huge_compiler_output_is_cut_to_its_tail() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tempfile::tempdir().unwrap();
+    let cc = script(
+        bin.path(),
+        "loud-cc",
+        "echo 'loud-cc: first line 1111' >&2\n\
+         yes 'loud-cc: warning: this line repeats a great many times' | head -c 100000000 >&2\n\
+         echo 'loud-cc: on stdout 3333'\n\
+         echo 'loud-cc: last line 9999' >&2\n\
+         exit 1",
+    );
+    let out = cli(
+        &["run", &program_str()],
+        tmp.path(),
+        &[("ARRAYJIT_CC", os(&cc))],
+    );
+    assert_error(&out);
+    assert!(out.stderr.len() < 20 * 1024, "{} bytes", out.stderr.len());
+    assert!(out.stderr.lines().count() < 220, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("loud-cc: last line 9999"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("first line 1111"), "{}", out.stderr);
+    // The pointer to the full output.
+    let marker = "all of it is in ";
+    let start = out.stderr.find(marker).expect("a path to the full output") + marker.len();
+    let rest = &out.stderr[start..];
+    let log = PathBuf::from(&rest[..rest.find(']').unwrap()]);
+    assert_eq!(log.parent(), Some(tmp.path()), "{}", log.display());
+    let name = log.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("arrayjit-compile-matmul") && name.ends_with(".log"),
+        "{name}"
+    );
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(
+        out.stderr
+            .contains(&format!("[the compiler printed {size} bytes; the first ")),
+        "{}",
+        out.stderr
+    );
+    assert!(size > 100_000_000, "{size}");
+    // The log starts with standard output, then the error output from its first line.
+    let mut head = vec![0u8; 64];
+    use std::io::Read;
+    std::fs::File::open(&log)
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert!(
+        head.starts_with(b"loud-cc: on stdout 3333\nloud-cc: first line 1111\n"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    std::fs::remove_file(&log).unwrap();
+    assert_no_leftovers(tmp.path());
+    // Reading 100 MB into memory (as before) would take hundreds of MB. Other tests' compilers
+    // count too, but none of them comes near; a preloaded sanitizer runtime would, so the
+    // check is skipped under one.
+    if std::env::var_os("LD_PRELOAD").is_none() {
+        let rss_mib = children_max_rss_kib() / 1024;
+        assert!(rss_mib < 100, "a child process peaked at {rss_mib} MiB");
+    }
+
+    // With a debug directory, its log has all of it and the message points there.
+    let debug = tempfile::tempdir().unwrap();
+    let out = cli(
+        &["run", &program_str()],
+        tmp.path(),
+        &[
+            ("ARRAYJIT_CC", os(&cc)),
+            ("ARRAYJIT_DEBUG_DIR", os(debug.path())),
+        ],
+    );
+    assert_error(&out);
+    let kept = debug.path().join("matmul.log");
+    assert!(
+        out.stderr
+            .contains(&format!("all of it is in {}]", kept.display())),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(std::fs::metadata(&kept).unwrap().len(), size);
+    assert!(out.stderr.len() < 20 * 1024);
+    assert_no_leftovers(tmp.path());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signals.
+
+/// SIGTERM while the compiler runs (during the target probe with the cache on, during the
+/// compile with it off): the CLI kills the compiler's process group, removes its temporary
+/// directory and exits with 143.
+#[test]
+fn sigterm_during_a_compile_cleans_up() {
+    for cache in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tempfile::tempdir().unwrap();
+        let cache_dir = tempfile::tempdir().unwrap();
+        let pid_file = bin.path().join("cc.pid");
+        let child_file = bin.path().join("child.pid");
+        // Writes its pid, starts a child, then sleeps; the pid file is written last, so that
+        // both are known once it exists.
+        let cc = script(
+            bin.path(),
+            "sleepy-cc",
+            &format!(
+                "sleep 300 &\necho $! > '{c}'\necho $$ > '{p}.tmp'\nmv '{p}.tmp' '{p}'\nexec sleep 300",
+                c = child_file.display(),
+                p = pid_file.display()
+            ),
+        );
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_arrayjit"));
+        cmd.args(["run", &program_str()])
+            .env("TMPDIR", tmp.path())
+            .env("ARRAYJIT_CC", &cc)
+            .env_remove("ARRAYJIT_DEBUG_DIR")
+            .env_remove("ARRAYJIT_COMPILE_TIMEOUT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if cache {
+            cmd.env_remove("ARRAYJIT_CACHE")
+                .env("ARRAYJIT_CACHE_DIR", cache_dir.path());
+        } else {
+            cmd.env("ARRAYJIT_CACHE", "0");
+        }
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !pid_file.exists() {
+            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the fake compiler never started (cache {cache})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let cc_pid = read_pid(&pid_file);
+        let grandchild = read_pid(&child_file);
+        // The compile is under way: its temporary directory exists.
+        let busy: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(
+            !busy.is_empty(),
+            "no temporary directory during the compile"
+        );
+
+        let sent = Instant::now();
+        // SAFETY: kill(2) has no memory-safety preconditions; `child` is our own unreaped
+        // child, so its pid names it.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if sent.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = Command::new("kill")
+                    .args(["-9", &cc_pid.to_string(), &grandchild.to_string()])
+                    .status();
+                panic!("arrayjit did not exit within 10 s of SIGTERM (cache {cache})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(143), "cache {cache}: {status:?}");
+        assert!(
+            sent.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            sent.elapsed()
+        );
+        wait_dead(cc_pid, "the fake compiler");
+        wait_dead(grandchild, "the fake compiler's child");
+        assert_no_leftovers(tmp.path());
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}

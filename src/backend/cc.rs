@@ -9,20 +9,11 @@ use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, RoutineBindings, Tnode};
 use crate::optimize::{self, Optimized, Settings};
+use crate::target::VectorTarget;
 use crate::{loops, lower};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// How many compiler processes a batch may use at once: `ARRAYJIT_COMPILE_JOBS`, else the
-/// machine's available parallelism. With 1, a batch is one file and one compiler run.
-fn compile_jobs() -> usize {
-    std::env::var("ARRAYJIT_COMPILE_JOBS")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&n| n >= 1)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
 
 /// How many virtual devices a backend suggests (see the devices layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -276,8 +267,6 @@ pub struct CcBackend {
     config: Mutex<Config>,
     /// Optimizer settings used by `compile`.
     pub settings: Settings,
-    /// The vector target code is written for.
-    target: crate::target::VectorTarget,
 }
 
 impl Default for CcBackend {
@@ -319,7 +308,6 @@ impl CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             settings: Settings::default(),
-            target: crate::target::VectorTarget::default(),
         }
     }
 
@@ -383,9 +371,33 @@ impl CcBackend {
         }
     }
 
-    fn optimize_one(&self, name: &str, asgns: &Assignments) -> Result<Optimized> {
+    fn optimize_one(
+        &self,
+        name: &str,
+        asgns: &Assignments,
+        target: &VectorTarget,
+    ) -> Result<Optimized> {
         let code = lower::lower(asgns)?;
-        optimize::optimize(name, code, &self.settings)
+        if self.settings.target.is_some() {
+            return optimize::optimize(name, code, &self.settings);
+        }
+        let settings = Settings {
+            target: Some(*target),
+            ..self.settings.clone()
+        };
+        optimize::optimize(name, code, &settings)
+    }
+
+    /// The compiler configuration (from the environment) and what its compiler makes of the
+    /// architecture flags (probed once per process and memoized on disk). When the probe
+    /// fails, code is written for the portable target (GCC/Clang vector extensions) and the
+    /// compile itself reports what is wrong with the compiler.
+    fn resolve(&self) -> Result<(CompilerConfig, VectorTarget)> {
+        let cfg = CompilerConfig::from_env()?;
+        let target = compile::Target::resolve(&cfg)
+            .map(|t| t.vector_target())
+            .unwrap_or_default();
+        Ok((cfg, target))
     }
 
     /// Compiles one routine. With `shared: true` the C is compiled now and the code can be
@@ -400,12 +412,13 @@ impl CcBackend {
     ) -> Result<Code> {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
-        let optimized = self.optimize_one(&name, asgns)?;
-        let generated = codegen::generate(&[(&optimized, bindings)], &self.target)?;
+        let (cfg, target) = self.resolve()?;
+        let optimized = self.optimize_one(&name, asgns, &target)?;
+        let generated = codegen::generate(&[(&optimized, bindings)], &target)?;
         let source = generated.source();
         let dumps = dumps(&optimized, asgns, 0);
         let state = if shared {
-            CodeState::Compiled(Arc::new(Self::build_one(&generated, &dumps)?))
+            CodeState::Compiled(Arc::new(Self::build_one(&generated, &dumps, &cfg)?))
         } else {
             CodeState::Postponed(Box::new(Postponed { generated, dumps }))
         };
@@ -419,8 +432,12 @@ impl CcBackend {
     }
 
     /// Compiles generated code holding exactly one routine.
-    fn build_one(generated: &Generated, dumps: &[DebugFile]) -> Result<Compiled> {
-        Self::build(generated, dumps)?
+    fn build_one(
+        generated: &Generated,
+        dumps: &[DebugFile],
+        cfg: &CompilerConfig,
+    ) -> Result<Compiled> {
+        Self::build(generated, dumps, cfg)?
             .pop()
             .ok_or_else(|| Error::Usage("internal error: no routine was generated".into()))
     }
@@ -428,9 +445,12 @@ impl CcBackend {
     /// Compiles generated code: its parts are dealt out to files of similar weight (see
     /// [`plan_files`]), compiled by up to `ARRAYJIT_COMPILE_JOBS` compiler processes at once.
     /// Returns one compiled routine per signature, in order.
-    fn build(generated: &Generated, dumps: &[DebugFile]) -> Result<Vec<Compiled>> {
-        let cfg = CompilerConfig::from_env()?;
-        let jobs = compile_jobs();
+    fn build(
+        generated: &Generated,
+        dumps: &[DebugFile],
+        cfg: &CompilerConfig,
+    ) -> Result<Vec<Compiled>> {
+        let jobs = cfg.compile_jobs;
         let files = plan_files(generated, jobs);
         let sources: Vec<(String, String)> = files
             .iter()
@@ -449,7 +469,7 @@ impl CcBackend {
                 (generated.file(parts), stem)
             })
             .collect();
-        let libs = compile_files(&cfg, &sources, dumps, jobs)?;
+        let libs = compile_files(cfg, &sources, dumps, jobs)?;
         let mut lib_of_part = vec![0usize; generated.parts.len()];
         for (f, parts) in files.iter().enumerate() {
             for &p in parts {
@@ -491,7 +511,9 @@ impl CcBackend {
         bindings: &Bindings,
         asgns: &[Assignments],
     ) -> Result<String> {
-        Ok(self.prepare_batch(names, None, bindings, asgns)?.1)
+        // Without a usable compiler, print portable code (GCC/Clang vector extensions).
+        let target = self.resolve().map(|(_, t)| t).unwrap_or_default();
+        Ok(self.prepare_batch(names, None, bindings, asgns, &target)?.1)
     }
 
     #[allow(clippy::type_complexity)]
@@ -501,6 +523,7 @@ impl CcBackend {
         occupancy: Option<Occupancy<'_>>,
         bindings: &Bindings,
         asgns: &[Assignments],
+        target: &VectorTarget,
     ) -> Result<(
         Vec<Option<(String, Optimized)>>,
         String,
@@ -515,7 +538,7 @@ impl CcBackend {
                 entries.push(None);
                 continue;
             }
-            let o = self.optimize_one(&name, a)?;
+            let o = self.optimize_one(&name, a, target)?;
             all_dumps.extend(dumps(&o, a, i));
             entries.push(Some((name, o)));
         }
@@ -524,7 +547,7 @@ impl CcBackend {
             .flatten()
             .map(|(_, o)| (o, bindings))
             .collect();
-        let generated = codegen::generate(&included, &self.target)?;
+        let generated = codegen::generate(&included, target)?;
         let source = generated.source();
         Ok((entries, source, generated, all_dumps))
     }
@@ -545,9 +568,10 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
+        let (cfg, target) = self.resolve()?;
         let (entries, source, generated, all_dumps) =
-            self.prepare_batch(names, occupancy, bindings, asgns)?;
-        let mut compiled = Self::build(&generated, &all_dumps)?.into_iter();
+            self.prepare_batch(names, occupancy, bindings, asgns, &target)?;
+        let mut compiled = Self::build(&generated, &all_dumps, &cfg)?.into_iter();
         let entries = entries
             .into_iter()
             .map(|e| {
@@ -634,7 +658,11 @@ impl CcBackend {
         self.check_initialized()?;
         let compiled = match &code.state {
             CodeState::Compiled(c) => c.clone(),
-            CodeState::Postponed(p) => Arc::new(Self::build_one(&p.generated, &p.dumps)?),
+            CodeState::Postponed(p) => Arc::new(Self::build_one(
+                &p.generated,
+                &p.dumps,
+                &CompilerConfig::from_env()?,
+            )?),
         };
         Self::make_routine(
             &code.name,

@@ -564,7 +564,9 @@ impl Writer {
                 .collect();
             let to_zero: Vec<Tnode> = scratch
                 .iter()
-                .filter(|tn| used.nodes.contains(tn) && !zeroed.contains(tn))
+                .filter(|tn| {
+                    used.nodes.contains(tn) && !zeroed.contains(tn) && !o.written_first.contains(tn)
+                })
                 .cloned()
                 .collect();
             zeroed.extend(to_zero.iter().cloned());
@@ -579,7 +581,7 @@ impl Writer {
                 &title,
                 &mine,
                 &params,
-                &part_locals[k],
+                (&part_locals[k], &o.written_first),
                 &to_zero,
                 group,
             );
@@ -628,7 +630,7 @@ impl Writer {
         title: &str,
         mine: &[(usize, &Param)],
         all: &[Param],
-        locals: &[Tnode],
+        (locals, written_first): (&[Tnode], &[Tnode]),
         to_zero: &[Tnode],
         body: &[Llc],
     ) {
@@ -656,9 +658,15 @@ impl Writer {
         );
         for tn in locals {
             let n = self.names.node(tn);
+            // Arrays written entirely before they are read need no zeroing.
+            let init = if written_first.contains(tn) {
+                ""
+            } else {
+                " = {0}"
+            };
             let _ = writeln!(
                 self.out,
-                "  {} {n}[{}] = {{0}};",
+                "  {} {n}[{}]{init};",
                 tn.prec().c_type(),
                 tn.numel()
             );
@@ -732,28 +740,20 @@ impl Uses {
     fn of(stmts: &[Llc]) -> Uses {
         let mut u = Uses::default();
         for c in stmts {
-            crate::optimize::visit_llc(c, &mut |c| match c {
-                Llc::Set { tn, idcs, .. } => {
-                    u.nodes.insert(tn.clone());
-                    u.symbols.extend(idcs.iter().flat_map(|i| i.symbols()));
-                }
-                Llc::ZeroOut(tn) => {
+            crate::loops::visit_llc(c, &mut |c| match c {
+                Llc::Set { tn, .. } | Llc::VStore { tn, .. } | Llc::ZeroOut(tn) => {
                     u.nodes.insert(tn.clone());
                 }
                 _ => {}
             });
-            crate::optimize::visit_values(c, &mut |v| match v {
-                Llv::Get(tn, idcs) => {
-                    u.nodes.insert(tn.clone());
-                    u.symbols.extend(idcs.iter().flat_map(|i| i.symbols()));
-                }
-                Llv::GetMergeBuffer(_, idcs) => {
+            crate::loops::visit_reads(c, &mut |tn, _, _, merge| {
+                if merge {
                     u.merge = true;
-                    u.symbols.extend(idcs.iter().flat_map(|i| i.symbols()));
+                } else {
+                    u.nodes.insert(tn.clone());
                 }
-                Llv::EmbedIndex(i) => u.symbols.extend(i.symbols()),
-                _ => {}
             });
+            crate::loops::visit_indices(c, &mut |ix| u.symbols.extend(ix.symbols()));
         }
         u
     }
@@ -839,15 +839,11 @@ fn static_limit(code: &Llc, s: &StaticSymbol) -> Option<usize> {
             }
         }
     };
-    crate::optimize::visit_llc(code, &mut |c| {
-        if let Llc::Set { tn, idcs, .. } = c {
+    crate::loops::visit_llc(code, &mut |c| {
+        if let Llc::Set { tn, idcs, .. } | Llc::VStore { tn, idcs, .. } = c {
             tighten(tn, idcs)
         }
     });
-    crate::optimize::visit_values(code, &mut |v| {
-        if let Llv::Get(tn, idcs) | Llv::GetMergeBuffer(tn, idcs) = v {
-            tighten(tn, idcs)
-        }
-    });
+    crate::loops::visit_reads(code, &mut |tn, idcs, _, _| tighten(tn, idcs));
     limit
 }

@@ -669,7 +669,7 @@ impl<'m> Machine<'m> {
                 let v = self.eval_vector(value)?;
                 let off = self.vector_span(tn, idcs, v.len(), "writing")?;
                 let p = tn.prec();
-                for (dst, x) in self.mem.values_mut(tn)[off..off + v.len()]
+                for (dst, x) in self.mem.values_mut(tn)?[off..off + v.len()]
                     .iter_mut()
                     .zip(v)
                 {
@@ -719,7 +719,7 @@ impl<'m> Machine<'m> {
             Vlv::Splat(t, x) => vec![round(self.eval(x, t.prec)?); t.lanes],
             Vlv::Load(t, tn, idcs) => {
                 let off = self.vector_span(tn, idcs, t.lanes, "reading")?;
-                self.mem.values_mut(tn)[off..off + t.lanes]
+                self.mem.values_mut(tn)?[off..off + t.lanes]
                     .iter()
                     .map(|&x| round(x))
                     .collect()

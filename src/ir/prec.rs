@@ -82,7 +82,8 @@ impl Prec {
     pub fn round(self, v: f64) -> f64 {
         match self {
             Prec::Byte => byte_of_f64(v) as f64,
-            Prec::Half => half::f16::from_f64(v).to_f64(),
+            // Correctly rounded on every CPU (`half::f16::from_f64` is not).
+            Prec::Half => super::ndarray::f16_from_f64(v).to_f64(),
             Prec::Single => v as f32 as f64,
             Prec::Double => v,
         }

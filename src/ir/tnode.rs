@@ -138,6 +138,8 @@ pub mod provenance {
     /// Lowering: a snapshot of a node that an assignment reads at other cells than it
     /// writes (an in-place transpose or product), kept for the assignment's duration.
     pub const SNAPSHOT: u32 = 19;
+    /// Kernel passes: packed operand panels and tile buffers of a GEMM kernel.
+    pub const KERNEL: u32 = 20;
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(1);

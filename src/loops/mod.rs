@@ -14,8 +14,8 @@ mod walk;
 
 pub use print::to_doc;
 pub use walk::{
-    map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_values,
-    visit_vectors,
+    map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_value,
+    visit_value_indices, visit_values, visit_vectors,
 };
 
 use crate::ir::{AxisIndex, Binop, Prec, Symbol, Tnode, Unop};

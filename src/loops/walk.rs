@@ -61,6 +61,40 @@ pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
     }
 }
 
+/// Calls `f` on a scalar value and every value inside it, outermost first (including values
+/// inside local scopes).
+pub fn visit_value(v: &Llv, f: &mut impl FnMut(&Llv)) {
+    f(v);
+    match v {
+        Llv::LocalScope { body, .. } => visit_values(body, f),
+        Llv::Binop(_, a, b) => {
+            visit_value(a, f);
+            visit_value(b, f);
+        }
+        Llv::Unop(_, a) => visit_value(a, f),
+        _ => {}
+    }
+}
+
+/// Calls `f` on every index used inside a scalar value.
+pub fn visit_value_indices(v: &Llv, f: &mut impl FnMut(&AxisIndex)) {
+    visit_value(v, &mut |v| match v {
+        Llv::Get(_, idcs) | Llv::GetMergeBuffer(_, idcs) => idcs.iter().for_each(&mut *f),
+        Llv::LocalScope {
+            body, orig_indices, ..
+        } => {
+            orig_indices.iter().for_each(&mut *f);
+            visit_llc(body, &mut |c| {
+                if let Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } = c {
+                    idcs.iter().for_each(&mut *f)
+                }
+            });
+        }
+        Llv::EmbedIndex(ix) => f(ix),
+        _ => {}
+    });
+}
+
 fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
     f(v);
     match v {

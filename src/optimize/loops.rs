@@ -35,18 +35,75 @@
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, Binop, MemoryMode, Prec, Symbol, Tnode};
 use crate::loops::{Llc, Llv};
+use crate::target::VectorTarget;
 
-/// Runs the loop-nest passes; returns the code and the local arrays they introduced.
-pub fn optimize_loops(code: Llc) -> (Llc, Vec<Tnode>) {
-    let mut locals = vec![];
-    let code = pass(code, &mut locals);
-    (code, locals)
+/// What the loop-nest passes produced.
+pub struct LoopResult {
+    /// The code.
+    pub code: Llc,
+    /// The local arrays the passes introduced.
+    pub locals: Vec<Tnode>,
+    /// Those of them that are entirely written before they are read in each call.
+    pub written_first: Vec<Tnode>,
 }
 
-fn pass(code: Llc, locals: &mut Vec<Tnode>) -> Llc {
+/// Runs the loop-nest passes. With a vector target, contractions become GEMM kernels
+/// ([`super::gemm`]) first.
+pub fn optimize_loops(code: Llc, target: Option<&VectorTarget>) -> LoopResult {
+    let mut out = LoopResult {
+        code: Llc::Noop,
+        locals: vec![],
+        written_first: vec![],
+    };
+    out.code = pass(code, target, &mut out);
+    out
+}
+
+fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
     match code {
-        Llc::Seq(v) => Llc::Seq(v.into_iter().map(|c| pass(c, locals)).collect()),
-        c @ Llc::For { .. } => vectorize_reduction(tile_contraction(interchange(c)), locals),
+        Llc::Seq(v) => {
+            let mut stmts: Vec<Llc> = Vec::with_capacity(v.len());
+            for c in v {
+                // A zero fill just before a contraction may be folded into its kernel.
+                let zero_filled = match stmts.last() {
+                    Some(Llc::ZeroOut(t)) => Some(t.clone()),
+                    _ => None,
+                };
+                let c = match (target, &c) {
+                    (Some(t), Llc::For { .. }) => {
+                        match super::gemm::rewrite(c, t, zero_filled.as_ref()) {
+                            Ok(k) => {
+                                if k.folded_zero_fill {
+                                    stmts.pop();
+                                }
+                                out.locals.extend(k.locals);
+                                out.written_first.extend(k.written_first);
+                                stmts.push(k.code);
+                                continue;
+                            }
+                            Err(c) => c,
+                        }
+                    }
+                    _ => c,
+                };
+                stmts.push(pass(c, target, out));
+            }
+            Llc::Seq(stmts)
+        }
+        c @ Llc::For { .. } => {
+            let c = match target {
+                Some(t) => match super::gemm::rewrite(c, t, None) {
+                    Ok(k) => {
+                        out.locals.extend(k.locals);
+                        out.written_first.extend(k.written_first);
+                        return k.code;
+                    }
+                    Err(c) => c,
+                },
+                None => c,
+            };
+            vectorize_reduction(tile_contraction(interchange(c)), &mut out.locals)
+        }
         c => c,
     }
 }

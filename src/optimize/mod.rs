@@ -1,6 +1,7 @@
 //! The optimizer (SPEC section 4): tracing, memory-mode inference, virtualization (inlining),
 //! cleanup and simplification, turning lowered code into an [`Optimized`] routine body.
 
+mod gemm;
 mod loops;
 mod simplify;
 mod trace;
@@ -31,6 +32,9 @@ pub struct Settings {
     pub max_inline_work: u64,
     /// Run the loop-nest passes (loop interchange for locality).
     pub loop_opts: bool,
+    /// The vector target of the kernel passes (GEMM kernels for contractions); `None`: no
+    /// vector kernels. The cc backend fills it with the resolved target when it is `None`.
+    pub target: Option<crate::target::VectorTarget>,
 }
 
 impl Default for Settings {
@@ -42,6 +46,7 @@ impl Default for Settings {
             inline_scalar_constexprs: true,
             max_inline_work: 64,
             loop_opts: true,
+            target: None,
         }
     }
 }
@@ -61,6 +66,9 @@ pub struct Optimized {
     pub merge_node: Option<Tnode>,
     /// Nodes that remain in the code, with their final memory modes, in order of id.
     pub nodes: Vec<(Tnode, MemoryMode)>,
+    /// Local arrays whose every element is written before it is read in each call (the
+    /// kernel passes' packed panels): they need no zeroing.
+    pub written_first: Vec<Tnode>,
 }
 
 /// Optimizes lowered code.
@@ -83,13 +91,15 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
         }
     }
     let mut locals: Vec<Tnode> = vec![];
+    let mut written_first: Vec<Tnode> = vec![];
     let code = if settings.enabled {
         let code = virtualize::virtualize(code, &traced_store, settings.max_inline_work)?;
         let code = simplify(code);
         if settings.loop_opts {
-            let (code, new_locals) = loops::optimize_loops(code);
-            locals = new_locals;
-            code
+            let r = loops::optimize_loops(code, settings.target.as_ref());
+            locals = r.locals;
+            written_first = r.written_first;
+            r.code
         } else {
             code
         }
@@ -132,6 +142,7 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
         traced_store,
         merge_node,
         nodes,
+        written_first,
     })
 }
 

@@ -132,10 +132,34 @@ pub fn round_to(prec: Prec, v: f64) -> f64 {
                 0.0
             }
         }
-        Prec::Half => half::f16::from_f64(v).to_f64(),
+        Prec::Half => nearest_half(v),
         Prec::Single => v as f32 as f64,
         Prec::Double => v,
     }
+}
+
+/// The half nearest to `v` (ties to even; 65520 and beyond overflow to infinity), found by
+/// comparing the neighbours of a first guess: exact whatever the guess's own rounding.
+pub fn nearest_half(v: f64) -> f64 {
+    use half::f16;
+    if v.is_nan() || v.is_infinite() {
+        return v;
+    }
+    if v.abs() >= 65520.0 {
+        return v.signum() * f64::INFINITY;
+    }
+    let guess = f16::from_f32(v as f32).to_bits() & 0x7fff;
+    let sign = if v.is_sign_negative() { 0x8000 } else { 0 };
+    let mut best: Option<(f64, u16)> = None;
+    for b in [guess.saturating_sub(1), guess, (guess + 1).min(0x7bff)] {
+        let h = f16::from_bits(sign | b).to_f64();
+        let d = (h - v).abs();
+        best = match best {
+            Some((bd, bb)) if bd < d || (bd == d && bb % 2 == 0) => Some((bd, bb)),
+            _ => Some((d, b)),
+        };
+    }
+    best.map_or(v, |(_, b)| f16::from_bits(sign | b).to_f64())
 }
 
 /// Relative tolerance for comparing results of each precision.

@@ -1,0 +1,765 @@
+//! [`CompilerConfig`]: the compiler and its flags, read from the environment through one strict
+//! parser (junk in any variable is an [`Error::Config`] naming the variable, its value and what
+//! was expected).
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::detect;
+use crate::{Error, Result};
+
+/// The target triple the crate was built for (recorded by `build.rs`).
+pub(super) const TARGET: &str = env!("ARRAYJIT_TARGET");
+
+/// Default for `ARRAYJIT_OPT_LEVEL`.
+const DEFAULT_OPT_LEVEL: &str = "3";
+/// Default for `ARRAYJIT_ARCH_FLAGS`.
+const DEFAULT_ARCH_FLAGS: &str = "-march=native";
+/// Default for `ARRAYJIT_COMPILE_TIMEOUT`, in seconds.
+const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// The optimization levels `ARRAYJIT_OPT_LEVEL` accepts (each used as `-O<level>`).
+const OPT_LEVELS: [&str; 8] = ["0", "1", "2", "3", "s", "z", "g", "fast"];
+/// What a boolean variable may hold (case-insensitive), as (word, value).
+const BOOLEANS: [(&str, bool); 8] = [
+    ("1", true),
+    ("on", true),
+    ("true", true),
+    ("yes", true),
+    ("0", false),
+    ("off", false),
+    ("false", false),
+    ("no", false),
+];
+/// Flags after which the next word is the flag's argument rather than a flag of its own.
+const FLAGS_WITH_ARGUMENT: [&str; 24] = [
+    "-include",
+    "-imacros",
+    "-isystem",
+    "-idirafter",
+    "-iquote",
+    "-iprefix",
+    "-isysroot",
+    "-I",
+    "-D",
+    "-U",
+    "-L",
+    "-l",
+    "-x",
+    "-B",
+    "-Xlinker",
+    "-Xassembler",
+    "-Xpreprocessor",
+    "-Xclang",
+    "-mllvm",
+    "-MF",
+    "-MT",
+    "-MQ",
+    "--param",
+    "-target",
+];
+/// Flags that would change what the compiler produces; the compile stage chooses that itself.
+const FORBIDDEN_FLAGS: [&str; 4] = ["-o", "-c", "-S", "-E"];
+
+/// Flags added for GCC (see [`CompilerConfig::from_env`]).
+pub const GCC_WORKAROUND_FLAGS: [&str; 1] = ["-fno-tree-loop-if-convert"];
+
+/// Compiler settings read from the environment.
+///
+/// All fields are public, so a configuration can also be built directly (for example in tests)
+/// instead of through [`CompilerConfig::from_env`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompilerConfig {
+    /// The C compiler: a path, or a bare program name looked up in `PATH`.
+    pub compiler: PathBuf,
+    /// The optimization level, passed as `-O<opt_level>` (e.g. `"3"`, `"2"`, `"s"`).
+    pub opt_level: String,
+    /// Target-architecture flags (default `-march=native`), passed after the optimization level.
+    pub arch_flags: Vec<String>,
+    /// Further flags, passed after the architecture flags.
+    pub extra_flags: Vec<String>,
+    /// Where to keep the source, command line and compiler output of every compile, if anywhere.
+    pub debug_dir: Option<PathBuf>,
+    /// How long the compiler may run before it (and every process it started) is killed.
+    pub timeout: Duration,
+    /// The directory in which private temporary directories are created;
+    /// `None` means [`std::env::temp_dir`].
+    pub temp_root: Option<PathBuf>,
+    /// Where compiled shared objects are cached (`None`: no cache). See
+    /// [`compile_and_load`](super::compile_and_load).
+    pub cache_dir: Option<PathBuf>,
+    /// How many compiler processes one `compile_batch` of the cc backend may run at once
+    /// (a batch is dealt out to that many files); `0` counts as `1`.
+    pub compile_jobs: usize,
+}
+
+/// Reads environment variables through one strict path: every accessor either returns a
+/// usable value (or `None` for unset) or an [`Error::Config`] naming the variable, its value
+/// and what was expected.
+struct Env<F: Fn(&str) -> Option<OsString>> {
+    get: F,
+}
+
+/// An [`Error::Config`].
+fn config_error(var: &str, value: &OsStr, expected: impl Into<String>) -> Error {
+    Error::Config {
+        var: var.to_string(),
+        value: value.to_string_lossy().into_owned(),
+        expected: expected.into(),
+    }
+}
+
+impl<F: Fn(&str) -> Option<OsString>> Env<F> {
+    /// The raw value; the empty string counts as unset.
+    fn raw(&self, var: &str) -> Option<OsString> {
+        (self.get)(var).filter(|v| !v.is_empty())
+    }
+
+    /// The value as UTF-8 text, if set and non-empty.
+    fn text(&self, var: &str, expected: &str) -> Result<Option<String>> {
+        match self.raw(var) {
+            None => Ok(None),
+            Some(v) => v
+                .into_string()
+                .map(Some)
+                .map_err(|v| config_error(var, &v, format!("{expected} (in valid UTF-8)"))),
+        }
+    }
+
+    /// A path (any bytes), if set and non-empty.
+    fn path(&self, var: &str) -> Option<PathBuf> {
+        self.raw(var).map(PathBuf::from)
+    }
+
+    /// A boolean: `1`/`on`/`true`/`yes` or `0`/`off`/`false`/`no`, any case.
+    fn boolean(&self, var: &str, default: bool) -> Result<bool> {
+        let expected = "1, on, true or yes to enable; 0, off, false or no to disable";
+        let Some(v) = self.text(var, expected)? else {
+            return Ok(default);
+        };
+        let word = v.trim().to_ascii_lowercase();
+        BOOLEANS
+            .iter()
+            .find(|(w, _)| *w == word)
+            .map(|&(_, b)| b)
+            .ok_or_else(|| config_error(var, OsStr::new(&v), expected))
+    }
+
+    /// Whitespace-separated compiler flags. `None` if the variable is unset; with
+    /// `empty_is_none == false` an empty value is `Some(vec![])` (no flags).
+    fn flags(&self, var: &str, empty_is_none: bool) -> Result<Option<Vec<String>>> {
+        let expected = "compiler flags separated by whitespace, each starting with '-'";
+        let value = match (self.get)(var) {
+            None => return Ok(None),
+            Some(v) if v.is_empty() && empty_is_none => return Ok(None),
+            Some(v) => v,
+        };
+        let text = value
+            .to_str()
+            .ok_or_else(|| config_error(var, &value, format!("{expected} (in valid UTF-8)")))?;
+        let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+        let mut wants_argument: Option<&str> = None;
+        for w in &words {
+            if wants_argument.take().is_some() {
+                continue;
+            }
+            if FORBIDDEN_FLAGS.contains(&w.as_str()) {
+                return Err(config_error(
+                    var,
+                    &value,
+                    format!(
+                        "{expected}, but not {w} (arrayjit chooses what the compiler produces)"
+                    ),
+                ));
+            }
+            if !w.starts_with('-') || w == "-" {
+                return Err(config_error(
+                    var,
+                    &value,
+                    format!("{expected} ({w:?} does not)"),
+                ));
+            }
+            if let Some(f) = FLAGS_WITH_ARGUMENT.iter().find(|f| **f == w) {
+                wants_argument = Some(f);
+            }
+        }
+        if let Some(f) = wants_argument {
+            return Err(config_error(
+                var,
+                &value,
+                format!("{expected} ({f} needs an argument after it)"),
+            ));
+        }
+        Ok(Some(words))
+    }
+
+    /// A whole number of at least 1.
+    fn positive_count(&self, var: &str, expected: &str) -> Result<Option<usize>> {
+        let Some(v) = self.text(var, expected)? else {
+            return Ok(None);
+        };
+        match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(config_error(var, OsStr::new(&v), expected)),
+        }
+    }
+}
+
+impl CompilerConfig {
+    /// Reads the compiler settings from the environment. Every variable is parsed strictly: a
+    /// value that cannot be used is [`Error::Config`] naming the variable, its value and what
+    /// was expected. Apart from `ARRAYJIT_ARCH_FLAGS`, a variable set to the empty string
+    /// counts as unset.
+    ///
+    /// - the compiler: `ARRAYJIT_CC`, else `CC`, else the `cc` crate's choice for the target the
+    ///   crate was built for (remembered in the cache directory, see the README). The value
+    ///   must name a single program (a path, or a name found in `PATH`); flags go in
+    ///   `ARRAYJIT_CFLAGS`. A compiler that cannot be found is [`Error::CompilerNotFound`],
+    ///   naming the variable it came from; a value that is not found and contains whitespace
+    ///   (`CC="gcc -m32"`) is [`Error::Config`];
+    /// - `ARRAYJIT_OPT_LEVEL`: `0`, `1`, `2`, `3`, `s`, `z`, `g` or `fast`, optionally written
+    ///   with its `-O` (default `3`);
+    /// - `ARRAYJIT_ARCH_FLAGS`: whitespace-separated architecture flags (default
+    ///   `-march=native`; set it to an empty string for none);
+    /// - `ARRAYJIT_CFLAGS`: whitespace-separated extra flags (default none); with GCC,
+    ///   [`GCC_WORKAROUND_FLAGS`] come first unless `ARRAYJIT_GCC_WORKAROUND` is off. Flags in
+    ///   both variables must start with `-` (a separate argument may follow a flag that takes
+    ///   one, such as `-include FILE`); `-o`, `-c`, `-S` and `-E` are rejected;
+    /// - `ARRAYJIT_GCC_WORKAROUND`: a boolean (`1`/`on`/`true`/`yes`, `0`/`off`/`false`/`no`),
+    ///   default on;
+    /// - `ARRAYJIT_DEBUG_DIR`: a directory in which to keep sources, commands and logs;
+    /// - `ARRAYJIT_COMPILE_TIMEOUT`: the compile timeout, a positive number of seconds
+    ///   (default 300);
+    /// - `ARRAYJIT_CACHE_DIR`: the compile cache (default `$XDG_CACHE_HOME/arrayjit`, else
+    ///   `$HOME/.cache/arrayjit`); `ARRAYJIT_CACHE`, a boolean (default on), turns it off;
+    /// - `ARRAYJIT_COMPILE_JOBS`: how many compiler processes a batch may use, a whole number
+    ///   of at least 1 (default: the machine's available parallelism).
+    pub fn from_env() -> Result<CompilerConfig> {
+        Self::from_lookup(|name| std::env::var_os(name), detect::detect_compiler)
+    }
+
+    /// [`CompilerConfig::from_env`] with the environment and the fallback compiler detection
+    /// (given the cache directory) supplied by the caller, so that the parsing can be tested
+    /// without touching the process environment.
+    pub(super) fn from_lookup(
+        get: impl Fn(&str) -> Option<OsString>,
+        detect: impl FnOnce(Option<&Path>) -> Result<PathBuf>,
+    ) -> Result<CompilerConfig> {
+        let env = Env { get };
+
+        let opt_level = match env.text(
+            "ARRAYJIT_OPT_LEVEL",
+            "an optimization level: 0, 1, 2, 3, s, z, g or fast",
+        )? {
+            Some(v) => {
+                let level = v.trim();
+                let level = level.strip_prefix("-O").unwrap_or(level);
+                if !OPT_LEVELS.contains(&level) {
+                    return Err(config_error(
+                        "ARRAYJIT_OPT_LEVEL",
+                        OsStr::new(&v),
+                        "an optimization level: 0, 1, 2, 3, s, z, g or fast (optionally with -O)",
+                    ));
+                }
+                level.to_string()
+            }
+            None => DEFAULT_OPT_LEVEL.to_string(),
+        };
+
+        let arch_flags = env
+            .flags("ARRAYJIT_ARCH_FLAGS", false)?
+            .unwrap_or_else(|| vec![DEFAULT_ARCH_FLAGS.to_string()]);
+        let cflags = env.flags("ARRAYJIT_CFLAGS", true)?.unwrap_or_default();
+        let workaround_on = env.boolean("ARRAYJIT_GCC_WORKAROUND", true)?;
+        let debug_dir = env.path("ARRAYJIT_DEBUG_DIR");
+
+        let timeout_expected = "a positive number of seconds, such as 300 or 2.5";
+        let timeout = match env.text("ARRAYJIT_COMPILE_TIMEOUT", timeout_expected)? {
+            Some(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| *s > 0.0)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .ok_or_else(|| {
+                    config_error("ARRAYJIT_COMPILE_TIMEOUT", OsStr::new(&v), timeout_expected)
+                })?,
+            None => Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+        };
+
+        let cache_on = env.boolean("ARRAYJIT_CACHE", true)?;
+        let cache_dir = if cache_on {
+            env.path("ARRAYJIT_CACHE_DIR")
+                .or_else(|| {
+                    // The XDG specification says to ignore a relative XDG_CACHE_HOME.
+                    env.path("XDG_CACHE_HOME")
+                        .filter(|d| d.is_absolute())
+                        .map(|d| d.join("arrayjit"))
+                })
+                .or_else(|| env.path("HOME").map(|h| h.join(".cache/arrayjit")))
+        } else {
+            None
+        };
+
+        let compile_jobs = env
+            .positive_count(
+                "ARRAYJIT_COMPILE_JOBS",
+                "a whole number of compiler processes, at least 1",
+            )?
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+
+        let compiler = if let Some(cc) = env.raw("ARRAYJIT_CC") {
+            check_compiler(Path::new(&cc), "ARRAYJIT_CC")?
+        } else if let Some(cc) = env.raw("CC") {
+            check_compiler(Path::new(&cc), "CC")?
+        } else {
+            let detected = detect(cache_dir.as_deref())?;
+            check_compiler(
+                &detected,
+                &format!("the cc crate's choice for target {TARGET}"),
+            )?
+        };
+
+        // GCC 12 miscompiles some if-converted, vectorized loops with conditional selects
+        // (wrong values, even reads past a buffer; reproductions in tests/differential.rs,
+        // `regression_gcc12_vectorizer_wrong_code`), so with GCC those loops are not
+        // if-converted unless ARRAYJIT_GCC_WORKAROUND is off.
+        let mut extra_flags: Vec<String> = if workaround_on && is_gcc(&compiler) {
+            GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()
+        } else {
+            Vec::new()
+        };
+        extra_flags.extend(cflags);
+
+        Ok(CompilerConfig {
+            compiler,
+            opt_level,
+            arch_flags,
+            extra_flags,
+            debug_dir,
+            timeout,
+            temp_root: None,
+            cache_dir,
+            compile_jobs,
+        })
+    }
+
+    /// The full argument list used for a compile (for display and for cache keys), without
+    /// the compiler itself:
+    /// `-O<level> <arch flags> <extra flags> -std=gnu11 -shared -fPIC -I<dir of src> -o <out> <src> -lm`.
+    ///
+    /// Paths that are not valid UTF-8 are converted lossily;
+    /// [`compile_and_load`](super::compile_and_load) always passes UTF-8 (relative) paths.
+    pub fn args(&self, src: &Path, out: &Path) -> Vec<String> {
+        self.os_args(src, out)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// The whole command line (compiler and [`CompilerConfig::args`]), quoted for a POSIX shell.
+    pub fn command_line(&self, src: &Path, out: &Path) -> String {
+        let mut words = vec![shell_quote(&self.compiler.to_string_lossy())];
+        words.extend(self.args(src, out).iter().map(|a| shell_quote(a)));
+        words.join(" ")
+    }
+
+    /// [`CompilerConfig::args`] without the lossy conversion, for running the compiler.
+    pub(super) fn os_args(&self, src: &Path, out: &Path) -> Vec<OsString> {
+        let include_dir = match src.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let mut args: Vec<OsString> = Vec::new();
+        args.push(format!("-O{}", self.opt_level).into());
+        args.extend(self.arch_flags.iter().map(OsString::from));
+        args.extend(self.extra_flags.iter().map(OsString::from));
+        for flag in ["-std=gnu11", "-shared", "-fPIC"] {
+            args.push(flag.into());
+        }
+        let mut include = OsString::from("-I");
+        include.push(include_dir);
+        args.push(include);
+        args.push("-o".into());
+        args.push(out.into());
+        args.push(src.into());
+        args.push("-lm".into());
+        args
+    }
+
+    /// The compiler as a program to start from another working directory: a bare name stays
+    /// (it is looked up in `PATH`), a relative path is made absolute.
+    pub(super) fn program(&self) -> Result<PathBuf> {
+        if is_bare_name(&self.compiler) {
+            Ok(self.compiler.clone())
+        } else {
+            std::path::absolute(&self.compiler).map_err(|e| {
+                Error::io(
+                    format!("resolving compiler path {}", self.compiler.display()),
+                    e,
+                )
+            })
+        }
+    }
+}
+
+/// Whether the compiler is GCC (its resolved file name says so: `gcc`, `gcc-12`,
+/// `x86_64-linux-gnu-gcc-12`, or `cc` pointing at one of those).
+fn is_gcc(compiler: &Path) -> bool {
+    resolve_program(compiler)
+        .and_then(|p| fs::canonicalize(p).ok())
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| n.contains("gcc"))
+}
+
+/// The file a compiler setting names: a bare name looked up in `PATH`, else the path itself.
+pub(super) fn resolve_program(compiler: &Path) -> Option<PathBuf> {
+    if is_bare_name(compiler) {
+        find_in_path(compiler.as_os_str())
+    } else {
+        Some(compiler.to_path_buf())
+    }
+}
+
+/// A program's identity: its resolved path (symlinks followed, bare names looked up in
+/// `PATH`) with the file's size and modification time (seconds and nanoseconds), so that
+/// upgrading or replacing the program changes it. A `stat`, not a process. `None` if the
+/// program cannot be resolved.
+pub(super) fn program_identity(compiler: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let real = fs::canonicalize(resolve_program(compiler)?).ok()?;
+    let meta = fs::metadata(&real).ok()?;
+    Some(format!(
+        "{} {} {} {}",
+        real.display(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    ))
+}
+
+/// Checks that `compiler` (which came from `origin`) exists: a path must name a file, a bare
+/// name must be found in `PATH`. Relative paths are made absolute, because the compiler runs
+/// in another working directory. Returns the compiler as it should be stored in the config.
+pub(super) fn check_compiler(compiler: &Path, origin: &str) -> Result<PathBuf> {
+    let shown = || format!("{origin}={}", compiler.display());
+    let found = if is_bare_name(compiler) {
+        find_in_path(compiler.as_os_str()).is_some()
+    } else {
+        compiler.is_file()
+    };
+    if !found {
+        // A value that looks like a command with flags is a malformed setting rather than a
+        // missing compiler (but only if no such file exists: paths may contain spaces).
+        if compiler.to_string_lossy().contains(char::is_whitespace)
+            && matches!(origin, "ARRAYJIT_CC" | "CC")
+        {
+            return Err(config_error(
+                origin,
+                compiler.as_os_str(),
+                "a single program (a path, or a name found in PATH); put flags in ARRAYJIT_CFLAGS",
+            ));
+        }
+        let what = if is_bare_name(compiler) {
+            "not found in PATH"
+        } else {
+            "no such file"
+        };
+        return Err(Error::CompilerNotFound(format!("{}: {what}", shown())));
+    }
+    if is_bare_name(compiler) {
+        Ok(compiler.to_path_buf())
+    } else {
+        std::path::absolute(compiler).map_err(|e| Error::io(shown(), e))
+    }
+}
+
+/// Whether `p` is a program name to be looked up in `PATH` (no directory part).
+pub(super) fn is_bare_name(p: &Path) -> bool {
+    p.components().count() == 1 && !p.as_os_str().as_encoded_bytes().contains(&b'/')
+}
+
+/// Looks `name` up in `PATH` like the shell does (first regular file with an execute bit).
+pub(super) fn find_in_path(name: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            fs::metadata(p)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// Quotes `word` for a POSIX shell if it contains anything but obviously safe characters.
+pub(super) fn shell_quote(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./=+,:@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config_from(vars: &[(&str, &str)]) -> Result<CompilerConfig> {
+        let vars: HashMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        CompilerConfig::from_lookup(|n| vars.get(n).cloned(), |_| Ok(PathBuf::from("sh")))
+    }
+
+    /// Asserts that `vars` give exactly this [`Error::Config`].
+    fn assert_config_error(vars: &[(&str, &str)], var: &str, value: &str, expected: &str) {
+        match config_from(vars) {
+            Err(Error::Config {
+                var: v,
+                value: val,
+                expected: exp,
+            }) => {
+                assert_eq!((v.as_str(), val.as_str()), (var, value), "{vars:?}");
+                assert_eq!(exp, expected, "{vars:?}");
+            }
+            other => panic!("{vars:?}: expected a Config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = config_from(&[("HOME", "/home/u")]).unwrap();
+        assert_eq!(c.compiler, PathBuf::from("sh"));
+        assert_eq!(c.opt_level, "3");
+        assert_eq!(c.arch_flags, vec!["-march=native"]);
+        assert!(c.extra_flags.is_empty());
+        assert_eq!(c.debug_dir, None);
+        assert_eq!(c.timeout, Duration::from_secs(300));
+        assert_eq!(c.temp_root, None);
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/home/u/.cache/arrayjit")));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(c.compile_jobs, cores);
+    }
+
+    #[test]
+    fn variables_are_read() {
+        let c = config_from(&[
+            ("ARRAYJIT_CC", "/bin/sh"),
+            ("CC", "/nonexistent"),
+            ("ARRAYJIT_OPT_LEVEL", "2"),
+            ("ARRAYJIT_ARCH_FLAGS", ""),
+            ("ARRAYJIT_CFLAGS", " -g  -Wall -include stdio.h "),
+            ("ARRAYJIT_DEBUG_DIR", "/tmp/x"),
+            ("ARRAYJIT_COMPILE_TIMEOUT", "7"),
+            ("ARRAYJIT_COMPILE_JOBS", " 3 "),
+            ("ARRAYJIT_CACHE_DIR", "/c"),
+            ("ARRAYJIT_CACHE", "Yes"),
+        ])
+        .unwrap();
+        assert_eq!(c.compiler, PathBuf::from("/bin/sh"));
+        assert_eq!(c.opt_level, "2");
+        assert!(c.arch_flags.is_empty());
+        assert_eq!(c.extra_flags, vec!["-g", "-Wall", "-include", "stdio.h"]);
+        assert_eq!(c.debug_dir, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(c.timeout, Duration::from_secs(7));
+        assert_eq!(c.compile_jobs, 3);
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/c")));
+
+        let c = config_from(&[("CC", "sh"), ("ARRAYJIT_OPT_LEVEL", "-Os")]).unwrap();
+        assert_eq!(c.compiler, PathBuf::from("sh"));
+        assert_eq!(c.opt_level, "s");
+
+        // Cache location and switch.
+        let c = config_from(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]).unwrap();
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/x/arrayjit")));
+        let c = config_from(&[("XDG_CACHE_HOME", "rel"), ("HOME", "/h")]).unwrap();
+        assert_eq!(c.cache_dir, Some(PathBuf::from("/h/.cache/arrayjit")));
+        for off in ["0", "off", "FALSE", "no"] {
+            let c = config_from(&[("ARRAYJIT_CACHE", off), ("ARRAYJIT_CACHE_DIR", "/c")]).unwrap();
+            assert_eq!(c.cache_dir, None, "{off}");
+        }
+        // Empty counts as unset.
+        let c = config_from(&[("ARRAYJIT_CACHE", ""), ("ARRAYJIT_COMPILE_JOBS", "")]).unwrap();
+        assert!(c.compile_jobs >= 1);
+    }
+
+    #[test]
+    fn gcc_workaround_switch() {
+        let with = |v: &str| {
+            let vars: HashMap<String, OsString> = [("ARRAYJIT_GCC_WORKAROUND", v)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), OsString::from(v)))
+                .collect();
+            CompilerConfig::from_lookup(|n| vars.get(n).cloned(), |_| Ok(PathBuf::from("gcc")))
+        };
+        let gcc_found = find_in_path(OsStr::new("gcc")).is_some();
+        if gcc_found {
+            assert_eq!(with("").unwrap().extra_flags, GCC_WORKAROUND_FLAGS);
+            assert_eq!(with("on").unwrap().extra_flags, GCC_WORKAROUND_FLAGS);
+            assert!(with("0").unwrap().extra_flags.is_empty());
+            assert!(with("off").unwrap().extra_flags.is_empty());
+        }
+    }
+
+    #[test]
+    fn junk_is_a_config_error_naming_variable_value_and_expectation() {
+        let boolean = "1, on, true or yes to enable; 0, off, false or no to disable";
+        let flags = "compiler flags separated by whitespace, each starting with '-'";
+        let cases: &[(&str, &str, String)] = &[
+            ("ARRAYJIT_CACHE", "maybe", boolean.into()),
+            ("ARRAYJIT_GCC_WORKAROUND", "sometimes", boolean.into()),
+            (
+                "ARRAYJIT_COMPILE_JOBS",
+                "lots",
+                "a whole number of compiler processes, at least 1".into(),
+            ),
+            (
+                "ARRAYJIT_COMPILE_JOBS",
+                "0",
+                "a whole number of compiler processes, at least 1".into(),
+            ),
+            (
+                "ARRAYJIT_COMPILE_JOBS",
+                "-2",
+                "a whole number of compiler processes, at least 1".into(),
+            ),
+            (
+                "ARRAYJIT_OPT_LEVEL",
+                "3; rm",
+                "an optimization level: 0, 1, 2, 3, s, z, g or fast (optionally with -O)".into(),
+            ),
+            (
+                "ARRAYJIT_OPT_LEVEL",
+                "lots",
+                "an optimization level: 0, 1, 2, 3, s, z, g or fast (optionally with -O)".into(),
+            ),
+            (
+                "ARRAYJIT_COMPILE_TIMEOUT",
+                "0",
+                "a positive number of seconds, such as 300 or 2.5".into(),
+            ),
+            (
+                "ARRAYJIT_COMPILE_TIMEOUT",
+                "soon",
+                "a positive number of seconds, such as 300 or 2.5".into(),
+            ),
+            (
+                "ARRAYJIT_COMPILE_TIMEOUT",
+                "inf",
+                "a positive number of seconds, such as 300 or 2.5".into(),
+            ),
+            (
+                "ARRAYJIT_ARCH_FLAGS",
+                "native",
+                format!("{flags} (\"native\" does not)"),
+            ),
+            (
+                "ARRAYJIT_CFLAGS",
+                "-O2 fast",
+                format!("{flags} (\"fast\" does not)"),
+            ),
+            (
+                "ARRAYJIT_CFLAGS",
+                "-g -o x",
+                format!("{flags}, but not -o (arrayjit chooses what the compiler produces)"),
+            ),
+            (
+                "ARRAYJIT_CFLAGS",
+                "-g -include",
+                format!("{flags} (-include needs an argument after it)"),
+            ),
+            (
+                "ARRAYJIT_CC",
+                "gcc -m32",
+                "a single program (a path, or a name found in PATH); put flags in ARRAYJIT_CFLAGS"
+                    .into(),
+            ),
+            (
+                "CC",
+                "no-such-cc --flag",
+                "a single program (a path, or a name found in PATH); put flags in ARRAYJIT_CFLAGS"
+                    .into(),
+            ),
+        ];
+        for (var, value, expected) in cases {
+            assert_config_error(&[(var, value)], var, value, expected);
+        }
+        // The message names all three.
+        let e = config_from(&[("ARRAYJIT_CACHE", "maybe")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("environment variable ARRAYJIT_CACHE=\"maybe\": expected {boolean}")
+        );
+    }
+
+    #[test]
+    fn non_utf8_values() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = OsString::from_vec(vec![b'3', 0xff]);
+        let vars: HashMap<String, OsString> = [("ARRAYJIT_OPT_LEVEL".to_string(), bad)]
+            .into_iter()
+            .collect();
+        let e =
+            CompilerConfig::from_lookup(|n| vars.get(n).cloned(), |_| Ok("sh".into())).unwrap_err();
+        assert!(
+            matches!(&e, Error::Config { var, value, expected }
+                if var == "ARRAYJIT_OPT_LEVEL" && value == "3\u{fffd}" && expected.ends_with("(in valid UTF-8)")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn missing_compilers() {
+        let e = config_from(&[("ARRAYJIT_CC", "/nonexistent")]).unwrap_err();
+        assert!(
+            matches!(&e, Error::CompilerNotFound(m) if m == "ARRAYJIT_CC=/nonexistent: no such file"),
+            "{e}"
+        );
+        let e = config_from(&[("CC", "no-such-compiler-xyz")]).unwrap_err();
+        assert!(
+            matches!(&e, Error::CompilerNotFound(m) if m == "CC=no-such-compiler-xyz: not found in PATH"),
+            "{e}"
+        );
+        let e = CompilerConfig::from_lookup(
+            |_| None,
+            |_| Err(Error::CompilerNotFound("detection failed".into())),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::CompilerNotFound(_)));
+    }
+
+    #[test]
+    fn args_and_quoting() {
+        let c = config_from(&[("ARRAYJIT_CFLAGS", "-DX='a b'")]);
+        // A quoted space splits the value, and `b'` is not a flag.
+        assert!(matches!(c, Err(Error::Config { .. })), "{c:?}");
+        let c = config_from(&[("ARRAYJIT_CFLAGS", "-DX='a'")]).unwrap();
+        let args = c.args(Path::new("k.c"), Path::new("libk.so"));
+        assert_eq!(
+            args,
+            [
+                "-O3",
+                "-march=native",
+                "-DX='a'",
+                "-std=gnu11",
+                "-shared",
+                "-fPIC",
+                "-I.",
+                "-o",
+                "libk.so",
+                "k.c",
+                "-lm"
+            ]
+        );
+        let args = c.args(Path::new("/d/k.c"), Path::new("/d/libk.so"));
+        assert!(args.contains(&"-I/d".to_string()));
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote("-O3"), "-O3");
+    }
+}
