@@ -1,0 +1,364 @@
+//! GEMM kernels (`src/optimize/gemm.rs`): contractions in every layout and shape, checked
+//! against products computed here, through the compiled code, the interpreter on the
+//! optimized code, every x86 instruction set this machine runs, and the assembly compilers
+//! make for targets it cannot run (NEON, portable vector extensions).
+//!
+//! Inputs are small dyadic rationals (multiples of 1/8 up to 4), so every product and sum is
+//! exact in single precision: whatever order the kernel sums in, results must be identical.
+
+mod common;
+
+use arrayjit::backend::{CcBackend, Config};
+use arrayjit::interp::{self, Memory};
+use arrayjit::ir::einsum::projections;
+use arrayjit::ir::*;
+use arrayjit::optimize::{self, Settings};
+use arrayjit::target::{Isa, VectorTarget};
+use common::*;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+/// Deterministic dyadic values in [-4, 4] (multiples of 1/8).
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s % 65) as f64 - 32.0) / 8.0
+        })
+        .collect()
+}
+
+/// An einsum `lhs = Σ x * y` computed here: every letter's extent from the operands, loops
+/// over all letters, accumulation in f64 (exact for dyadic inputs).
+fn reference(
+    spec: &str,
+    xd: &[usize],
+    x: &[f64],
+    yd: &[usize],
+    y: &[f64],
+    cd: &[usize],
+    init: &[f64],
+) -> Vec<f64> {
+    let (args, res) = spec.split_once("->").unwrap();
+    let (xs, ys) = args.split_once(',').unwrap();
+    let mut extent: HashMap<char, usize> = HashMap::new();
+    for (term, dims) in [(xs, xd), (ys, yd), (res, cd)] {
+        for (c, &d) in term.chars().zip(dims) {
+            extent.insert(c, d);
+        }
+    }
+    let letters: Vec<char> = extent.keys().copied().collect();
+    let offset = |term: &str, dims: &[usize], at: &HashMap<char, usize>| {
+        term.chars()
+            .zip(dims)
+            .fold(0, |off, (c, &d)| off * d + at[&c])
+    };
+    let mut out = init.to_vec();
+    let total: usize = letters.iter().map(|c| extent[c]).product();
+    let mut at: HashMap<char, usize> = HashMap::new();
+    for mut flat in 0..total {
+        for c in &letters {
+            at.insert(*c, flat % extent[c]);
+            flat /= extent[c];
+        }
+        out[offset(res, cd, &at)] += x[offset(xs, xd, &at)] * y[offset(ys, yd, &at)];
+    }
+    out
+}
+
+struct Case {
+    spec: &'static str,
+    x: Vec<usize>,
+    y: Vec<usize>,
+    c: Vec<usize>,
+}
+
+fn case(spec: &'static str, x: &[usize], y: &[usize], c: &[usize]) -> Case {
+    Case {
+        spec,
+        x: x.to_vec(),
+        y: y.to_vec(),
+        c: c.to_vec(),
+    }
+}
+
+/// Every layout, with extents that are multiples of no tile.
+fn cases() -> Vec<Case> {
+    vec![
+        case("ij,jk->ik", &[37, 53], &[53, 45], &[37, 45]),
+        case("ij,jk->ik", &[70, 33], &[33, 69], &[70, 69]),
+        case("ij,jk->ik", &[29, 300], &[300, 17], &[29, 17]),
+        case("ij,kj->ik", &[41, 38], &[50, 38], &[41, 50]),
+        case("ji,jk->ik", &[38, 41], &[38, 50], &[41, 50]),
+        case("ij,jk->ki", &[41, 38], &[38, 50], &[50, 41]),
+        case("bij,bjk->bik", &[3, 33, 35], &[3, 35, 47], &[3, 33, 47]),
+        case("bij,jk->bik", &[2, 40, 33], &[33, 34], &[2, 40, 34]),
+        case("ijl,jkl->ik", &[34, 33, 3], &[33, 36, 3], &[34, 36]),
+    ]
+}
+
+fn prog_for(c: &Case, xp: Prec, yp: Prec, cp: Prec, init: bool) -> (Assignments, [Tnode; 3]) {
+    let x = input("x", &c.x, xp, &values(c.x.iter().product(), 1));
+    let y = input("y", &c.y, yp, &values(c.y.iter().product(), 2));
+    let out = input("c", &c.c, cp, &values(c.c.iter().product(), 3));
+    let b = Bindings::empty();
+    let asg = Assignments::AccumBinop {
+        initialize_neutral: init,
+        accum: Binop::Add,
+        op: Binop::Mul,
+        lhs: out.clone(),
+        rhs1: Buffer::Node(x.clone()),
+        rhs2: Buffer::Node(y.clone()),
+        projections: projections(c.spec, &c.c, &[&c.x, &c.y], &b).unwrap(),
+    };
+    (asg, [x, y, out])
+}
+
+fn expected(c: &Case, xp: Prec, yp: Prec, init: bool) -> Vec<f64> {
+    let xs: Vec<f64> = values(c.x.iter().product(), 1)
+        .iter()
+        .map(|&v| round_to(xp, v))
+        .collect();
+    let ys: Vec<f64> = values(c.y.iter().product(), 2)
+        .iter()
+        .map(|&v| round_to(yp, v))
+        .collect();
+    let start: Vec<f64> = if init {
+        vec![0.0; c.c.iter().product()]
+    } else {
+        values(c.c.iter().product(), 3)
+    };
+    reference(c.spec, &c.x, &xs, &c.y, &ys, &c.c, &start)
+}
+
+#[test]
+fn contractions_in_every_layout_match_the_reference() {
+    let precs = [
+        (Prec::Single, Prec::Single, Prec::Single),
+        (Prec::Double, Prec::Double, Prec::Double),
+        (Prec::Half, Prec::Single, Prec::Single),
+        (Prec::Byte, Prec::Double, Prec::Double),
+    ];
+    for c in cases() {
+        for &(xp, yp, cp) in &precs {
+            for init in [true, false] {
+                let (asg, [_, _, out]) = prog_for(&c, xp, yp, cp, init);
+                let (got, src) = compute(&asg, &Bindings::empty(), &[&out]);
+                assert!(
+                    src.contains("GEMM kernel"),
+                    "{} {xp}/{yp}->{cp}: no kernel\n{src}",
+                    c.spec
+                );
+                let want = expected(&c, xp, yp, init);
+                assert_eq!(got[0], want, "{} {xp}/{yp}->{cp} init {init}", c.spec);
+            }
+        }
+    }
+}
+
+/// The interpreter runs the kernel's vector statements lane by lane: on the optimized code
+/// it gives exactly what the compiled code gives.
+#[test]
+fn the_interpreter_runs_the_kernels() {
+    let target = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 48 << 10,
+        l2_bytes: 2 << 20,
+    };
+    for c in cases().into_iter().take(4) {
+        let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
+        let code = arrayjit::lower::lower(&asg).unwrap();
+        let settings = Settings {
+            target: Some(target),
+            ..Settings::default()
+        };
+        let o = optimize::optimize("kernel", code, &settings).unwrap();
+        assert!(
+            arrayjit::loops::to_doc(&o.code).contains("fma("),
+            "{}",
+            c.spec
+        );
+        let mut mem = Memory::new();
+        mem.load_from_hosts([&x, &y, &out]);
+        interp::run_optimized(&o, &[], &mut mem).unwrap();
+        assert_eq!(
+            mem.get(&out).unwrap(),
+            expected(&c, Prec::Single, Prec::Single, true).as_slice(),
+            "{}",
+            c.spec
+        );
+    }
+}
+
+/// Runs a program file through the CLI with the given architecture flags.
+fn run_cli(prog: &Value, arch: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("p.json");
+    std::fs::write(&f, serde_json::to_string(prog).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .arg("run")
+        .arg(&f)
+        .env("ARRAYJIT_ARCH_FLAGS", arch)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{arch}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The same products through SSE2, AVX2 (+FMA) and AVX-512 intrinsics (this machine runs
+/// all three), in single and double precision.
+#[test]
+fn every_x86_instruction_set_computes_the_same() {
+    let c = case("ij,kj->ik", &[45, 67], &[39, 67], &[45, 39]);
+    for prec in ["single", "double"] {
+        let x = values(45 * 67, 1);
+        let y = values(39 * 67, 2);
+        let prog = json!({
+            "tensors": [
+                {"name": "x", "dims": c.x, "prec": prec, "init": {"values": x}},
+                {"name": "y", "dims": c.y, "prec": prec, "init": {"values": y}},
+                {"name": "c", "dims": c.c, "prec": prec}
+            ],
+            "routines": [{"name": "r", "code": [{"assign": "c", "accum": "add", "init_neutral": true,
+                "op": "mul", "args": ["x", "y"], "logic": c.spec}]}],
+            "run": [{"routine": "r"}],
+            "print": ["c"]
+        });
+        let want = expected(&c, Prec::Single, Prec::Single, true);
+        for arch in ["-march=x86-64", "-march=x86-64-v3", "-march=native"] {
+            let got = run_cli(&prog, arch);
+            // Printed values are the shortest text that reads back as the same value of the
+            // tensor's precision.
+            let got: Vec<f64> = got["c"]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .map(|v| if prec == "single" { v as f32 as f64 } else { v })
+                .collect();
+            let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+            assert!(
+                bad.is_none(),
+                "{prec} {arch}: cell {bad:?}: {:?} vs {:?}",
+                bad.map(|i| got[i]),
+                bad.map(|i| want[i])
+            );
+        }
+    }
+}
+
+/// The C of a kernel written for `target`.
+fn kernel_source(target: VectorTarget, prec: Prec) -> String {
+    let c = case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60]);
+    let (asg, _) = prog_for(&c, prec, prec, prec, true);
+    let settings = Settings {
+        target: Some(target),
+        ..Settings::default()
+    };
+    let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
+    let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
+    assert!(src.contains("GEMM kernel"), "{src}");
+    src
+}
+
+/// Compiles C (with the runtime header) to assembly and returns it.
+fn assembly(cc: &str, flags: &[&str], source: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let header = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtime_c/arrayjit.h");
+    std::fs::copy(header, dir.path().join("arrayjit.h")).unwrap();
+    std::fs::write(dir.path().join("k.c"), source).unwrap();
+    let out = Command::new(cc)
+        .args(flags)
+        .args(["-std=gnu11", "-fPIC", "-I.", "-S", "-o", "k.s", "k.c"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cc} {flags:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(dir.path().join("k.s")).unwrap()
+}
+
+fn installed(cc: &str) -> bool {
+    Command::new(cc)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// NEON kernels compile to fused multiply-adds on AArch64 (checked in the assembly of a
+/// cross compiler: this machine cannot run them). CI installs gcc-aarch64-linux-gnu and sets
+/// ARRAYJIT_REQUIRE_CROSS=1; elsewhere the check needs that compiler to be present.
+#[test]
+fn neon_kernels_compile_to_fused_multiply_adds() {
+    let cc = "aarch64-linux-gnu-gcc";
+    if !installed(cc) {
+        assert!(
+            std::env::var_os("ARRAYJIT_REQUIRE_CROSS").is_none(),
+            "{cc} is required (ARRAYJIT_REQUIRE_CROSS is set)"
+        );
+        eprintln!("note: {cc} is not installed; the NEON assembly check did not run");
+        return;
+    }
+    let neon = VectorTarget {
+        isa: Isa::Neon,
+        vector_bytes: 16,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 64 << 10,
+        l2_bytes: 1 << 20,
+    };
+    for (prec, fmla) in [(Prec::Single, "fmla\tv"), (Prec::Double, "fmla\tv")] {
+        let src = kernel_source(neon, prec);
+        assert!(src.contains("vfmaq_f"), "{src}");
+        let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+        assert!(asm.contains(fmla), "{prec}: no vector fmla\n{asm}");
+    }
+}
+
+/// The portable dialect (GCC/Clang vector extensions, for targets without intrinsics here)
+/// compiles with gcc and clang to vector multiply-adds.
+#[test]
+fn portable_kernels_compile_to_vector_code() {
+    let generic = VectorTarget::default();
+    let src = kernel_source(generic, Prec::Single);
+    assert!(src.contains("vector_size(16)"), "{src}");
+    for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
+        let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
+        assert!(
+            asm.contains("vfmadd") || asm.contains("vmulps"),
+            "{cc}: no vector arithmetic"
+        );
+    }
+}
+
+/// A backend compiles the same kernel for every precision the issue asks for: half inputs
+/// are converted while packing and computed in float.
+#[test]
+fn half_operands_compute_in_float() {
+    let backend = CcBackend::new();
+    backend.initialize(Config::default());
+    let c = case("ij,jk->ik", &[33, 40], &[40, 35], &[33, 35]);
+    let (asg, [_, _, out]) = prog_for(&c, Prec::Half, Prec::Half, Prec::Single, true);
+    let (r, src) = build(&backend, "half", &Bindings::empty(), &asg).unwrap();
+    assert!(
+        src.contains("GEMM kernel") && src.contains("aj_h2f("),
+        "{src}"
+    );
+    let got = run_and_read(&backend, &r, &[&out]);
+    assert_eq!(got[0], expected(&c, Prec::Half, Prec::Half, true));
+}
