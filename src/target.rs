@@ -39,6 +39,9 @@ pub struct VectorTarget {
     pub l1d_bytes: usize,
     /// Level-2 cache size in bytes (per core).
     pub l2_bytes: usize,
+    /// Spell vector operations with the instruction set's intrinsics rather than GCC/Clang
+    /// vector extensions of the same width (same instructions; slower to compile).
+    pub intrinsics: bool,
 }
 
 impl Default for VectorTarget {
@@ -51,6 +54,7 @@ impl Default for VectorTarget {
             fma: false,
             l1d_bytes: 32 << 10,
             l2_bytes: 1 << 20,
+            intrinsics: false,
         }
     }
 }

@@ -37,6 +37,7 @@ fn config(root: &Path) -> CompilerConfig {
         temp_root: Some(root.to_path_buf()),
         cache_dir: None,
         compile_jobs: 1,
+        intrinsics: false,
     }
 }
 

@@ -172,6 +172,7 @@ fn the_interpreter_runs_the_kernels() {
         fma: true,
         l1d_bytes: 48 << 10,
         l2_bytes: 2 << 20,
+        intrinsics: false,
     };
     for c in cases().into_iter().take(4) {
         let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
@@ -198,8 +199,9 @@ fn the_interpreter_runs_the_kernels() {
     }
 }
 
-/// Runs a program file through the CLI with the given architecture flags.
-fn run_cli(prog: &Value, arch: &str) -> Value {
+/// Runs a program file through the CLI with the given architecture flags and spelling of
+/// vector code.
+fn run_cli(prog: &Value, arch: &str, intrinsics: bool) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("p.json");
     std::fs::write(&f, serde_json::to_string(prog).unwrap()).unwrap();
@@ -207,6 +209,7 @@ fn run_cli(prog: &Value, arch: &str) -> Value {
         .arg("run")
         .arg(&f)
         .env("ARRAYJIT_ARCH_FLAGS", arch)
+        .env("ARRAYJIT_INTRINSICS", if intrinsics { "1" } else { "0" })
         .output()
         .unwrap();
     assert!(
@@ -217,8 +220,9 @@ fn run_cli(prog: &Value, arch: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// The same products through SSE2, AVX2 (+FMA) and AVX-512 intrinsics (this machine runs
-/// all three), in single and double precision.
+/// The same products through SSE2, AVX2 (+FMA) and AVX-512 code (this machine runs all
+/// three), spelled with intrinsics and with vector extensions, in single and double
+/// precision.
 #[test]
 fn every_x86_instruction_set_computes_the_same() {
     let c = case("ij,kj->ik", &[45, 67], &[39, 67], &[45, 39]);
@@ -237,8 +241,15 @@ fn every_x86_instruction_set_computes_the_same() {
             "print": ["c"]
         });
         let want = expected(&c, Prec::Single, Prec::Single, true);
-        for arch in ["-march=x86-64", "-march=x86-64-v3", "-march=native"] {
-            let got = run_cli(&prog, arch);
+        for (arch, intrinsics) in [
+            ("-march=x86-64", true),
+            ("-march=x86-64-v3", true),
+            ("-march=native", true),
+            ("-march=x86-64", false),
+            ("-march=x86-64-v3", false),
+            ("-march=native", false),
+        ] {
+            let got = run_cli(&prog, arch, intrinsics);
             // Printed values are the shortest text that reads back as the same value of the
             // tensor's precision.
             let got: Vec<f64> = got["c"]["values"]
@@ -251,7 +262,7 @@ fn every_x86_instruction_set_computes_the_same() {
             let bad = got.iter().zip(&want).position(|(g, w)| g != w);
             assert!(
                 bad.is_none(),
-                "{prec} {arch}: cell {bad:?}: {:?} vs {:?}",
+                "{prec} {arch} intrinsics {intrinsics}: cell {bad:?}: {:?} vs {:?}",
                 bad.map(|i| got[i]),
                 bad.map(|i| want[i])
             );
@@ -314,19 +325,26 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
         eprintln!("note: {cc} is not installed; the NEON assembly check did not run");
         return;
     }
-    let neon = VectorTarget {
-        isa: Isa::Neon,
-        vector_bytes: 16,
-        registers: 32,
-        fma: true,
-        l1d_bytes: 64 << 10,
-        l2_bytes: 1 << 20,
-    };
-    for (prec, fmla) in [(Prec::Single, "fmla\tv"), (Prec::Double, "fmla\tv")] {
-        let src = kernel_source(neon, prec);
-        assert!(src.contains("vfmaq_f"), "{src}");
-        let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
-        assert!(asm.contains(fmla), "{prec}: no vector fmla\n{asm}");
+    for intrinsics in [true, false] {
+        let neon = VectorTarget {
+            isa: Isa::Neon,
+            vector_bytes: 16,
+            registers: 32,
+            fma: true,
+            l1d_bytes: 64 << 10,
+            l2_bytes: 1 << 20,
+            intrinsics,
+        };
+        for (prec, lanes) in [(Prec::Single, ".4s"), (Prec::Double, ".2d")] {
+            let src = kernel_source(neon, prec);
+            assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
+            let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+            let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
+            assert!(
+                fmla,
+                "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
+            );
+        }
     }
 }
 

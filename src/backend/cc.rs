@@ -395,7 +395,7 @@ impl CcBackend {
     fn resolve(&self) -> Result<(CompilerConfig, VectorTarget)> {
         let cfg = CompilerConfig::from_env()?;
         let target = compile::Target::resolve(&cfg)
-            .map(|t| t.vector_target())
+            .map(|t| t.vector_target(cfg.intrinsics))
             .unwrap_or_default();
         Ok((cfg, target))
     }

@@ -2,6 +2,12 @@
 //! (types, loads, stores, broadcasts, arithmetic) for SSE2, AVX2, AVX-512 and NEON
 //! intrinsics, and GCC/Clang vector extensions for every other target or vector width.
 //!
+//! By default every target is spelled with vector extensions of its native width (16, 32 or
+//! 64 bytes): GCC and Clang turn them into exactly the instructions the intrinsics name (the
+//! kernels' inner loops are instruction for instruction the same), and the intrinsics'
+//! headers would add about 70 ms of parsing to every compile. `ARRAYJIT_INTRINSICS=1`
+//! ([`VectorTarget::intrinsics`]) selects the intrinsics.
+//!
 //! Loads and stores never assume alignment (`loadu`, `vld1q`, `memcpy`).
 
 use crate::ir::{Binop, Prec};
@@ -35,6 +41,9 @@ impl Dialect {
     }
 
     fn native(&self, t: VType) -> Option<Native> {
+        if !self.target.intrinsics {
+            return None;
+        }
         let single = match t.prec {
             Prec::Single => true,
             Prec::Double => false,
@@ -148,6 +157,9 @@ impl Dialect {
 
     /// The system header the intrinsics need, if any.
     pub fn include(&self) -> Option<&'static str> {
+        if !self.target.intrinsics {
+            return None;
+        }
         match self.target.isa {
             Isa::Sse2 | Isa::Avx2 | Isa::Avx512 => Some("#include <immintrin.h>"),
             Isa::Neon => Some("#include <arm_neon.h>"),
@@ -172,10 +184,12 @@ impl Dialect {
         let n = generic_name(t);
         let e = t.prec.c_type();
         let bytes = t.lanes * t.prec.size_in_bytes();
+        let lanes = vec!["x"; t.lanes].join(", ");
         format!(
             "typedef {e} {n} __attribute__((vector_size({bytes})));\n\
              static inline {n} {n}_load(const {e} *p) {{ {n} v; memcpy(&v, p, sizeof v); return v; }}\n\
-             static inline void {n}_store({e} *p, {n} v) {{ memcpy(p, &v, sizeof v); }}\n"
+             static inline void {n}_store({e} *p, {n} v) {{ memcpy(p, &v, sizeof v); }}\n\
+             static inline {n} {n}_splat({e} x) {{ return ({n}){{{lanes}}}; }}\n"
         )
     }
 
@@ -199,7 +213,7 @@ impl Dialect {
     pub fn splat(&self, t: VType, x: &str) -> String {
         match self.native(t) {
             Some(n) => format!("{}({x})", n.splat),
-            None => format!("(({}){{0}} + ({})({x}))", generic_name(t), t.prec.c_type()),
+            None => format!("{}_splat({x})", generic_name(t)),
         }
     }
 

@@ -35,7 +35,7 @@ mod run;
 mod target;
 
 pub use cleanup::install_signal_cleanup;
-pub use config::{CompilerConfig, GCC_WORKAROUND_FLAGS};
+pub use config::{CompilerConfig, GCC_SPEED_FLAGS, GCC_WORKAROUND_FLAGS};
 pub use load::{EntryFn, LoadedLibrary};
 pub use target::{Arch, CacheSizes, CompilerFamily, Features, Target};
 

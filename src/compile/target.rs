@@ -303,8 +303,9 @@ impl Target {
 
     /// The target as the optimizer's kernel passes and the C writer see it: the widest vector
     /// instruction set the compiler may use (AVX-512F, AVX2, SSE2 or NEON; GCC/Clang vector
-    /// extensions elsewhere), its width and registers, FMA, and this machine's caches.
-    pub fn vector_target(&self) -> VectorTarget {
+    /// extensions elsewhere), its width and registers, FMA, and this machine's caches; with
+    /// `intrinsics`, vector code is spelled with the instruction set's intrinsics.
+    pub fn vector_target(&self, intrinsics: bool) -> VectorTarget {
         let f = &self.features;
         let isa = match self.arch {
             Arch::X86_64 if f.avx512f => Isa::Avx512,
@@ -320,6 +321,7 @@ impl Target {
             fma: f.fma,
             l1d_bytes: self.caches.l1d,
             l2_bytes: self.caches.l2,
+            intrinsics,
         }
     }
 
@@ -639,6 +641,7 @@ mod tests {
             temp_root: None,
             cache_dir: None,
             compile_jobs: 1,
+            intrinsics: false,
         };
         let memo = DiskMemo::new(dir.path(), "id", &cfg, &["-march=native"]);
         assert_eq!(memo.read(), None);
