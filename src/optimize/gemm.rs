@@ -469,9 +469,8 @@ fn substitute_block(code: Llc, kc: Symbol, value: usize) -> Option<Llc> {
     crate::loops::map_indices(&code, &mut |ix| ix.substitute(kc, AxisIndex::Fixed(value)))
 }
 
-/// Packs `v(p = panel*width + j, k)` into `dst[panel, k, j]` (`j` innermost: contiguous
-/// writes), and writes zeros into the padding: the columns past `extent` of the last panel
-/// and the reduction steps past `k`.
+/// Packs `v(p = panel*width + j, k)` into `dst[panel, k, j]`, and writes zeros into the
+/// padding: the columns past `extent` of the last panel and the reduction steps past `k`.
 #[allow(clippy::too_many_arguments)]
 fn pack(
     v: &Llv,
@@ -487,24 +486,67 @@ fn pack(
     let full = extent / width;
     let edge = extent % width;
     let panels = extent.div_ceil(width);
-    let set = |panel_ix: AxisIndex, value: Llv| Llc::Set {
+    let set = |panel_ix: AxisIndex, kx_ix: AxisIndex, value: Llv| Llc::Set {
         tn: dst.clone(),
-        idcs: vec![panel_ix, AxisIndex::Iterator(kx), AxisIndex::Iterator(j)],
+        idcs: vec![panel_ix, kx_ix, AxisIndex::Iterator(j)],
         value,
     };
+    // A source contiguous along k (a row of `a` in `a @ b`, a row of a transposed `b`) is
+    // read a cache line at a time: blocks of KB steps of k, every column of the panel, then
+    // the steps of the block (reads contiguous, each line used whole); a source contiguous
+    // along the panel is copied row by row (reads and writes contiguous).
+    const KB: usize = 16;
+    let mut along_k = false;
+    let mut along_p = false;
+    visit_value(v, &mut |x| {
+        if let Llv::Get(t, idcs) = x {
+            along_k |= stride(t, idcs, kk.0) == 1;
+            along_p |= stride(t, idcs, p.0) == 1;
+        }
+    });
+    let blocked = along_k && !along_p && k >= KB;
     let data = |panel_ix: AxisIndex, cols: usize| -> Option<Llc> {
         let pos = match panel_ix {
             AxisIndex::Iterator(s) => lin(&[(s, width), (j, 1)], 0)?,
             AxisIndex::Fixed(f) => lin(&[(j, 1)], f * width)?,
             AxisIndex::Linear(_) => return None,
         };
-        let value = subst(v, &[(p.0, pos), (kk.0, AxisIndex::Iterator(kx))])?;
-        Some(for_(
-            kx,
+        let at = |kx_ix: AxisIndex| -> Option<Llc> {
+            Some(set(
+                panel_ix,
+                kx_ix,
+                subst(v, &[(p.0, pos), (kk.0, kx_ix)])?,
+            ))
+        };
+        if !blocked {
+            return Some(for_(
+                kx,
+                0,
+                k as i64 - 1,
+                for_(j, 0, cols as i64 - 1, at(AxisIndex::Iterator(kx))?),
+            ));
+        }
+        let (kb, full_kb, rest) = (Symbol::fresh(), k / KB, k % KB);
+        let mut out = vec![for_(
+            kb,
             0,
-            k as i64 - 1,
-            for_(j, 0, cols as i64 - 1, set(panel_ix, value)),
-        ))
+            full_kb as i64 - 1,
+            for_(
+                j,
+                0,
+                cols as i64 - 1,
+                for_(kx, 0, KB as i64 - 1, at(lin(&[(kb, KB), (kx, 1)], 0)?)?),
+            ),
+        )];
+        if rest > 0 {
+            out.push(for_(
+                j,
+                0,
+                cols as i64 - 1,
+                for_(kx, 0, rest as i64 - 1, at(lin(&[(kx, 1)], full_kb * KB)?)?),
+            ));
+        }
+        Some(Llc::Seq(out))
     };
     let mut out = vec![];
     if full > 0 {
@@ -525,7 +567,11 @@ fn pack(
                 j,
                 edge as i64,
                 width as i64 - 1,
-                set(AxisIndex::Fixed(full), Llv::Constant(0.0)),
+                set(
+                    AxisIndex::Fixed(full),
+                    AxisIndex::Iterator(kx),
+                    Llv::Constant(0.0),
+                ),
             ),
         ));
     }
@@ -542,7 +588,11 @@ fn pack(
                     j,
                     0,
                     width as i64 - 1,
-                    set(AxisIndex::Iterator(panel), Llv::Constant(0.0)),
+                    set(
+                        AxisIndex::Iterator(panel),
+                        AxisIndex::Iterator(kx),
+                        Llv::Constant(0.0),
+                    ),
                 ),
             ),
         ));
