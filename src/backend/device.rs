@@ -291,7 +291,9 @@ impl Event {
 
     /// Blocks until the event is complete (spinning briefly, then parking). Failures are not
     /// reported here (see [`crate::backend::Backend::await_event`]), so a task can wait for
-    /// another device's event without taking that device's error.
+    /// another device's event without taking that device's error. A task may call it for an
+    /// event recorded before the task was scheduled (what [`Device::wait_for`] does), never for
+    /// a later one of its own device, which would wait for the task itself.
     pub fn wait(&self) {
         self.shared.wait_until(self.target);
     }
