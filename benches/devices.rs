@@ -1,6 +1,7 @@
-//! Device-layer costs: scheduling throughput (empty tasks), await latency, and a
-//! device_to_device copy versus a plain memcpy of the same bytes (the baseline, measured in the
-//! same process).
+//! Device-layer costs: scheduling throughput (empty tasks), the await round trip (schedule an
+//! empty task, await it), a cross-device event hop (one device waits for another's event),
+//! and a device_to_device copy versus a plain memcpy of the same bytes (the baseline, measured
+//! in the same process).
 
 use arrayjit::backend::{Backend, Config, Device, MergeBufferUse, MulticoreBackend, Task};
 use arrayjit::ir::{Assignments, Bindings, FetchOp, MemoryMode, Prec, Tnode};
@@ -35,6 +36,19 @@ fn scheduling(c: &mut Criterion) {
     c.bench_function("await on an idle device", |bench| {
         bench.iter(|| b.await_device(&d).unwrap())
     });
+    // Device `e` waits for `d`'s event (no host await in between), then the host awaits `e`.
+    let e = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
+    c.bench_function(
+        "event hop (empty task, other device waits for it, await)",
+        |bench| {
+            bench.iter(|| {
+                b.schedule(&d, Task::new("empty", || Ok(()))).unwrap();
+                b.wait_for_event(&e, &b.record_event(&d)).unwrap();
+                b.schedule(&e, Task::new("empty", || Ok(()))).unwrap();
+                b.await_device(&e).unwrap();
+            })
+        },
+    );
 }
 
 fn copies(c: &mut Criterion) {

@@ -269,16 +269,13 @@ fn run(args: Args) -> Result<(), String> {
         ms(report.eval_time),
     );
     println!(
-        "training {:.1} ms for {} steps: compute {:.1} ms, merge {:.1} ms, update {:.1} ms, \
-         copies {:.1} ms, loss readback {:.1} ms; of which waiting for devices {:.1} ms",
+        "training {:.1} ms for {} steps: the host scheduled for {:.1} ms and waited for the \
+         devices for {:.1} ms (loss readback {:.1} ms)",
         ms(report.train_time),
         report.steps,
-        ms(p.compute),
-        ms(p.merge),
-        ms(p.update),
-        ms(p.copies),
-        ms(p.loss_readback),
+        ms(p.scheduling),
         ms(p.waiting),
+        ms(p.loss_readback),
     );
     backend.unsafe_cleanup();
     println!(

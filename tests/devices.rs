@@ -444,3 +444,306 @@ fn device_counts_follow_config() {
         assert_eq!(s.to_subordinal(&s.new_virtual_device(&p).unwrap()), i);
     }
 }
+
+/// A task that records `tag` in `log`.
+fn log_task(log: &Arc<std::sync::Mutex<Vec<String>>>, tag: String) -> Task {
+    let log = log.clone();
+    Task::new(tag.clone(), move || {
+        log.lock().unwrap().push(tag);
+        Ok(())
+    })
+}
+
+#[test]
+fn events_order_work_across_devices_without_the_host_waiting() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 2);
+            let value = Arc::new(AtomicUsize::new(0));
+            let seen = Arc::new(AtomicUsize::new(usize::MAX));
+            for round in 1..=20usize {
+                // Device 0 writes late; device 1 reads after waiting for device 0's event.
+                let v = value.clone();
+                b.schedule(
+                    &devs[0],
+                    Task::new("slow writer", move || {
+                        std::thread::sleep(std::time::Duration::from_micros(200));
+                        v.store(round, Ordering::SeqCst);
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+                let ev = b.record_event(&devs[0]);
+                b.wait_for_event(&devs[1], &ev).unwrap();
+                let (v, s) = (value.clone(), seen.clone());
+                b.schedule(
+                    &devs[1],
+                    Task::new("reader", move || {
+                        s.store(v.load(Ordering::SeqCst), Ordering::SeqCst);
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+                // Only device 1 is awaited: the event made it wait for device 0.
+                b.await_device(&devs[1]).unwrap();
+                assert_eq!(seen.load(Ordering::SeqCst), round, "{}", b.name());
+                assert!(ev.is_complete());
+            }
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn events_chain_many_devices_in_order() {
+    with_watchdog(120, || {
+        for b in backends() {
+            let n = 8;
+            let devs = devices(b.as_ref(), n);
+            let log = Arc::new(std::sync::Mutex::new(vec![]));
+            let rounds = 300;
+            // A token passed around the ring: device i runs its part of round r only after
+            // device i-1 did (round r) — the log must be in exactly that order.
+            let mut last: Option<Event> = None;
+            for r in 0..rounds {
+                for (i, d) in devs.iter().enumerate() {
+                    if let Some(ev) = &last {
+                        b.wait_for_event(d, ev).unwrap();
+                    }
+                    b.schedule(d, log_task(&log, format!("{r}:{i}"))).unwrap();
+                    last = Some(b.record_event(d));
+                }
+            }
+            b.await_event(last.as_ref().unwrap()).unwrap();
+            let want: Vec<String> = (0..rounds)
+                .flat_map(|r| (0..n).map(move |i| format!("{r}:{i}")))
+                .collect();
+            assert_eq!(*log.lock().unwrap(), want, "{}", b.name());
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn an_event_after_a_failure_completes_and_the_failure_is_reported_once() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 2);
+            let res = b.schedule(&devs[0], Task::new("exploding task", || panic!("boom")));
+            if !devs[0].has_worker() {
+                // The sync backend runs the task at once and reports it right away.
+                assert!(res.unwrap_err().to_string().contains("boom"));
+                b.unsafe_cleanup();
+                continue;
+            }
+            res.unwrap();
+            let ev = b.record_event(&devs[0]);
+            // Device 1 waits for it and still runs: no hang.
+            b.wait_for_event(&devs[1], &ev).unwrap();
+            let ran = Arc::new(AtomicUsize::new(0));
+            let r = ran.clone();
+            b.schedule(
+                &devs[1],
+                Task::new("after the wait", move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }),
+            )
+            .unwrap();
+            b.await_device(&devs[1]).unwrap();
+            assert_eq!(ran.load(Ordering::SeqCst), 1);
+            // Waiting for the event inside a task did not take device 0's error: the host's
+            // await of the event reports it, once.
+            let err = b.await_event(&ev).unwrap_err().to_string();
+            assert!(
+                err.contains("exploding task") && err.contains("boom"),
+                "{err}"
+            );
+            b.await_device(&devs[0]).unwrap();
+            b.await_event(&ev).unwrap();
+            // A failure is also reported by the next wait_for_event on the failed device.
+            b.schedule(
+                &devs[1],
+                Task::new("failing task", || Err(arrayjit::Error::Usage("bad".into()))),
+            )
+            .unwrap();
+            while !b.is_idle(&devs[1]) {
+                std::thread::yield_now();
+            }
+            let err = b
+                .wait_for_event(&devs[1], &b.record_event(&devs[0]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("failing task"), "{err}");
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn waiting_for_an_event_of_the_same_device_does_not_deadlock() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 1);
+            let d = &devs[0];
+            let log = Arc::new(std::sync::Mutex::new(vec![]));
+            for i in 0..100 {
+                b.schedule(d, log_task(&log, format!("{i}"))).unwrap();
+                let ev = b.record_event(d);
+                b.wait_for_event(d, &ev).unwrap();
+            }
+            b.await_device(d).unwrap();
+            assert_eq!(log.lock().unwrap().len(), 100);
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+#[test]
+fn cleanup_drains_queues_with_pending_cross_device_waits() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        let devs = devices(&b, 4);
+        let count = Arc::new(AtomicUsize::new(0));
+        for _ in 0..200 {
+            for (i, d) in devs.iter().enumerate() {
+                let ev = b.record_event(&devs[(i + 1) % devs.len()]);
+                b.wait_for_event(d, &ev).unwrap();
+                let c = count.clone();
+                b.schedule(
+                    d,
+                    Task::new("count", move || {
+                        c.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+            }
+        }
+        let ev = b.record_event(&devs[3]);
+        // No await: cleanup lets every worker finish its queue, then joins it.
+        b.unsafe_cleanup();
+        assert_eq!(count.load(Ordering::SeqCst), 800);
+        assert!(ev.is_complete());
+        for d in &devs {
+            assert!(!d.has_worker());
+            assert!(b.await_device(d).is_err(), "a released device reports it");
+            assert!(b.wait_for_event(d, &ev).is_err());
+        }
+    });
+}
+
+#[test]
+fn a_full_queue_blocks_the_scheduler_until_there_is_room() {
+    with_watchdog(60, || {
+        let b = Arc::new(MulticoreBackend::new());
+        let devs = devices(b.as_ref(), 1);
+        let d = devs[0].clone();
+        let (tx, rx) = mpsc::channel::<()>();
+        b.schedule(
+            &d,
+            Task::new("blocked", move || {
+                rx.recv().ok();
+                Ok(())
+            }),
+        )
+        .unwrap();
+        let scheduled = Arc::new(AtomicUsize::new(0));
+        let (b2, d2, s2) = (b.clone(), d.clone(), scheduled.clone());
+        let producer = std::thread::spawn(move || {
+            for _ in 0..device::QUEUE_CAPACITY + 10 {
+                b2.schedule(&d2, Task::new("empty", || Ok(()))).unwrap();
+                s2.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The blocked task counts toward the capacity.
+        assert_eq!(scheduled.load(Ordering::SeqCst), device::QUEUE_CAPACITY - 1);
+        assert_eq!(d.pending(), device::QUEUE_CAPACITY);
+        tx.send(()).unwrap();
+        producer.join().unwrap();
+        b.await_device(&d).unwrap();
+        assert!(b.is_idle(&d));
+        b.unsafe_cleanup();
+    });
+}
+
+#[test]
+fn prepared_transfers_check_like_device_to_device_and_run_again() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 2);
+            let bind = Bindings::empty();
+            let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+            let g = output("g", &[3], Prec::Single);
+            let other = temp("other", &[3], Prec::Single);
+            other.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+            // g = x (a "gradient"), and a merge routine g = g + merge(g).
+            let fill = b
+                .compile(
+                    true,
+                    Some("fill"),
+                    &bind,
+                    &unop(&g, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind),
+                )
+                .unwrap();
+            let merge = b
+                .compile(true, Some("merge"), &bind, &arrayjit::nn::merge_add(&g))
+                .unwrap();
+            let rs: Vec<(Routine, Routine)> = devs
+                .iter()
+                .map(|d| {
+                    let f = b.link(&[], &b.init(d).unwrap(), &fill).unwrap();
+                    let m = b.link(&[], f.context(), &merge).unwrap();
+                    b.from_host(f.context(), &x).unwrap();
+                    f.schedule().unwrap();
+                    b.await_device(d).unwrap();
+                    (f, m)
+                })
+                .collect();
+            let (dst, src) = (rs[0].1.context(), rs[1].1.context());
+            // The same errors and `false` as device_to_device.
+            for mode in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
+                let e = b.prepare_transfer(&other, mode, dst, src).err().unwrap();
+                assert!(e.to_string().contains("not in the source context"), "{e}");
+                let e2 = b.device_to_device(&other, mode, dst, src).err().unwrap();
+                assert_eq!(e.to_string(), e2.to_string());
+            }
+            assert!(b
+                .prepare_transfer(&other, MergeBufferUse::No, dst, src)
+                .unwrap()
+                .is_none());
+            assert!(!b
+                .device_to_device(&other, MergeBufferUse::No, dst, src)
+                .unwrap());
+            for mode in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
+                let t = b.prepare_transfer(&g, mode, dst, src).unwrap().unwrap();
+                assert_eq!(t.device(), &devs[0]);
+                assert!(t.description().contains("device_to_device"));
+                // Run it three times, each followed by the merge: g0 = x + 3 x.
+                rs[0].0.schedule().unwrap();
+                for _ in 0..3 {
+                    t.schedule().unwrap();
+                    rs[0].1.schedule().unwrap();
+                }
+                b.await_device(&devs[0]).unwrap();
+                let mut h = Ndarray::zeros(Prec::Single, &[3]);
+                b.buffer_to_host(&mut h, &dst.get_buffer(&g).unwrap())
+                    .unwrap();
+                assert_eq!(h.to_f64_vec(), vec![4., 8., 12.], "{} {mode:?}", b.name());
+            }
+            // `No` copies into the destination's own buffer, run inside a task of its own.
+            let t = b
+                .prepare_transfer(&g, MergeBufferUse::No, dst, src)
+                .unwrap()
+                .unwrap();
+            b.schedule(&devs[0], t.task()).unwrap();
+            b.await_device(&devs[0]).unwrap();
+            let mut h = Ndarray::zeros(Prec::Single, &[3]);
+            b.buffer_to_host(&mut h, &dst.get_buffer(&g).unwrap())
+                .unwrap();
+            assert_eq!(h.to_f64_vec(), vec![1., 2., 3.]);
+            b.unsafe_cleanup();
+        }
+    });
+}

@@ -394,3 +394,28 @@ fn bad_settings_are_errors() {
     assert!(Mlp::new(&[2], Prec::Single, 1).is_err());
     assert!(Mlp::new(&[2, 0, 1], Prec::Single, 1).is_err());
 }
+
+/// The devices order their work with events, not host awaits, and the host runs ahead: any
+/// missed hazard (a merge reading gradients not yet written, a device computing with stale
+/// parameters, a source overwriting gradients still being merged) would change the numbers.
+/// Each multicore run must therefore match the synchronous backend's run on the same number of
+/// devices bit for bit, for trees of every shape and both merge modes.
+#[test]
+fn multicore_runs_match_the_sync_backend_exactly() {
+    with_watchdog(600, || {
+        for devices in [2, 3, 4, 6, 8] {
+            for merge in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
+                let sync = short_run(&SyncBackend::new(), devices, merge);
+                for _ in 0..2 {
+                    let mc = short_run(&MulticoreBackend::new(), devices, merge);
+                    assert_eq!(
+                        sync.epoch_losses, mc.epoch_losses,
+                        "{devices} devices, {merge:?}"
+                    );
+                    assert_eq!(sync.model, mc.model, "{devices} devices, {merge:?}");
+                    assert_eq!(sync.accuracy, mc.accuracy);
+                }
+            }
+        }
+    });
+}

@@ -1,16 +1,26 @@
 //! Devices: a physical device is a CPU core (multicore) or the calling thread (sync); a
 //! virtual device owns a FIFO queue of tasks and, on the multicore backend, a worker thread
 //! that runs them, plus a merge buffer.
+//!
+//! The queue is a `Mutex<VecDeque>` (one producer at a time, one consumer: the worker, which
+//! takes every queued task at once) and two counters, `scheduled` and `completed`. A device is
+//! idle when they are equal; an [`Event`] is a value of `scheduled` (a position in the queue),
+//! complete once `completed` reaches it. Every wait (the worker for work, an await, a device
+//! waiting for another's event) first checks in a loop that yields the core (for at most
+//! [`WORK_SPIN`] or [`DONE_SPIN`]), then parks on a condition variable; a finished task wakes
+//! only the threads parked for a count it reaches, and a scheduled task wakes the worker only
+//! when it is parked.
 
 use super::buffer::BufferPtr;
 use super::cc::{MergeBuffer, Task};
 use crate::error::{Error, Result};
+use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// How many tasks a device queue holds before `schedule` blocks (back-pressure).
 pub const QUEUE_CAPACITY: usize = 1024;
@@ -20,7 +30,38 @@ pub const QUEUE_CAPACITY: usize = 1024;
 /// for the task machinery and libm.
 pub const WORKER_STACK_BYTES: usize = 8 << 20;
 
+/// How long an idle worker waits for new work without parking (see `spin_until`).
+pub const WORK_SPIN: Duration = Duration::from_micros(50);
+
+/// How long a thread waiting for a device (an await, or a device waiting for another
+/// device's event) waits without parking (see `spin_until`).
+pub const DONE_SPIN: Duration = Duration::from_micros(50);
+
 pub(crate) static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
+
+/// Waits for `ready()` without parking for at most `budget`, yielding the core between checks:
+/// a thread that wants the core (perhaps the one we wait for, when there are more threads
+/// than cores) runs first, and on an idle core a check comes every few hundred nanoseconds.
+/// Returns whether `ready()` became true.
+///
+/// Busy-spinning (`spin_loop` without yielding) was measured and rejected: on a machine whose
+/// cores are shared with other processes, the thread waited for is often not running, and a
+/// busy spinner keeps it off the core for the whole budget.
+fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let start = Instant::now();
+    loop {
+        if start.elapsed() >= budget {
+            return ready();
+        }
+        std::thread::yield_now();
+        if ready() {
+            return true;
+        }
+    }
+}
 
 /// A physical device.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -41,37 +82,236 @@ impl PhysicalDevice {
 }
 
 #[derive(Default)]
-struct QueueState {
-    /// Tasks scheduled and not yet finished.
-    pending: usize,
-    /// The first failure since the last await or schedule reported one.
-    error: Option<Error>,
+struct Pending {
+    tasks: VecDeque<Task>,
+    /// No more tasks are accepted (set by `release`, the device's drop, or the worker's end).
+    closed: bool,
+    /// The worker is parked on `Shared::work`.
+    parked: bool,
+}
+
+/// The part of a device its worker thread and its events share (not the whole device, so that
+/// dropping the last handle ends the worker).
+struct Shared {
+    name: String,
+    pending: Mutex<Pending>,
+    /// The worker parks here when there is no work.
+    work: Condvar,
+    /// Tasks accepted so far (incremented with the push, under `pending`'s lock).
+    scheduled: AtomicU64,
+    /// Tasks finished so far (by the worker, in order).
+    completed: AtomicU64,
+    /// Mirrors `Pending::closed`, for the spinning worker.
+    closed: AtomicBool,
+    /// Threads waiting for `completed` to grow park here.
+    done: Mutex<()>,
+    done_cv: Condvar,
+    /// The smallest `completed` count a thread parked on `done_cv` waits for (`u64::MAX`
+    /// when none): completions below it wake nobody.
+    wake_at: AtomicU64,
+    /// The first failure since the last report; `failed` says whether there is one.
+    error: Mutex<Option<Error>>,
+    failed: AtomicBool,
     /// Set by `unsafe_cleanup`.
-    invalid: bool,
+    invalid: AtomicBool,
 }
 
-/// The part of a device its worker thread shares (not the whole device, so that dropping the
-/// last handle drops the sender and ends the worker).
-#[derive(Default)]
-struct Queue {
-    state: Mutex<QueueState>,
-    idle: Condvar,
-}
+impl Shared {
+    fn new(name: String) -> Shared {
+        Shared {
+            name,
+            pending: Mutex::new(Pending::default()),
+            work: Condvar::new(),
+            scheduled: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            done: Mutex::new(()),
+            done_cv: Condvar::new(),
+            wake_at: AtomicU64::new(u64::MAX),
+            error: Mutex::new(None),
+            failed: AtomicBool::new(false),
+            invalid: AtomicBool::new(false),
+        }
+    }
 
-impl Queue {
-    fn work(&self, rx: Receiver<Task>) {
-        // The loop ends when the sender is dropped (unsafe_cleanup, or the device is dropped).
-        while let Ok(task) = rx.recv() {
-            let result = run_captured(task);
-            let mut st = lock(&self.state);
-            if let Err(e) = result {
-                st.error.get_or_insert(e);
+    fn record_error(&self, e: Error) {
+        let mut st = lock(&self.error);
+        st.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Counts `n` more tasks as finished and wakes the threads waiting for them.
+    fn complete(&self, n: u64) {
+        let done = self.completed.fetch_add(n, Ordering::SeqCst) + n;
+        if done >= self.wake_at.load(Ordering::SeqCst) {
+            // A waiter holds the lock from lowering `wake_at` until it parks: taking it here
+            // means every such waiter is parked (or saw the new count), so no notification is
+            // lost. Woken waiters that still need to wait lower `wake_at` again.
+            let g = lock(&self.done);
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
+            drop(g);
+            self.done_cv.notify_all();
+        }
+    }
+
+    fn is_complete(&self, target: u64) -> bool {
+        self.completed.load(Ordering::Acquire) >= target
+    }
+
+    /// Blocks until `completed >= target`: spins, then parks.
+    fn wait_until(&self, target: u64) {
+        if spin_until(DONE_SPIN, || self.is_complete(target)) {
+            return;
+        }
+        let mut g = lock(&self.done);
+        loop {
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
+            if self.completed.load(Ordering::SeqCst) >= target {
+                return;
             }
-            st.pending -= 1;
-            if st.pending == 0 {
-                self.idle.notify_all();
+            g = self.done_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The first failure since the last report (and forgets it), or an error if the device
+    /// was released.
+    fn take_error(&self) -> Result<()> {
+        if self.invalid.load(Ordering::Acquire) {
+            return Err(Error::Usage(format!(
+                "device {} was released by unsafe_cleanup",
+                self.name
+            )));
+        }
+        self.take_failure()
+    }
+
+    /// The first failure since the last report (and forgets it).
+    fn take_failure(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let mut st = lock(&self.error);
+            self.failed.store(false, Ordering::Release);
+            if let Some(e) = st.take() {
+                return Err(e);
             }
         }
+        Ok(())
+    }
+
+    /// Stops accepting tasks and wakes the worker (which finishes the queue, then ends).
+    fn close(&self) {
+        let mut p = lock(&self.pending);
+        p.closed = true;
+        self.closed.store(true, Ordering::Release);
+        drop(p);
+        self.work.notify_all();
+    }
+
+    /// The worker's loop: takes every queued task at once, runs them in order; when there is
+    /// none, spins for a while, then parks. Ends when the device is closed and the queue is
+    /// empty.
+    fn work(self: Arc<Shared>) {
+        // However the loop ends, tasks left behind count as finished (with an error), so no
+        // await can hang on them.
+        struct Exit {
+            sh: Arc<Shared>,
+            /// The tasks taken from the queue and not run yet.
+            batch: VecDeque<Task>,
+        }
+        impl Drop for Exit {
+            fn drop(&mut self) {
+                let mut p = lock(&self.sh.pending);
+                p.closed = true;
+                self.sh.closed.store(true, Ordering::Release);
+                let mut left = std::mem::take(&mut p.tasks);
+                drop(p);
+                left.extend(self.batch.drain(..));
+                if let Some(t) = left.front() {
+                    self.sh.record_error(Error::Task {
+                        task: t.description.clone(),
+                        msg: "the device's worker thread ended before running it".into(),
+                    });
+                }
+                self.sh.complete(left.len() as u64);
+            }
+        }
+        let mut exit = Exit {
+            sh: self,
+            batch: VecDeque::new(),
+        };
+        loop {
+            let sh = &exit.sh;
+            {
+                let mut p = lock(&sh.pending);
+                if p.tasks.is_empty() {
+                    if p.closed {
+                        return;
+                    }
+                    drop(p);
+                    // Everything taken so far is finished: new work shows as `scheduled`
+                    // moving past `completed`.
+                    let done = sh.completed.load(Ordering::Relaxed);
+                    spin_until(WORK_SPIN, || {
+                        sh.scheduled.load(Ordering::Acquire) != done
+                            || sh.closed.load(Ordering::Acquire)
+                    });
+                    p = lock(&sh.pending);
+                    while p.tasks.is_empty() && !p.closed {
+                        p.parked = true;
+                        p = sh.work.wait(p).unwrap_or_else(|e| e.into_inner());
+                    }
+                    p.parked = false;
+                }
+                std::mem::swap(&mut p.tasks, &mut exit.batch);
+            }
+            while let Some(task) = exit.batch.pop_front() {
+                if let Err(e) = run_captured(task) {
+                    exit.sh.record_error(e);
+                }
+                exit.sh.complete(1);
+            }
+        }
+    }
+}
+
+/// A point in a device's queue: complete once every task scheduled on the device before the
+/// event was recorded has finished. Events order work across devices without the host
+/// waiting: [`Device::wait_for`] makes a device's later tasks wait for another device's
+/// event. Cheap to clone.
+#[derive(Clone)]
+pub struct Event {
+    shared: Arc<Shared>,
+    target: u64,
+}
+
+impl Event {
+    /// Whether every task the event covers has finished.
+    pub fn is_complete(&self) -> bool {
+        self.shared.is_complete(self.target)
+    }
+
+    /// Blocks until the event is complete (spinning briefly, then parking). Failures are not
+    /// reported here (see [`crate::backend::Backend::await_event`]), so a task can wait for
+    /// another device's event without taking that device's error. A task may call it for an
+    /// event recorded before the task was scheduled (what [`Device::wait_for`] does), never for
+    /// a later one of its own device, which would wait for the task itself.
+    pub fn wait(&self) {
+        self.shared.wait_until(self.target);
+    }
+
+    /// The first failure on the event's device since the last report (and forgets it).
+    pub(crate) fn take_error(&self) -> Result<()> {
+        self.shared.take_failure()
+    }
+
+    /// The name of the device the event belongs to.
+    pub fn device_name(&self) -> &str {
+        &self.shared.name
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Event({} after {} tasks)", self.shared.name, self.target)
     }
 }
 
@@ -82,9 +322,18 @@ struct Inner {
     merge_buffer: MergeBuffer,
     /// The device-owned storage that `Copy` merges copy into; grows as needed.
     merge_storage: Mutex<Option<BufferPtr>>,
-    queue: Arc<Queue>,
-    sender: Mutex<Option<SyncSender<Task>>>,
+    shared: Arc<Shared>,
+    /// Whether tasks run on a worker thread (false: at once, on the scheduling thread).
+    threaded: bool,
     worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle is gone: let the worker finish the queue and end (not joined: this
+        // may run on the worker itself, when a task held the last handle).
+        self.shared.close();
+    }
 }
 
 /// A virtual device: a queue of tasks (run by a worker thread on the multicore backend, at
@@ -107,8 +356,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs a task, turning a panic or an error into an error that names the task.
-fn run_captured(task: Task) -> Result<()> {
-    let description = task.description.clone();
+fn run_captured(mut task: Task) -> Result<()> {
+    let description = std::mem::take(&mut task.description);
     match catch_unwind(AssertUnwindSafe(|| task.run())) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::Task {
@@ -125,13 +374,12 @@ fn run_captured(task: Task) -> Result<()> {
 impl Device {
     /// A device whose tasks run on a dedicated worker thread.
     pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
-        let (tx, rx) = sync_channel::<Task>(QUEUE_CAPACITY);
-        let dev = Device::new(physical, subordinal, Some(tx));
-        let queue = dev.0.queue.clone();
+        let dev = Device::new(physical, subordinal, true);
+        let shared = dev.0.shared.clone();
         let handle = std::thread::Builder::new()
             .name(dev.name())
             .stack_size(WORKER_STACK_BYTES)
-            .spawn(move || queue.work(rx))
+            .spawn(move || shared.work())
             .map_err(|e| Error::io("starting a device worker thread", e))?;
         *lock(&dev.0.worker) = Some(handle);
         Ok(dev)
@@ -139,93 +387,115 @@ impl Device {
 
     /// A device whose tasks run at once on the scheduling thread.
     pub(crate) fn synchronous(physical: PhysicalDevice, subordinal: usize) -> Device {
-        Device::new(physical, subordinal, None)
+        Device::new(physical, subordinal, false)
     }
 
-    fn new(
-        physical: PhysicalDevice,
-        subordinal: usize,
-        sender: Option<SyncSender<Task>>,
-    ) -> Device {
+    fn new(physical: PhysicalDevice, subordinal: usize, threaded: bool) -> Device {
+        let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
         Device(Arc::new(Inner {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
             physical,
             subordinal,
             merge_buffer: MergeBuffer::new(),
             merge_storage: Mutex::new(None),
-            queue: Arc::new(Queue::default()),
-            sender: Mutex::new(sender),
+            shared: Arc::new(Shared::new(name)),
+            threaded,
             worker: Mutex::new(None),
         }))
-    }
-
-    fn take_error(&self, st: &mut QueueState) -> Result<()> {
-        if st.invalid {
-            return Err(Error::Usage(format!(
-                "device {} was released by unsafe_cleanup",
-                self.name()
-            )));
-        }
-        match st.error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 
     /// Enqueues a task (on the sync backend: runs it now). Returns the error of an earlier
     /// failed task on this device, if any, instead of scheduling. Blocks while the queue is
     /// full.
     pub fn schedule(&self, task: Task) -> Result<()> {
-        let sender = {
-            let mut st = lock(&self.0.queue.state);
-            self.take_error(&mut st)?;
-            let sender = lock(&self.0.sender).clone();
-            if sender.is_some() {
-                st.pending += 1;
-            }
-            sender
-        };
-        match sender {
-            None => run_captured(task),
-            Some(tx) => tx.send(task).map_err(|_| {
-                let mut st = lock(&self.0.queue.state);
-                st.pending -= 1;
-                Error::Usage(format!("device {} has no worker (released?)", self.name()))
-            }),
+        let sh = &self.0.shared;
+        sh.take_error()?;
+        if !self.0.threaded {
+            sh.scheduled.fetch_add(1, Ordering::SeqCst);
+            let r = run_captured(task);
+            sh.complete(1);
+            return r;
+        }
+        // Back-pressure: wait for room.
+        let s = sh.scheduled.load(Ordering::Relaxed);
+        if s.saturating_sub(sh.completed.load(Ordering::Acquire)) >= QUEUE_CAPACITY as u64 {
+            sh.wait_until(s + 1 - QUEUE_CAPACITY as u64);
+        }
+        let mut p = lock(&sh.pending);
+        if p.closed {
+            return Err(Error::Usage(format!(
+                "device {} has no worker (released?)",
+                self.name()
+            )));
+        }
+        p.tasks.push_back(task);
+        sh.scheduled.fetch_add(1, Ordering::Release);
+        // Notify once per parking.
+        let wake = std::mem::take(&mut p.parked);
+        drop(p);
+        if wake {
+            sh.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// An event marking the current end of the queue: complete once every task scheduled so
+    /// far has finished.
+    pub fn event(&self) -> Event {
+        Event {
+            shared: self.0.shared.clone(),
+            target: self.0.shared.scheduled.load(Ordering::Acquire),
         }
     }
 
-    /// Blocks until every scheduled task has finished (without busy-waiting), then returns
-    /// the first failure since the last report, if any.
-    pub fn await_idle(&self) -> Result<()> {
-        let mut st = lock(&self.0.queue.state);
-        while st.pending > 0 {
-            st = self
-                .0
-                .queue
-                .idle
-                .wait(st)
-                .unwrap_or_else(|p| p.into_inner());
+    /// Makes the tasks scheduled on this device from now on wait until `event` (usually of
+    /// another device) is complete, without blocking the caller: schedules a task that waits
+    /// (nothing when the event is already complete). Returns an earlier failure on this
+    /// device instead, as [`Device::schedule`] does. Waiting can never deadlock: an event
+    /// only covers tasks scheduled before it, and every wait is scheduled after its event.
+    pub fn wait_for(&self, event: &Event) -> Result<()> {
+        if event.is_complete() {
+            return self.0.shared.take_error();
         }
-        self.take_error(&mut st)
+        let ev = event.clone();
+        self.schedule(Task::new(
+            format!("wait for {}", ev.device_name()),
+            move || {
+                ev.wait();
+                Ok(())
+            },
+        ))
+    }
+
+    /// Blocks until every scheduled task has finished (spinning briefly, then parking), then
+    /// returns the first failure since the last report, if any.
+    pub fn await_idle(&self) -> Result<()> {
+        let sh = &self.0.shared;
+        loop {
+            let s = sh.scheduled.load(Ordering::Acquire);
+            sh.wait_until(s);
+            if sh.completed.load(Ordering::Acquire) >= sh.scheduled.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        sh.take_error()
     }
 
     /// Whether the device has no scheduled task left.
     pub fn is_idle(&self) -> bool {
-        lock(&self.0.queue.state).pending == 0
+        self.pending() == 0
     }
 
     /// Stops accepting work, lets the worker finish the queue, and joins it.
     pub(crate) fn release(&self) {
-        lock(&self.0.sender).take();
+        let sh = &self.0.shared;
+        sh.close();
         let handle = lock(&self.0.worker).take();
         if let Some(h) = handle {
             let _ = h.join();
         }
-        let mut st = lock(&self.0.queue.state);
-        st.invalid = true;
-        st.pending = 0;
-        self.0.queue.idle.notify_all();
+        sh.invalid.store(true, Ordering::Release);
+        sh.complete(0);
     }
 
     /// The physical device.
@@ -245,10 +515,7 @@ impl Device {
 
     /// `backend:ordinal:subordinal`.
     pub fn name(&self) -> String {
-        format!(
-            "{}:{}:{}",
-            self.0.physical.backend, self.0.physical.ordinal, self.0.subordinal
-        )
+        self.0.shared.name.clone()
     }
 
     /// The device's merge buffer.
@@ -276,12 +543,14 @@ impl Device {
 
     /// Whether the device runs tasks on a worker thread.
     pub fn has_worker(&self) -> bool {
-        lock(&self.0.sender).is_some()
+        self.0.threaded && !self.0.shared.closed.load(Ordering::Acquire)
     }
 
     /// Number of tasks scheduled and not finished.
     pub fn pending(&self) -> usize {
-        lock(&self.0.queue.state).pending
+        let sh = &self.0.shared;
+        let done = sh.completed.load(Ordering::Acquire);
+        sh.scheduled.load(Ordering::Acquire).saturating_sub(done) as usize
     }
 }
 

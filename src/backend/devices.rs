@@ -6,10 +6,10 @@
 use super::buffer::BufferPtr;
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
 use super::context::Context;
-use super::device::{Device, PhysicalDevice};
+use super::device::{Device, Event, PhysicalDevice};
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, Tnode};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// How `device_to_device` uses the destination device's merge buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,72 @@ pub enum MergeBufferUse {
     Streaming,
     /// Copy the source's buffer into the destination device's merge buffer (grown as needed).
     Copy,
+}
+
+/// A checked [`Backend::device_to_device`] transfer of one node between two contexts,
+/// prepared once by [`Backend::prepare_transfer`] and run any number of times. Cheap to clone.
+#[derive(Clone)]
+pub struct Transfer(Arc<TransferInner>);
+
+struct TransferInner {
+    description: String,
+    tn: Tnode,
+    mode: MergeBufferUse,
+    /// The destination's device (whose queue must run the transfer).
+    device: Device,
+    src_buf: BufferPtr,
+    /// The destination's buffer of the node, for `No`.
+    dst_buf: Option<BufferPtr>,
+}
+
+impl Transfer {
+    /// Does the transfer now, on this thread: meant to run inside a task on the destination
+    /// device (as [`Transfer::schedule`] does), after the source was synchronized.
+    pub fn run(&self) -> Result<()> {
+        let t = &self.0;
+        let size = t.tn.size_in_bytes();
+        match (&t.dst_buf, t.mode) {
+            (Some(dst), _) => dst.copy_from(&t.src_buf, size),
+            (None, MergeBufferUse::Copy) => {
+                let storage = t.device.merge_storage(size)?;
+                storage.copy_from(&t.src_buf, size)?;
+                t.device.merge_buffer().set(storage, t.tn.clone());
+                Ok(())
+            }
+            (None, _) => {
+                t.device.merge_buffer().set(t.src_buf.clone(), t.tn.clone());
+                Ok(())
+            }
+        }
+    }
+
+    /// A task doing the transfer.
+    pub fn task(&self) -> Task {
+        let t = self.clone();
+        Task::new(self.0.description.clone(), move || t.run())
+    }
+
+    /// Schedules the transfer on the destination's device (returns an earlier failure on the
+    /// device instead).
+    pub fn schedule(&self) -> Result<()> {
+        self.0.device.schedule(self.task())
+    }
+
+    /// The destination's device.
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// What the transfer does: `device_to_device NODE MODE SRC -> DST`.
+    pub fn description(&self) -> &str {
+        &self.0.description
+    }
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Transfer({})", self.0.description)
+    }
 }
 
 /// State shared by both device backends: the compiler backend and every device created.
@@ -147,6 +213,24 @@ pub trait Backend: Send + Sync {
     fn is_idle(&self, device: &Device) -> bool {
         device.is_idle()
     }
+    /// An event marking the current end of the device's queue: it completes once every task
+    /// scheduled on the device so far has finished.
+    fn record_event(&self, device: &Device) -> Event {
+        device.event()
+    }
+    /// Makes the tasks scheduled on `device` from now on wait until `event` (usually of
+    /// another device) completes, without blocking the caller: the device-side counterpart of
+    /// awaiting the event's device before scheduling. Returns an earlier failure on `device`
+    /// instead, like [`Backend::schedule`].
+    fn wait_for_event(&self, device: &Device, event: &Event) -> Result<()> {
+        device.wait_for(event)
+    }
+    /// Blocks until the event completes, then returns the first failure of a task on its
+    /// device since the last report, if any (as [`Backend::await_device`] would).
+    fn await_event(&self, event: &Event) -> Result<()> {
+        event.wait();
+        event.take_error()
+    }
     /// A zero-filled buffer of at least `size_in_bytes` for the device; reuses `old_buffer`
     /// when it is big enough.
     fn alloc_buffer(
@@ -252,7 +336,8 @@ pub trait Backend: Send + Sync {
     ///   needed).
     ///
     /// If `dst` has routines that read a different node from the merge buffer, the call fails
-    /// at once naming both nodes. The caller must synchronize `src` first.
+    /// at once naming both nodes. The caller must synchronize `src` first: await it, or make
+    /// `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
     fn device_to_device(
         &self,
         tn: &Tnode,
@@ -260,6 +345,24 @@ pub trait Backend: Send + Sync {
         dst: &Context,
         src: &Context,
     ) -> Result<bool> {
+        match self.prepare_transfer(tn, into_merge_buffer, dst, src)? {
+            Some(t) => {
+                t.schedule()?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+    /// The transfer [`Backend::device_to_device`] would schedule, checked now (with the same
+    /// errors) and not scheduled: a [`Transfer`] can be scheduled, or run inside a task of
+    /// `dst`'s device, any number of times. `None` where `device_to_device` returns false.
+    fn prepare_transfer(
+        &self,
+        tn: &Tnode,
+        into_merge_buffer: MergeBufferUse,
+        dst: &Context,
+        src: &Context,
+    ) -> Result<Option<Transfer>> {
         let Some(src_buf) = src.get_buffer(tn) else {
             if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
                 return Err(Error::Usage(format!(
@@ -268,25 +371,17 @@ pub trait Backend: Send + Sync {
                     src.label()
                 )));
             }
-            return Ok(false);
+            return Ok(None);
         };
-        let d = ctx_device(dst)?;
-        let size = tn.size_in_bytes();
-        let what = format!(
-            "device_to_device {} {:?} {} -> {}",
-            tn.name(),
-            into_merge_buffer,
-            src.label(),
-            dst.label()
-        );
-        match into_merge_buffer {
+        let device = ctx_device(dst)?;
+        let dst_buf = match into_merge_buffer {
             MergeBufferUse::No => {
                 let Some(dst_buf) = dst.get_buffer(tn) else {
-                    return Ok(false);
+                    return Ok(None);
                 };
-                d.schedule(Task::new(what, move || dst_buf.copy_from(&src_buf, size)))?;
+                Some(dst_buf)
             }
-            mode => {
+            _ => {
                 let expected = dst.merge_nodes();
                 if !expected.is_empty() && !expected.contains(tn) {
                     let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
@@ -297,22 +392,23 @@ pub trait Backend: Send + Sync {
                         names.join(", ")
                     )));
                 }
-                let t = tn.clone();
-                let dev = d.clone();
-                d.schedule(Task::new(what, move || {
-                    let buf = if mode == MergeBufferUse::Copy {
-                        let storage = dev.merge_storage(size)?;
-                        storage.copy_from(&src_buf, size)?;
-                        storage
-                    } else {
-                        src_buf
-                    };
-                    dev.merge_buffer().set(buf, t);
-                    Ok(())
-                }))?;
+                None
             }
-        }
-        Ok(true)
+        };
+        Ok(Some(Transfer(Arc::new(TransferInner {
+            description: format!(
+                "device_to_device {} {:?} {} -> {}",
+                tn.name(),
+                into_merge_buffer,
+                src.label(),
+                dst.label()
+            ),
+            tn: tn.clone(),
+            mode: into_merge_buffer,
+            device,
+            src_buf,
+            dst_buf,
+        }))))
     }
     /// Copies `tn`'s buffer in `src` into `dst` (now, on this thread).
     fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {

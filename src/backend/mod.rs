@@ -11,5 +11,7 @@ pub mod sexp;
 pub use buffer::{Buffer, BufferPtr};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
 pub use context::Context;
-pub use device::{Device, PhysicalDevice};
-pub use devices::{backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend};
+pub use device::{Device, Event, PhysicalDevice};
+pub use devices::{
+    backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer,
+};

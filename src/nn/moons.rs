@@ -13,10 +13,15 @@
 //!    by the static index `step`) and records the step's loss;
 //! 4. the parameters are copied from device 0 to the other devices.
 //!
-//! Ordering rules: a device is awaited before anything copies from it; with `Streaming`, the
-//! destination reads the source's buffer, so every destination is awaited at the end of its
-//! round, before the next step lets the source overwrite its gradients; device 0 is awaited
-//! before its parameters are copied out.
+//! The host never waits for a device inside a step: it schedules the steps of an epoch and
+//! the devices order their work among themselves with events ([`Backend::record_event`],
+//! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
+//! device other than 0 waits for device 0's update before copying the parameters. Those two
+//! waits also cover the write-after-read hazards (the rules are spelled out on the step
+//! scheduler in the source). The transfers and merge routines of one merge, and the copies of
+//! one device, run as one task, with transfers prepared once ([`Backend::prepare_transfer`]).
+//! The host waits only for the loss history of each epoch, one epoch late (while the next
+//! epoch runs), and for every device at the end.
 //!
 //! ```no_run
 //! use arrayjit::backend::MulticoreBackend;
@@ -34,13 +39,16 @@
 //! ```
 
 use super::{Mlp, Rng};
-use crate::backend::{Backend, Config, Context, Device, MergeBufferUse, Routine};
+use crate::backend::{
+    Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
+};
 use crate::error::{Error, Result};
 use crate::ir::einsum;
 use crate::ir::tnode::provenance;
 use crate::ir::{
     Assignments, Bindings, Binop, Buffer, InitOp, MemoryMode, Prec, StaticSymbol, Tnode, Unop,
 };
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::HostMlp;
@@ -134,21 +142,16 @@ impl Default for TrainConfig {
     }
 }
 
-/// Host-side time spent in each phase of the training steps (each phase ends when the devices
-/// it used were awaited).
+/// Where the host's time went during training. The host only schedules work (the devices
+/// order it among themselves with events) and waits for the loss history of each epoch, so
+/// most of the training time is normally `waiting`: the devices' work.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct PhaseTimes {
-    /// Scheduling the gradient routines and waiting for them.
-    pub compute: Duration,
-    /// The merge tree: transfers into merge buffers, merge routines, waiting for them.
-    pub merge: Duration,
-    /// The SGD update on device 0 and waiting for it.
-    pub update: Duration,
-    /// Copying the parameters from device 0 to the other devices and waiting for the copies.
-    pub copies: Duration,
-    /// Of all the above, the time spent blocked in `await_device`.
+    /// Scheduling the training steps (gradients, merges, updates, parameter copies).
+    pub scheduling: Duration,
+    /// Blocked waiting for devices (the loss history of each epoch, the end of the work).
     pub waiting: Duration,
-    /// Reading the loss history back at the end of each epoch.
+    /// Reading the loss history back at the end of each epoch (including the wait for it).
     pub loss_readback: Duration,
 }
 
@@ -235,12 +238,170 @@ struct Dev {
     infer: Routine,
 }
 
-/// Awaits a device, adding the time blocked to `waiting`.
-fn wait(backend: &dyn Backend, d: &Device, waiting: &mut Duration) -> Result<()> {
-    let t = Instant::now();
-    let r = backend.await_device(d);
-    *waiting += t.elapsed();
-    r
+/// One merge of the tree: `to` adds `from`'s gradients (and loss) to its own.
+struct MergeJob {
+    to: usize,
+    from: usize,
+    description: String,
+    /// Per node: the transfer into `to`'s merge buffer, then the routine adding it.
+    work: Arc<[(Transfer, Routine)]>,
+}
+
+/// The parameter copies from device 0 to device `to`.
+struct CopyJob {
+    to: usize,
+    description: String,
+    work: Arc<[Transfer]>,
+}
+
+/// What a training step schedules, prepared once: the devices' routines, and the transfers
+/// of the merge tree and of the parameter copies, checked when prepared.
+struct Plan {
+    devs: Vec<Dev>,
+    slot: StaticSymbol,
+    step: StaticSymbol,
+    /// In tree order: rounds with stride 1, 2, 4, ...
+    merges: Vec<MergeJob>,
+    copies: Vec<CopyJob>,
+}
+
+/// Runs a transfer or a routine of a job, naming it in a failure.
+fn part(what: &str, r: Result<()>) -> Result<()> {
+    r.map_err(|e| Error::Usage(format!("{what}: {e}")))
+}
+
+impl Plan {
+    fn new(
+        backend: &dyn Backend,
+        devs: Vec<Dev>,
+        (slot, step): (StaticSymbol, StaticSymbol),
+        merge_nodes: &[Tnode],
+        params: &[Tnode],
+        merge: MergeBufferUse,
+    ) -> Result<Plan> {
+        let n_dev = devs.len();
+        let mut merges = vec![];
+        let mut stride = 1;
+        while stride < n_dev {
+            for to in (0..n_dev).step_by(2 * stride) {
+                let from = to + stride;
+                if from >= n_dev {
+                    continue;
+                }
+                let (dt, df) = (&devs[to], &devs[from]);
+                let work = merge_nodes
+                    .iter()
+                    .zip(&dt.merges)
+                    .map(|(g, r)| {
+                        let t = backend.prepare_transfer(g, merge, &dt.ctx, &df.ctx)?;
+                        let t = t.ok_or_else(|| {
+                            Error::Usage(format!("gradient {} is not on a device", g.name()))
+                        })?;
+                        Ok((t, r.clone()))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                merges.push(MergeJob {
+                    to,
+                    from,
+                    description: format!(
+                        "merge the gradients of {} into {}",
+                        df.device.name(),
+                        dt.device.name()
+                    ),
+                    work: work.into(),
+                });
+            }
+            stride *= 2;
+        }
+        let d0 = &devs[0];
+        let mut copies = vec![];
+        for (to, d) in devs.iter().enumerate().skip(1) {
+            let work = params
+                .iter()
+                .map(|p| {
+                    backend
+                        .prepare_transfer(p, MergeBufferUse::No, &d.ctx, &d0.ctx)?
+                        .ok_or_else(|| {
+                            Error::Usage(format!("parameter {} is not on a device", p.name()))
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            copies.push(CopyJob {
+                to,
+                description: format!("copy the parameters from {}", d0.device.name()),
+                work: work.into(),
+            });
+        }
+        Ok(Plan {
+            devs,
+            slot,
+            step,
+            merges,
+            copies,
+        })
+    }
+
+    /// Schedules training step `s` on batch `k` of the epoch (module documentation),
+    /// ordering the devices' work with events instead of awaiting them:
+    /// - a merge target waits for its source's event (the source's gradients are final), so
+    ///   it reads them after they are written; the source writes them again only in the next
+    ///   step, after its parameter copy, which waits for device 0's update, which comes after
+    ///   every merge (each target is merged onward into device 0 later in the tree);
+    /// - every other device waits for device 0's event after the update before copying the
+    ///   parameters; device 0 overwrites them in the next update only after every device's
+    ///   next gradients were merged into it, which each device computes after its copy.
+    ///
+    /// One task per device and phase: the transfers and merge routines of a merge, and the
+    /// copies of the parameters, run inside one task.
+    fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
+        let devs = &self.devs;
+        let n_dev = devs.len();
+        // 1. Gradients of every slice.
+        for (i, d) in devs.iter().enumerate() {
+            d.grad
+                .bindings()
+                .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
+            d.grad.schedule()?;
+        }
+        // 2. Tree merge into device 0.
+        for job in &self.merges {
+            let source = backend.record_event(&devs[job.from].device);
+            let work = job.work.clone();
+            backend.schedule(
+                &devs[job.to].device,
+                Task::new(job.description.clone(), move || {
+                    source.wait();
+                    for (t, r) in work.iter() {
+                        part(t.description(), t.run())?;
+                        part(r.name(), r.run())?;
+                    }
+                    Ok(())
+                }),
+            )?;
+        }
+        // 3. Update on device 0.
+        let d0 = &devs[0];
+        d0.update.bindings().set_symbol(&self.step, s as i64)?;
+        d0.update.schedule()?;
+        // 4. Parameters back to the other devices.
+        if !self.copies.is_empty() {
+            let updated = backend.record_event(&d0.device);
+            for job in &self.copies {
+                let (updated, work) = (updated.clone(), job.work.clone());
+                backend.schedule(
+                    &devs[job.to].device,
+                    Task::new(job.description.clone(), move || {
+                        updated.wait();
+                        for t in work.iter() {
+                            part(t.description(), t.run())?;
+                        }
+                        Ok(())
+                    }),
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Trains the demo's MLP on `data` with the given settings, data-parallel over
@@ -404,92 +565,64 @@ pub fn train(
     for d in &devs {
         backend.await_device(&d.device)?;
     }
+    let plan = Plan::new(
+        backend,
+        devs,
+        (slot, step),
+        &merge_nodes,
+        &params,
+        cfg.merge,
+    )?;
+    let devs = &plan.devs;
     let setup_time = t0.elapsed();
 
-    // Training.
+    // Training: the host only schedules; devices order their work among themselves with
+    // events, so the host runs ahead of them (up to the queues' capacity) and waits only
+    // for the loss history at the end of each epoch, one epoch late.
     let mut phases = PhaseTimes::default();
     let mut waiting = Duration::ZERO;
     let mut epoch_losses = vec![];
     let mut order_rng = Rng::new(cfg.seed.wrapping_mul(0x9E37_79B9).wrapping_add(7));
     let mut s = 0usize;
+    // The epoch whose loss history is on its way to the host, and the event after the copy.
+    let mut readback: Option<(usize, Event)> = None;
     let t_train = Instant::now();
-    for epoch in 0..cfg.epochs {
-        for k in order_rng.permutation(per_epoch) {
-            // 1. Gradients of every slice.
+    for epoch in 0..=cfg.epochs {
+        if epoch < cfg.epochs {
             let t = Instant::now();
-            for (i, d) in devs.iter().enumerate() {
-                d.grad
-                    .bindings()
-                    .set_symbol(&slot, (k * n_dev + i) as i64)?;
-                d.grad.schedule()?;
+            for k in order_rng.permutation(per_epoch) {
+                plan.schedule_step(backend, k, s)?;
+                s += 1;
             }
-            for d in &devs {
-                wait(backend, &d.device, &mut waiting)?;
-            }
-            let t1 = Instant::now();
-            phases.compute += t1 - t;
-            // 2. Tree merge into device 0.
-            let mut stride = 1;
-            while stride < n_dev {
-                let mut targets = vec![];
-                for to in (0..n_dev).step_by(2 * stride) {
-                    let from = to + stride;
-                    if from >= n_dev {
-                        continue;
-                    }
-                    // `from` is idle: awaited after computing, or at the end of its last round.
-                    for (g, r) in merge_nodes.iter().zip(&devs[to].merges) {
-                        backend.device_to_device(g, cfg.merge, &devs[to].ctx, &devs[from].ctx)?;
-                        r.schedule()?;
-                    }
-                    targets.push(to);
-                }
-                // With Streaming the targets read their sources' buffers: let them finish
-                // before anyone writes those buffers (and before a target is merged onward).
-                for to in targets {
-                    wait(backend, &devs[to].device, &mut waiting)?;
-                }
-                stride *= 2;
-            }
-            let t2 = Instant::now();
-            phases.merge += t2 - t1;
-            // 3. Update on device 0.
-            let d0 = &devs[0];
-            d0.update.bindings().set_symbol(&step, s as i64)?;
-            d0.update.schedule()?;
-            wait(backend, &d0.device, &mut waiting)?;
-            let t3 = Instant::now();
-            phases.update += t3 - t2;
-            // 4. Parameters back to the other devices.
-            if n_dev > 1 {
-                for d in &devs[1..] {
-                    for p in &params {
-                        if !backend.device_to_device(p, MergeBufferUse::No, &d.ctx, &d0.ctx)? {
-                            return usage(format!("parameter {} is not on a device", p.name()));
-                        }
-                    }
-                }
-                for d in &devs[1..] {
-                    wait(backend, &d.device, &mut waiting)?;
-                }
-            }
-            phases.copies += t3.elapsed();
-            s += 1;
+            phases.scheduling += t.elapsed();
         }
-        let t = Instant::now();
-        backend.to_host(&devs[0].ctx, &history)?;
-        wait(backend, &devs[0].device, &mut waiting)?;
-        let values = history
-            .host_values()
-            .ok_or_else(|| Error::Usage("the loss history is not hosted".into()))?;
-        let epoch_steps = values
-            .get(epoch * per_epoch..(epoch + 1) * per_epoch)
-            .ok_or_else(|| Error::Usage("the loss history is too short".into()))?;
-        let mean = epoch_steps.iter().sum::<f64>() / per_epoch as f64;
-        epoch_losses.push(mean);
-        phases.loss_readback += t.elapsed();
-        on_epoch(epoch + 1, mean);
+        // The previous epoch's losses: wait for them while this epoch runs.
+        if let Some((e, ev)) = readback.take() {
+            let t = Instant::now();
+            backend.await_event(&ev)?;
+            waiting += t.elapsed();
+            let values = history
+                .host_values()
+                .ok_or_else(|| Error::Usage("the loss history is not hosted".into()))?;
+            let epoch_steps = values
+                .get(e * per_epoch..(e + 1) * per_epoch)
+                .ok_or_else(|| Error::Usage("the loss history is too short".into()))?;
+            let mean = epoch_steps.iter().sum::<f64>() / per_epoch as f64;
+            epoch_losses.push(mean);
+            phases.loss_readback += t.elapsed();
+            on_epoch(e + 1, mean);
+        }
+        if epoch < cfg.epochs {
+            backend.to_host(&devs[0].ctx, &history)?;
+            readback = Some((epoch, backend.record_event(&devs[0].device)));
+        }
     }
+    // The last parameter copies, and any failure.
+    let t = Instant::now();
+    for d in devs {
+        backend.await_device(&d.device)?;
+    }
+    waiting += t.elapsed();
     let train_time = t_train.elapsed();
     phases.waiting = waiting;
 
