@@ -471,4 +471,13 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as e:
+        # The last line of stderr is what run.sh prints as the reason: make it the error.
+        import traceback
+
+        traceback.print_exc()
+        print(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+              file=sys.stderr)
+        sys.exit(1)
