@@ -336,10 +336,18 @@ def table(args):
     mj = load_lines("moons_arrayjit.jsonl")
     jx = {k: load_lines(f"jax_moons_{k}.jsonl") for k in ("1thread", "default", "small")}
     big = meta.get("moons_big", "?")
-    print(f"moons training ({big}), samples/s, median of {meta.get('repeat', '?')} processes:")
+    print(f"moons training ({big}), samples/s: median (min-max) of {meta.get('repeat', '?')} "
+          "processes:")
 
     def sps(rs):
         return med([r.get("samples_per_s") for r in rs])
+
+    def sps_cell(rs):
+        xs = [r["samples_per_s"] for r in rs if r.get("samples_per_s") is not None]
+        if not xs:
+            return "-"
+        return f"{statistics.median(xs):,.0f}" + (
+            f" ({min(xs):,.0f}-{max(xs):,.0f})" if len(xs) > 1 else "")
 
     def cores(rs):
         c = med([r["train_cpu_ms"] / r["train_ms"] for r in rs
@@ -355,7 +363,7 @@ def table(args):
         ("both cores: arrayjit --devices 2 vs JAX default threads", d2, jx["default"]),
     ]:
         a, j = sps(a_rs), sps(j_rs)
-        rows.append([label, fmt(a, ",.0f"), fmt(j, ",.0f"), cores(j_rs),
+        rows.append([label, sps_cell(a_rs), sps_cell(j_rs), cores(j_rs),
                      "-" if a is None or j is None or j <= 0 else f"{a / j:.2f}x"])
     print_table(["configuration", "arrayjit samples/s", "JAX samples/s", "JAX cores busy",
                  "arrayjit/JAX"], rows)

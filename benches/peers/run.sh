@@ -19,7 +19,7 @@
 #
 #   bash benches/peers/run.sh            (from the repo root or anywhere)
 #
-# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels; REPEAT (default 3)
+# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels; REPEAT (default 5)
 # processes per moons configuration; PYTHON (default python3) creates the virtual
 # environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad and jax[cpu] are
 # installed with pip. A peer that cannot be installed or fails leaves its cells empty ("-")
@@ -31,7 +31,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 RUNS=${RUNS:-10}
 WARMUP=${WARMUP:-2}
-REPEAT=${REPEAT:-3}
+REPEAT=${REPEAT:-5}
 PYTHON=${PYTHON:-python3}
 venv=$here/.venv
 results=$here/results
@@ -97,8 +97,11 @@ cpu = "?"
 try:
     with open("/proc/cpuinfo") as f:
         models = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+        f.seek(0)
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    isa = [x for x in ("avx2", "fma", "avx512f", "avx512_fp16") if x in flags]
     if models:
-        cpu = f"{models[0]} x {len(models)}"
+        cpu = f"{models[0]} x {len(models)} ({', '.join(isa) or 'no AVX2'})"
 except OSError:
     pass
 json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat), "pin": pin,
