@@ -435,7 +435,7 @@ def table(args):
     print()
 
     # --- versions -----------------------------------------------------------------------
-    for k in ("date", "cpu", "cc", "rustc"):
+    for k in ("date", "cpu", "cc", "rustc", "clang (tinygrad)"):
         if meta.get(k):
             print(f"{k}: {meta[k]}")
     try:

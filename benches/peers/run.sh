@@ -90,9 +90,10 @@ compile_jobs=${ARRAYJIT_COMPILE_JOBS:-$("$py" -c 'import os; print(len(os.sched_
 cc=${ARRAYJIT_CC:-${CC:-cc}}
 "$py" - "$results/meta.json" "$RUNS" "$WARMUP" "$REPEAT" "$pin" "$xla_1thread" "$compile_jobs" \
     "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uptime | sed 's/.*load average/load average/')" \
-    "$("$cc" --version 2>/dev/null | head -n 1)" "$(rustc --version 2>/dev/null)" <<'EOF'
+    "$("$cc" --version 2>/dev/null | head -n 1)" "$(rustc --version 2>/dev/null)" \
+    "$(clang --version 2>/dev/null | head -n 1)" <<'EOF'
 import json, sys
-out, runs, warmup, repeat, pin, xla, jobs, date, load, cc, rustc = sys.argv[1:]
+out, runs, warmup, repeat, pin, xla, jobs, date, load, cc, rustc, clang = sys.argv[1:]
 cpu = "?"
 try:
     with open("/proc/cpuinfo") as f:
@@ -107,6 +108,7 @@ except OSError:
 json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat), "pin": pin,
            "xla_1thread": f"XLA_FLAGS={xla}", "compile_jobs": jobs, "date": date,
            "cpu": f"{cpu}; {load} at start", "cc": cc, "rustc": rustc,
+           "clang (tinygrad)": clang,
            "moons_big": "2-256-256-1, batch 2048, 24576 points, 3 epochs",
            "moons_small": "2-16-16-1, batch 120, 2400 points, 20 epochs"}, open(out, "w"))
 EOF
