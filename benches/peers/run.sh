@@ -19,8 +19,9 @@
 #
 #   bash benches/peers/run.sh            (from the repo root or anywhere)
 #
-# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels; REPEAT (default 5)
-# processes per moons configuration; PYTHON (default python3) creates the virtual
+# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels, timed in ROUNDS
+# (default 3) rounds that interleave the peers (each peer's best round counts); REPEAT
+# (default 5) rounds of the moons processes (arrayjit and JAX in turn, medians count); PYTHON (default python3) creates the virtual
 # environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad and jax[cpu] are
 # installed with pip. A peer that cannot be installed or fails leaves its cells empty ("-")
 # and its reason is printed under the table; the script still finishes. tinygrad's CPU
@@ -32,6 +33,7 @@ root=$(cd "$here/../.." && pwd)
 RUNS=${RUNS:-10}
 WARMUP=${WARMUP:-2}
 REPEAT=${REPEAT:-5}
+ROUNDS=${ROUNDS:-3}
 PYTHON=${PYTHON:-python3}
 venv=$here/.venv
 results=$here/results
@@ -88,12 +90,12 @@ xla_1thread="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # What arrayjit uses by default: the CPUs this process may run on (nproc would read OMP_NUM_THREADS).
 compile_jobs=${ARRAYJIT_COMPILE_JOBS:-$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo '?')}
 cc=${ARRAYJIT_CC:-${CC:-cc}}
-"$py" - "$results/meta.json" "$RUNS" "$WARMUP" "$REPEAT" "$pin" "$xla_1thread" "$compile_jobs" \
+"$py" - "$results/meta.json" "$RUNS" "$WARMUP" "$REPEAT" "$ROUNDS" "$pin" "$xla_1thread" "$compile_jobs" \
     "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uptime | sed 's/.*load average/load average/')" \
     "$("$cc" --version 2>/dev/null | head -n 1)" "$(rustc --version 2>/dev/null)" \
     "$(clang --version 2>/dev/null | head -n 1)" <<'EOF'
 import json, sys
-out, runs, warmup, repeat, pin, xla, jobs, date, load, cc, rustc, clang = sys.argv[1:]
+out, runs, warmup, repeat, rounds, pin, xla, jobs, date, load, cc, rustc, clang = sys.argv[1:]
 cpu = "?"
 try:
     with open("/proc/cpuinfo") as f:
@@ -105,7 +107,8 @@ try:
         cpu = f"{models[0]} x {len(models)} ({', '.join(isa) or 'no AVX2'})"
 except OSError:
     pass
-json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat), "pin": pin,
+json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat),
+           "rounds": int(rounds), "pin": pin,
            "xla_1thread": f"XLA_FLAGS={xla}", "compile_jobs": jobs, "date": date,
            "cpu": f"{cpu}; {load} at start", "cc": cc, "rustc": rustc,
            "clang (tinygrad)": clang,
@@ -113,23 +116,77 @@ json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat), "pin
            "moons_small": "2-16-16-1, batch 120, 2400 points, 20 epochs"}, open(out, "w"))
 EOF
 
-{
-    printf '{'
-    sep=
-    for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
-        fused_elementwise row_sums; do
-        say "arrayjit bench $w"
-        if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
-            2>"$results/arrayjit-$w.err"); then
-            say "  $line"
-            printf '%s"%s": %s' "$sep" "$w" "$(field "$line" run)"
-            sep=', '
-        else
-            say "  failed: $(last_line "$results/arrayjit-$w.err")"
+# --- tinygrad's device ---------------------------------------------------------------------
+tg_env=
+if [[ $tinygrad_ok == 1 ]]; then
+    # Which variable selects the CPU device with the clang backend depends on the version:
+    # DEV=CPU:CLANG or DEV=CPU (0.13+), CPU=1 (0.10-0.12), CLANG=1 (older). Probe them.
+    tg_env=
+    probe_err=
+    for cand in DEV=CPU:CLANG DEV=CPU CPU=1 CLANG=1; do
+        if out=$(env "$cand" THREADS=0 CACHELEVEL=0 "$py" -c '
+from tinygrad import Device, Tensor
+assert Device.DEFAULT.split(":")[0] in ("CPU", "CLANG"), Device.DEFAULT
+assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]
+' 2>&1); then
+            tg_env=$cand
+            break
         fi
+        probe_err+="${probe_err:+; }$cand: $(printf '%s\n' "$out" | tail -n 1)"
     done
-    printf '}\n'
-} >"$results/arrayjit.json"
+    if [[ -z $tg_env ]]; then
+        hint=
+        command -v clang >/dev/null || hint=" (no clang on PATH: tinygrad's CPU device compiles with it; Debian: apt-get install clang)"
+        echo "tinygrad's CPU/clang device does not work here$hint; probes: $probe_err" >"$results/tinygrad.err"
+        say "  tinygrad: $(cat "$results/tinygrad.err")"
+    fi
+fi
+
+# --- kernels: ROUNDS rounds of arrayjit, numpy, tinygrad, interleaved ----------------------
+# On a shared machine, another process's work hits whichever peer runs at that moment;
+# interleaving the peers and keeping each one's best round keeps that from deciding a ratio.
+kernels_round() { # kernels_round R
+    local r=$1 w line sep=
+    {
+        printf '{'
+        for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
+            fused_elementwise row_sums; do
+            if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
+                2>"$results/arrayjit-$w.err"); then
+                say "  arrayjit $w: $line"
+                printf '%s"%s": %s' "$sep" "$w" "$(field "$line" run)"
+                sep=', '
+            else
+                say "  arrayjit $w failed: $(last_line "$results/arrayjit-$w.err")"
+            fi
+        done
+        printf '}\n'
+    } >"$results/arrayjit-$r.json"
+    # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some processors of this workplace for
+    # older OpenBLAS builds) slow a current numpy: unset both, for this command alone.
+    if [[ $numpy_ok == 1 ]]; then
+        say "  numpy"
+        if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" "$here/peers.py" numpy --runs "$RUNS" \
+            --warmup "$WARMUP" >"$results/numpy-$r.json" 2>"$tmp/numpy.err"; then
+            say "  numpy failed: $(last_line "$tmp/numpy.err")"
+            echo "numpy failed: $(last_line "$tmp/numpy.err")" >"$results/numpy.err"
+            rm -f "$results/numpy-$r.json"
+        fi
+    fi
+    if [[ -n $tg_env ]]; then
+        say "  tinygrad ($tg_env THREADS=0 CACHELEVEL=0)"
+        if ! env "$tg_env" THREADS=0 CACHELEVEL=0 "$py" "$here/peers.py" tinygrad --runs "$RUNS" \
+            --warmup "$WARMUP" >"$results/tinygrad-$r.json" 2>"$tmp/tinygrad.err"; then
+            say "  tinygrad failed: $(last_line "$tmp/tinygrad.err")"
+            echo "tinygrad failed: $(last_line "$tmp/tinygrad.err")" >"$results/tinygrad.err"
+            rm -f "$results/tinygrad-$r.json"
+        fi
+    fi
+}
+for r in $(seq "$ROUNDS"); do
+    say "kernels, round $r of $ROUNDS"
+    kernels_round "$r"
+done
 
 # --- compile latency of a small kernel ---------------------------------------------------
 small=$here/small_kernel.json
@@ -154,7 +211,7 @@ print(json.dumps({"arrayjit_cold_ms": nums(sys.argv[2]), "arrayjit_cache_off_ms"
                   "arrayjit_cached_ms": nums(sys.argv[4]), "gcc_ms": gcc["ms"], "gcc_cmd": gcc["cmd"]}))
 EOF
 
-# --- moons: arrayjit ---------------------------------------------------------------------
+# --- moons: arrayjit and JAX, interleaved -------------------------------------------------
 big=(--hidden 256 --batch 2048 --epochs 3 --points 24576 --no-plot)
 moons_run() { # moons_run CONFIG COLD(0|1) CACHE_DIR [PREFIX...] -- ARGS...: one moons process
     local config=$1 cold=$2 dir=$3
@@ -175,98 +232,47 @@ moons_run() { # moons_run CONFIG COLD(0|1) CACHE_DIR [PREFIX...] -- ARGS...: one
     cat "$log.tmp" >>"$log"
     rm -f "$log.tmp"
 }
-: >"$results/moons_arrayjit.jsonl"
-say "arrayjit moons, default job: cold compiles (fresh ARRAYJIT_CACHE_DIR), then a cached run"
-for i in $(seq "$REPEAT"); do
-    moons_run default_cold 1 "$tmp/moons-default-$i" -- --no-plot
-done
-moons_run default_cached 0 "$tmp/moons-default-1" -- --no-plot
-say "arrayjit moons, big job: a cold compile, then --devices 1${pin:+ ($pin)} and --devices 2, $REPEAT runs each"
-# The cold compile of the big job, not pinned (like JAX's compile); its throughput is not
-# counted. The pinned runs then hit its cache: a pinned process would deal the batch out to
-# fewer compiler jobs, i.e. other C files, unless told the same number of jobs.
-moons_run big_cold 1 "$tmp/moons-big-d1" -- "${big[@]}" --devices 1
-for _ in $(seq "$REPEAT"); do
-    moons_run big_d1 0 "$tmp/moons-big-d1" $pin env ARRAYJIT_COMPILE_JOBS="$compile_jobs" -- "${big[@]}" --devices 1
-done
-for i in $(seq "$REPEAT"); do
-    moons_run big_d2 "$([[ $i == 1 ]] && echo 1 || echo 0)" "$tmp/moons-big-d2" -- "${big[@]}" --devices 2
-done
-
-# --- numpy -------------------------------------------------------------------------------
-# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some processors of this workplace for older
-# OpenBLAS builds) slow a current numpy: unset both, for this command alone.
-if [[ $numpy_ok == 1 ]]; then
-    say "numpy"
-    if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" "$here/peers.py" numpy --runs "$RUNS" --warmup "$WARMUP" \
-        >"$results/numpy.json" 2>"$results/numpy.err"; then
-        say "  numpy failed: $(last_line "$results/numpy.err")"
-        echo "numpy failed: $(last_line "$results/numpy.err")" >"$results/numpy.err"
-        rm -f "$results/numpy.json"
-    fi
-fi
-
-# --- tinygrad ----------------------------------------------------------------------------
-if [[ $tinygrad_ok == 1 ]]; then
-    # Which variable selects the CPU device with the clang backend depends on the version:
-    # DEV=CPU:CLANG or DEV=CPU (0.13+), CPU=1 (0.10-0.12), CLANG=1 (older). Probe them.
-    tg_env=
-    probe_err=
-    for cand in DEV=CPU:CLANG DEV=CPU CPU=1 CLANG=1; do
-        if out=$(env "$cand" THREADS=0 CACHELEVEL=0 "$py" -c '
-from tinygrad import Device, Tensor
-assert Device.DEFAULT.split(":")[0] in ("CPU", "CLANG"), Device.DEFAULT
-assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]
-' 2>&1); then
-            tg_env=$cand
-            break
-        fi
-        probe_err+="${probe_err:+; }$cand: $(printf '%s\n' "$out" | tail -n 1)"
-    done
-    if [[ -z $tg_env ]]; then
-        hint=
-        command -v clang >/dev/null || hint=" (no clang on PATH: tinygrad's CPU device compiles with it; Debian: apt-get install clang)"
-        echo "tinygrad's CPU/clang device does not work here$hint; probes: $probe_err" >"$results/tinygrad.err"
-        say "  tinygrad: $(cat "$results/tinygrad.err")"
-    else
-        say "tinygrad ($tg_env THREADS=0 CACHELEVEL=0)"
-        if ! env "$tg_env" THREADS=0 CACHELEVEL=0 "$py" "$here/peers.py" tinygrad --runs "$RUNS" --warmup "$WARMUP" \
-            >"$results/tinygrad.json" 2>"$results/tinygrad.err"; then
-            say "  tinygrad failed: $(last_line "$results/tinygrad.err")"
-            echo "tinygrad failed: $(last_line "$results/tinygrad.err")" >"$results/tinygrad.err"
-            rm -f "$results/tinygrad.json"
-        fi
-    fi
-fi
-
-# --- JAX ---------------------------------------------------------------------------------
 jax_run() { # jax_run NAME ENV_PREFIX... -- ARGS...: one moons_jax.py process per call
+    [[ $jax_ok == 1 ]] || return 0
     local name=$1
     shift
     local prefix=()
     while [[ $1 != -- ]]; do prefix+=("$1"); shift; done
     shift
-    if env ${prefix[@]+"${prefix[@]}"} "$py" "$here/moons_jax.py" "$@" \
-        >>"$results/jax_moons_$name.jsonl" 2>"$tmp/jax.err"; then
-        say "  $name: $(tail -n 1 "$results/jax_moons_$name.jsonl" | cut -c1-300)"
+    # JAX's own thread pools ignore these; unset the kernels' variables anyway.
+    if env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS ${prefix[@]+"${prefix[@]}"} \
+        "$py" "$here/moons_jax.py" "$@" >>"$results/jax_moons_$name.jsonl" 2>"$tmp/jax.err"; then
+        say "  jax $name: $(tail -n 1 "$results/jax_moons_$name.jsonl" | cut -c1-300)"
     else
-        say "  $name failed: $(last_line "$tmp/jax.err")"
+        say "  jax $name failed: $(last_line "$tmp/jax.err")"
         echo "failed: $(last_line "$tmp/jax.err")" >"$results/jax_moons_$name.err"
     fi
 }
+: >"$results/moons_arrayjit.jsonl"
+# The cold compile of the big job, not pinned (like JAX's compile); its throughput is not
+# counted. The pinned runs then hit its cache: a pinned process would deal the batch out to
+# fewer compiler jobs, i.e. other C files, unless told the same number of jobs. The first
+# --devices 2 run compiles its own code (not counted either).
+say "moons: the big job's cold compile"
+moons_run big_cold 1 "$tmp/moons-big-d1" -- "${big[@]}" --devices 1
+moons_run big_d2_cold 1 "$tmp/moons-big-d2" -- "${big[@]}" --devices 2
+for i in $(seq "$REPEAT"); do
+    say "moons, round $i of $REPEAT (arrayjit and JAX in turn)"
+    moons_run default_cold 1 "$tmp/moons-default-$i" -- --no-plot
+    jax_run small -- --points 2400 --hidden 16 --batch 120 --epochs 20
+    moons_run big_d1 0 "$tmp/moons-big-d1" $pin env ARRAYJIT_COMPILE_JOBS="$compile_jobs" -- "${big[@]}" --devices 1
+    jax_run 1thread "XLA_FLAGS=$xla_1thread" $pin -- --points 24576 --hidden 256 --batch 2048 --epochs 3
+    moons_run big_d2 0 "$tmp/moons-big-d2" -- "${big[@]}" --devices 2
+    jax_run default -- --points 24576 --hidden 256 --batch 2048 --epochs 3
+done
+moons_run default_cached 0 "$tmp/moons-default-1" -- --no-plot
+
+# --- JAX: the small kernel -----------------------------------------------------------------
 if [[ $jax_ok == 1 ]]; then
-    # JAX's own thread pools ignore OMP_NUM_THREADS; unset the kernels' variables anyway.
-    unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS
-    say "JAX moons (${REPEAT} processes per configuration)"
-    for _ in $(seq "$REPEAT"); do
-        jax_run 1thread "XLA_FLAGS=$xla_1thread" $pin -- --points 24576 --hidden 256 --batch 2048 --epochs 3
-        jax_run default -- --points 24576 --hidden 256 --batch 2048 --epochs 3
-        jax_run small -- --points 2400 --hidden 16 --batch 120 --epochs 20
-    done
     say "JAX small kernel"
-    if ! "$py" "$here/peers.py" jax-small >"$results/jax_small.json" 2>"$results/jax.err"; then
-        say "  failed: $(last_line "$results/jax.err")"
-        echo "jax-small failed: $(last_line "$results/jax.err")" >"$results/jax.err"
+    if ! "$py" "$here/peers.py" jax-small >"$results/jax_small.json" 2>"$tmp/jax.err"; then
+        say "  failed: $(last_line "$tmp/jax.err")"
+        echo "jax-small failed: $(last_line "$tmp/jax.err")" >"$results/jax.err"
         rm -f "$results/jax_small.json"
     fi
 fi
