@@ -1,12 +1,16 @@
-//! Kernel throughput on the cc backend for the workloads of the performance issue (f32, one
-//! thread): matmul 512³ and 1024³, the fused elementwise chain `out = max(0, a*b + c)*2 - d`
-//! on 2^24 elements, and the row sums of a 4096×4096 matrix.
+//! Kernel throughput on the cc backend for the workloads of the performance issue (one
+//! thread): f32 matmul 512³ and 1024³, the contractions of issue 10 (the transposed matmul
+//! `ij,kj->ik` at 768³ f32, the batched matmul `bij,bjk->bik` 16×128³ f32 and the f64 matmul
+//! 1024³), the fused elementwise chain `out = max(0, a*b + c)*2 - d` on 2^24 f32 elements, and
+//! the row sums of a 4096×4096 f32 matrix (the same workloads as `benches/programs/*.json`,
+//! which `benches/peers/run.sh` times beside numpy, tinygrad and JAX).
 //!
 //! Each workload is built with the library, compiled once, linked, its inputs are copied to
 //! the context once, and only `routine.run()` is timed. In the same group, as a baseline
 //! measured in the same process, a plain Rust loop nest computes the same thing (i-k-j for
-//! matmul, a straightforward loop for the elementwise chain, one accumulator for row sums;
-//! the row sums also get an 8-accumulator (reassociated) loop). The baselines are compiled
+//! matmul, also per batch for the batched one and in f64 for the f64 one; 8-accumulator dot
+//! products for the transposed matmul; a straightforward loop for the elementwise chain, one
+//! accumulator for row sums; the row sums also get an 8-accumulator (reassociated) loop). The baselines are compiled
 //! for AVX2 when the processor has it (the generated C uses `-march=native`); Rust does not
 //! contract `a*b + c` into FMAs, gcc does.
 //!
@@ -27,18 +31,20 @@ use std::hint::black_box;
 use std::time::Duration;
 
 fn uniform(name: &str, dims: &[usize], seed: u64) -> Tnode {
-    Tnode::with_init(
-        &[name],
-        dims,
-        Prec::Single,
-        &InitOp::StandardUniform { seed },
-    )
-    .unwrap()
+    uniform_prec(name, dims, seed, Prec::Single)
+}
+
+fn uniform_prec(name: &str, dims: &[usize], seed: u64, prec: Prec) -> Tnode {
+    Tnode::with_init(&[name], dims, prec, &InitOp::StandardUniform { seed }).unwrap()
 }
 
 /// A hosted output (so that the result can be checked), kept in the context.
 fn output(name: &str, dims: &[usize]) -> Tnode {
-    let t = Tnode::new(&[name], dims, Prec::Single).unwrap();
+    output_prec(name, dims, Prec::Single)
+}
+
+fn output_prec(name: &str, dims: &[usize], prec: Prec) -> Tnode {
+    let t = Tnode::new(&[name], dims, prec).unwrap();
     t.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
     t.ensure_hosted().unwrap();
     t
@@ -108,9 +114,15 @@ fn host_f32(tn: &Tnode) -> Vec<f32> {
 
 /// Runs once, reads `out` back and compares it with `want`.
 fn check(be: &CcBackend, r: &Routine, out: &Tnode, want: &[f32], rel_tol: f32) {
+    let want: Vec<f64> = want.iter().map(|&v| v as f64).collect();
+    check_f64(be, r, out, &want, rel_tol as f64);
+}
+
+/// [`check`] in f64.
+fn check_f64(be: &CcBackend, r: &Routine, out: &Tnode, want: &[f64], rel_tol: f64) {
     r.run().unwrap();
     assert!(be.to_host(r.context(), out).unwrap());
-    let got = host_f32(out);
+    let got = out.host_values().unwrap();
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!(
@@ -160,6 +172,45 @@ native! {
                 for (cij, bkj) in ci.iter_mut().zip(bk) {
                     *cij += aik * bkj;
                 }
+            }
+        }
+    }
+}
+
+native! {
+    /// `c = a @ b`, all n×n f64, loop order i-k-j.
+    fn matmul_ikj_f64(a: &[f64], b: &[f64], c: &mut [f64], n: usize) {
+        c.fill(0.0);
+        for i in 0..n {
+            let ci = &mut c[i * n..(i + 1) * n];
+            for k in 0..n {
+                let aik = a[i * n + k];
+                let bk = &b[k * n..(k + 1) * n];
+                for (cij, bkj) in ci.iter_mut().zip(bk) {
+                    *cij += aik * bkj;
+                }
+            }
+        }
+    }
+}
+
+native! {
+    /// `c = a @ bᵀ` (`c[i,k] = Σ_j a[i,j]·b[k,j]`), all n×n: a dot product of two rows per
+    /// cell, with 8 accumulators (reassociated, so it vectorizes).
+    fn matmul_abt(a: &[f32], b: &[f32], c: &mut [f32], n: usize) {
+        for i in 0..n {
+            let ai = &a[i * n..(i + 1) * n];
+            for k in 0..n {
+                let bk = &b[k * n..(k + 1) * n];
+                let mut acc = [0.0f32; 8];
+                let (ca, cb) = (ai.chunks_exact(8), bk.chunks_exact(8));
+                let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+                for (x, y) in ca.zip(cb) {
+                    for l in 0..8 {
+                        acc[l] += x[l] * y[l];
+                    }
+                }
+                c[i * n + k] = acc.iter().sum::<f32>() + rest;
             }
         }
     }
@@ -224,6 +275,98 @@ fn matmul(c: &mut Criterion) {
         g.bench_function("rust i-k-j baseline", |bench| {
             bench.iter(|| {
                 matmul_ikj(black_box(&ha), black_box(&hb), &mut hc, n);
+                black_box(&hc);
+            })
+        });
+        g.finish();
+    }
+}
+
+/// The contractions of issue 10: `a @ bᵀ` at 768³ f32, the batched matmul 16×128³ f32 and
+/// the f64 matmul 1024³.
+fn contractions(c: &mut Criterion) {
+    // Transposed: c[i,k] = Σ_j a[i,j]·b[k,j].
+    {
+        let n = 768usize;
+        let a = uniform("a", &[n, n], 1);
+        let b = uniform("b", &[n, n], 2);
+        let out = output("c", &[n, n]);
+        let code = binop(&out, Binop::Add, true, Binop::Mul, &a, &b, "ij,kj->ik");
+        let be = CcBackend::new();
+        let r = build(&be, "matmul_t", &code, &[&a, &b]);
+        let (ha, hb) = (host_f32(&a), host_f32(&b));
+        let mut hc = vec![0.0f32; n * n];
+        matmul_abt(&ha, &hb, &mut hc, n);
+        check(&be, &r, &out, &hc, 1e-4);
+
+        let mut g = c.benchmark_group(format!("matmul a@b.T (ij,kj->ik) {n}x{n}x{n} f32"));
+        configure(&mut g);
+        g.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
+        g.bench_function("arrayjit", |bench| bench.iter(|| r.run().unwrap()));
+        g.bench_function("rust 8-accumulator dot baseline", |bench| {
+            bench.iter(|| {
+                matmul_abt(black_box(&ha), black_box(&hb), &mut hc, n);
+                black_box(&hc);
+            })
+        });
+        g.finish();
+    }
+    // Batched: c[b,i,k] = Σ_j a[b,i,j]·b[b,j,k].
+    {
+        let (nb, n) = (16usize, 128usize);
+        let a = uniform("a", &[nb, n, n], 1);
+        let b = uniform("b", &[nb, n, n], 2);
+        let out = output("c", &[nb, n, n]);
+        let code = binop(&out, Binop::Add, true, Binop::Mul, &a, &b, "bij,bjk->bik");
+        let be = CcBackend::new();
+        let r = build(&be, "bmm", &code, &[&a, &b]);
+        let (ha, hb) = (host_f32(&a), host_f32(&b));
+        let mut hc = vec![0.0f32; nb * n * n];
+        let bmm = |hc: &mut [f32]| {
+            for ((ab, bb), cb) in ha
+                .chunks_exact(n * n)
+                .zip(hb.chunks_exact(n * n))
+                .zip(hc.chunks_exact_mut(n * n))
+            {
+                matmul_ikj(black_box(ab), black_box(bb), cb, n);
+            }
+        };
+        bmm(&mut hc);
+        check(&be, &r, &out, &hc, 1e-4);
+
+        let mut g = c.benchmark_group(format!("batched matmul {nb}x{n}x{n}x{n} f32"));
+        configure(&mut g);
+        g.throughput(Throughput::Elements(2 * nb as u64 * (n as u64).pow(3)));
+        g.bench_function("arrayjit", |bench| bench.iter(|| r.run().unwrap()));
+        g.bench_function("rust i-k-j baseline per batch", |bench| {
+            bench.iter(|| {
+                bmm(&mut hc);
+                black_box(&hc);
+            })
+        });
+        g.finish();
+    }
+    // f64.
+    {
+        let n = 1024usize;
+        let a = uniform_prec("a", &[n, n], 1, Prec::Double);
+        let b = uniform_prec("b", &[n, n], 2, Prec::Double);
+        let out = output_prec("c", &[n, n], Prec::Double);
+        let code = binop(&out, Binop::Add, true, Binop::Mul, &a, &b, "ij,jk->ik");
+        let be = CcBackend::new();
+        let r = build(&be, "matmul_f64", &code, &[&a, &b]);
+        let (ha, hb) = (a.host_values().unwrap(), b.host_values().unwrap());
+        let mut hc = vec![0.0f64; n * n];
+        matmul_ikj_f64(&ha, &hb, &mut hc, n);
+        check_f64(&be, &r, &out, &hc, 1e-10);
+
+        let mut g = c.benchmark_group(format!("matmul {n}x{n}x{n} f64"));
+        configure(&mut g);
+        g.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
+        g.bench_function("arrayjit", |bench| bench.iter(|| r.run().unwrap()));
+        g.bench_function("rust i-k-j baseline", |bench| {
+            bench.iter(|| {
+                matmul_ikj_f64(black_box(&ha), black_box(&hb), &mut hc, n);
                 black_box(&hc);
             })
         });
@@ -314,5 +457,5 @@ fn row_sums(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, fused, row_sums);
+criterion_group!(benches, matmul, contractions, fused, row_sums);
 criterion_main!(benches);

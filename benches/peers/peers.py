@@ -1,42 +1,71 @@
 #!/usr/bin/env python3
-"""Times the arrayjit bench workloads in numpy and tinygrad (f32, one thread), and prints the
-comparison table. Used by run.sh; each peer runs in its own process (with its own
-environment), so that one peer failing does not lose the other's numbers.
+"""Times the arrayjit bench workloads in numpy and tinygrad (one thread), measures compile
+latency, and prints the comparison tables. Used by run.sh; each peer runs in its own process
+(with its own environment), so that one peer failing does not lose the others' numbers.
 
   peers.py numpy    [--runs N] [--warmup N]   -> one JSON object on stdout
   peers.py tinygrad [--runs N] [--warmup N]   -> one JSON object on stdout
-  peers.py table --results DIR                -> the table (reads DIR/*.json written by run.sh)
+  peers.py jax-small                          -> JAX's jit latency for the small kernel
+  peers.py time-cmd --cmd-file F [--runs N]   -> times the compiler command arrayjit ran
+  peers.py moons-line --config NAME [--cold]  -> the summary of a moons run (stdin) as JSON
+  peers.py table --results DIR                -> the tables (reads what run.sh wrote to DIR)
 
-Timings are medians, in milliseconds, of `runs` timed calls after `warmup` untimed ones.
+Kernel timings are medians, in milliseconds, of `runs` timed calls after `warmup` untimed
+ones. The moons job in JAX is benches/peers/moons_jax.py.
 """
 
 import argparse
 import json
 import os
+import re
+import shlex
 import statistics
+import subprocess
 import sys
 import time
 
 # workload -> (description, unit, amount per run: FLOPs or bytes moved)
 WORKLOADS = {
-    "matmul_512": ("matmul 512^3", "GFLOP/s", 2 * 512**3),
-    "matmul_1024": ("matmul 1024^3", "GFLOP/s", 2 * 1024**3),
-    "fused_elementwise": ("max(0,a*b+c)*2-d, 2^24", "GB/s", 5 * 4 * 2**24),
-    "row_sums": ("row sums 4096x4096", "GB/s", 4 * 4096 * 4096),
+    "matmul_512": ("matmul 512^3 f32", "GFLOP/s", 2 * 512**3),
+    "matmul_1024": ("matmul 1024^3 f32", "GFLOP/s", 2 * 1024**3),
+    "matmul_t_768": ("matmul a@b.T (ij,kj->ik) 768^3 f32", "GFLOP/s", 2 * 768**3),
+    "batched_matmul_16x128": ("batched matmul 16x128^3 f32", "GFLOP/s", 2 * 16 * 128**3),
+    "matmul_f64_1024": ("matmul 1024^3 f64", "GFLOP/s", 2 * 1024**3),
+    "fused_elementwise": ("max(0,a*b+c)*2-d, 2^24 f32", "GB/s", 5 * 4 * 2**24),
+    "row_sums": ("row sums 4096x4096 f32", "GB/s", 4 * 4096 * 4096),
 }
 SMALL = 4096  # elements of the small kernel (benches/peers/small_kernel.json)
 
 
 def inputs(np):
-    """The same shapes as benches/programs/*.json (uniform [0, 1) f32; values differ)."""
+    """The same shapes and precisions as benches/programs/*.json (uniform [0, 1); values
+    differ)."""
     rng = np.random.default_rng(0)
     u = lambda *shape: rng.random(shape, dtype=np.float32)  # noqa: E731
+    u64 = lambda *shape: rng.random(shape, dtype=np.float64)  # noqa: E731
     n = 2**24
     return {
         "matmul_512": (u(512, 512), u(512, 512)),
         "matmul_1024": (u(1024, 1024), u(1024, 1024)),
+        "matmul_t_768": (u(768, 768), u(768, 768)),
+        "batched_matmul_16x128": (u(16, 128, 128), u(16, 128, 128)),
+        "matmul_f64_1024": (u64(1024, 1024), u64(1024, 1024)),
         "fused_elementwise": (u(n), u(n), u(n), u(n)),
         "row_sums": (u(4096, 4096),),
+    }
+
+
+def numpy_ops(np):
+    """Each workload in numpy (also the reference that tinygrad's results are checked
+    against)."""
+    return {
+        "matmul_512": lambda a, b: a @ b,
+        "matmul_1024": lambda a, b: a @ b,
+        "matmul_t_768": lambda a, b: a @ b.T,
+        "batched_matmul_16x128": lambda a, b: a @ b,
+        "matmul_f64_1024": lambda a, b: a @ b,
+        "fused_elementwise": lambda a, b, c, d: np.maximum(0, a * b + c) * 2 - d,
+        "row_sums": lambda x: x.sum(axis=1),
     }
 
 
@@ -66,13 +95,7 @@ def run_numpy(args):
         out["blas"] = f"threadpoolctl unavailable: {e}"
     out["env"] = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     data = inputs(np)
-    ops = {
-        "matmul_512": lambda a, b: a @ b,
-        "matmul_1024": lambda a, b: a @ b,
-        "fused_elementwise": lambda a, b, c, d: np.maximum(0, a * b + c) * 2 - d,
-        "row_sums": lambda x: x.sum(axis=1),
-    }
-    for w, op in ops.items():
+    for w, op in numpy_ops(np).items():
         xs = data[w]
         out["ms"][w] = median_ms(lambda: op(*xs), args.warmup, args.runs)
     return out
@@ -121,35 +144,124 @@ def run_tinygrad(args):
     ops = {
         "matmul_512": lambda a, b: a @ b,
         "matmul_1024": lambda a, b: a @ b,
+        "matmul_t_768": lambda a, b: a @ b.T,
+        "batched_matmul_16x128": lambda a, b: a @ b,
+        "matmul_f64_1024": lambda a, b: a @ b,
         "fused_elementwise": lambda a, b, c, d: (a * b + c).maximum(0) * 2 - d,
         "row_sums": lambda x: x.sum(axis=1),
     }
-    check = {
-        "matmul_512": lambda a, b: a @ b,
-        "matmul_1024": lambda a, b: a @ b,
-        "fused_elementwise": lambda a, b, c, d: np.maximum(0, a * b + c) * 2 - d,
-        "row_sums": lambda x: x.sum(axis=1),
-    }
+    check = numpy_ops(np)
+    out["errors"] = {}
     for w, op in ops.items():
-        xs = [Tensor(x, device=dev).realize() for x in data[w]]
-        sync()
-
-        def once():
-            r = op(*xs).realize()
+        # One workload failing (an unsupported operation or precision) leaves its cell empty
+        # and its reason in "errors"; the others are still timed.
+        try:
+            xs = [Tensor(x, device=dev).realize() for x in data[w]]
             sync()
-            return r
 
-        got = once().numpy()
-        want = check[w](*data[w])
-        if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
-            raise RuntimeError(f"tinygrad computed a wrong result for {w}")
-        out["ms"][w] = median_ms(once, args.warmup, args.runs)
-        del xs
+            def once():
+                r = op(*xs).realize()
+                sync()
+                return r
+
+            got = once().numpy()
+            want = check[w](*data[w])
+            if got.dtype != want.dtype:
+                raise RuntimeError(f"computed in {got.dtype}, not {want.dtype}")
+            if not np.allclose(got, want, rtol=1e-3, atol=1e-3):
+                raise RuntimeError("wrong result")
+            out["ms"][w] = median_ms(once, args.warmup, args.runs)
+            del xs
+        except Exception as e:
+            out["errors"][w] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return out
+
+
+def run_jax_small(args):
+    """Compile latency of the small kernel in JAX: a fresh `jax.jit` function's first call
+    (trace, lower, XLA compile, run), its second call, and the ahead-of-time split of the
+    first (trace+lower, compile) on another fresh function."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    a, b, c, d = (jnp.asarray(rng.random(SMALL, dtype=np.float32)) for _ in range(4))
+    jax.block_until_ready((a, b, c, d))
+    # JAX's own set-up (backend, its helper computations), not counted.
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(a))
+
+    def kernel(a, b, c, d):
+        return jnp.maximum(0, a * b + c) * 2 - d
+
+    f = jax.jit(kernel)
+    t = time.perf_counter()
+    jax.block_until_ready(f(a, b, c, d))
+    first = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter()
+    jax.block_until_ready(f(a, b, c, d))
+    second = (time.perf_counter() - t) * 1e3
+    t0 = time.perf_counter()
+    lowered = jax.jit(lambda a, b, c, d: kernel(a, b, c, d)).lower(a, b, c, d)
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    return {"peer": "jax", "version": jax.__version__, "first_call_ms": first,
+            "second_call_ms": second, "trace_lower_ms": (t1 - t0) * 1e3,
+            "xla_compile_ms": (t2 - t1) * 1e3}
+
+
+def time_cmd(args):
+    """Runs the compiler command that arrayjit wrote to CMD_FILE (ARRAYJIT_DEBUG_DIR), from
+    its directory, `runs` times; prints the times in ms."""
+    cmd = shlex.split(open(args.cmd_file).read())
+    cwd = os.path.dirname(os.path.abspath(args.cmd_file))
+    times = []
+    for _ in range(args.runs):
+        t = time.perf_counter()
+        subprocess.run(cmd, cwd=cwd, check=True)
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"cmd": " ".join(cmd), "ms": times}
+
+
+MOONS_SUMMARY = re.compile(
+    r"accuracy: ([0-9.]+) devices: (\d+) samples/s: ([0-9.]+) compile_ms: ([0-9.]+)")
+MOONS_EPOCH = re.compile(r"^epoch (\d+) loss ([0-9.eE+-]+|nan|inf)$", re.M)
+
+
+def moons_line(args):
+    """Reads the output of arrayjit's moons example on stdin; prints its summary as JSON."""
+    text = sys.stdin.read()
+    m = MOONS_SUMMARY.search(text)
+    if not m:
+        raise SystemExit(f"no summary line in the moons output: {text.strip()[-300:]!r}")
+    losses = [float(x) for _, x in MOONS_EPOCH.findall(text)]
+    return {"config": args.config, "cold": args.cold, "accuracy": float(m.group(1)),
+            "devices": int(m.group(2)), "samples_per_s": float(m.group(3)),
+            "compile_ms": float(m.group(4)), "epoch_losses": losses}
 
 
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def print_table(head, rows):
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(wd) for c, wd in zip(r, widths)) + " |"  # noqa: E731
+    print(line(head))
+    print("|" + "|".join("-" * (wd + 2) for wd in widths) + "|")
+    for r in rows:
+        print(line(r))
+
+
+def ratio(peer, aj):
+    """Speed ratio from times (peer time / arrayjit time)."""
+    return "-" if peer is None or aj is None or aj <= 0 else f"{peer / aj:.2f}x"
 
 
 def table(args):
@@ -162,18 +274,68 @@ def table(args):
         except (OSError, ValueError):
             return None
 
+    def load_lines(name):
+        out = []
+        try:
+            with open(os.path.join(d, name)) as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except OSError:
+            pass
+        return out
+
     def reason(name):
         try:
             with open(os.path.join(d, name)) as f:
-                return f.read().strip()
+                text = f.read().strip()
+                return text or "no result"
         except OSError:
             return "no result"
 
-    aj = load("arrayjit.json") or {}
-    npy = load("numpy.json")
-    tg = load("tinygrad.json")
-    comp = load("compile.json") or {}
+    meta = load("meta.json") or {}
+    def rounds(prefix):
+        """The rounds' results (PREFIX-1.json, PREFIX-2.json, ...) that exist."""
+        out = []
+        for r in range(1, 1000):
+            if not os.path.exists(os.path.join(d, f"{prefix}-{r}.json")):
+                if r > meta.get("rounds", 1):
+                    break
+                continue
+            x = load(f"{prefix}-{r}.json")
+            if x is not None:
+                out.append(x)
+        return out
 
+    def best(times):
+        """Per workload, the lowest of the rounds' medians."""
+        out = {}
+        for t in times:
+            for w, v in t.items():
+                if v is not None and (w not in out or v < out[w]):
+                    out[w] = v
+        return out
+
+    aj_rounds, np_rounds, tg_rounds = rounds("arrayjit"), rounds("numpy"), rounds("tinygrad")
+    aj = best(aj_rounds)
+    npy = dict(np_rounds[0], ms=best(r["ms"] for r in np_rounds)) if np_rounds else None
+    tg = None
+    if tg_rounds:
+        tg = dict(tg_rounds[0], ms=best(r["ms"] for r in tg_rounds))
+        tg["first_call_ms"] = med([r.get("first_call_ms") for r in tg_rounds])
+        tg["second_call_ms"] = med([r.get("second_call_ms") for r in tg_rounds])
+        tg["errors"] = {w: e for r in tg_rounds for w, e in (r.get("errors") or {}).items()
+                        if w not in tg["ms"]}
+    comp = load("compile.json") or {}
+    jsmall = load("jax_small.json")
+
+    # --- kernels ------------------------------------------------------------------------
+    print(f"kernels, one thread (OMP/OPENBLAS_NUM_THREADS=1, tinygrad THREADS=0): per peer, the "
+          f"best of {len(aj_rounds)}/{len(np_rounds)}/{len(tg_rounds)} rounds "
+          "(arrayjit/numpy/tinygrad, interleaved) of the median ms of "
+          f"{meta.get('runs', '?')} runs after {meta.get('warmup', '?')} warm-up runs")
     head = ["workload", "arrayjit ms", "arrayjit rate", "numpy ms", "tinygrad ms",
             "arrayjit/numpy", "arrayjit/tinygrad"]
     rows = []
@@ -188,29 +350,130 @@ def table(args):
             "-" if rate is None else f"{rate:.1f} {unit}",
             fmt(n, ".3f"),
             fmt(t, ".3f"),
-            "-" if a is None or n is None else f"{n / a:.2f}x",
-            "-" if a is None or t is None else f"{t / a:.2f}x",
+            ratio(n, a),
+            ratio(t, a),
         ])
-    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(wd) for c, wd in zip(r, widths)) + " |"  # noqa: E731
-    print(line(head))
-    print("|" + "|".join("-" * (wd + 2) for wd in widths) + "|")
-    for r in rows:
-        print(line(r))
+    print_table(head, rows)
     print("ratios are speed ratios (peer time / arrayjit time): above 1x, arrayjit is faster.")
+    for w in WORKLOADS:
+        if aj.get(w) is None:
+            print(f"  arrayjit {w}: {reason(f'arrayjit-{w}.err')}")
+    if tg:
+        for w, e in (tg.get("errors") or {}).items():
+            print(f"  tinygrad {w}: {e}")
     print()
-    print(f"compile latency, one small kernel (max(0,a*b+c)*2-d on {SMALL} f32), median ms:")
+
+    # --- moons --------------------------------------------------------------------------
+    mj = load_lines("moons_arrayjit.jsonl")
+    jx = {k: load_lines(f"jax_moons_{k}.jsonl") for k in ("1thread", "default", "small")}
+    big = meta.get("moons_big", "?")
+    print(f"moons training ({big}), samples/s: median (min-max) of {meta.get('repeat', '?')} "
+          "processes each, arrayjit and JAX in turn:")
+
+    def sps(rs):
+        return med([r.get("samples_per_s") for r in rs])
+
+    def sps_cell(rs):
+        xs = [r["samples_per_s"] for r in rs if r.get("samples_per_s") is not None]
+        if not xs:
+            return "-"
+        return f"{statistics.median(xs):,.0f}" + (
+            f" ({min(xs):,.0f}-{max(xs):,.0f})" if len(xs) > 1 else "")
+
+    def cores(rs):
+        c = med([r["train_cpu_ms"] / r["train_ms"] for r in rs
+                 if r.get("train_ms") and r.get("train_cpu_ms") is not None])
+        return "-" if c is None else f"{c:.2f}"
+
+    pin = meta.get("pin")
+    d1 = [r for r in mj if r.get("config") == "big_d1"]
+    d2 = [r for r in mj if r.get("config") == "big_d2"]
+    rows = []
+    for label, a_rs, j_rs in [
+        ("one core: arrayjit --devices 1 vs JAX 1 thread (*)", d1, jx["1thread"]),
+        ("both cores: arrayjit --devices 2 vs JAX default threads", d2, jx["default"]),
+    ]:
+        a, j = sps(a_rs), sps(j_rs)
+        rows.append([label, sps_cell(a_rs), sps_cell(j_rs), cores(j_rs),
+                     "-" if a is None or j is None or j <= 0 else f"{a / j:.2f}x"])
+    print_table(["configuration", "arrayjit samples/s", "JAX samples/s", "JAX cores busy",
+                 "arrayjit/JAX"], rows)
+    print("arrayjit/JAX is arrayjit's throughput over JAX's: above 1x, arrayjit is faster. "
+          "JAX cores busy: process CPU time / wall time of its training loop.")
+    print(f"(*) JAX with {meta.get('xla_1thread', '?')}; "
+          + (f"both processes pinned to one CPU ({pin})." if pin else "not pinned (no taskset)."))
+    for name, rs in [("arrayjit --devices 1", d1), ("arrayjit --devices 2", d2),
+                     ("JAX 1 thread", jx["1thread"]), ("JAX default threads", jx["default"])]:
+        if rs:
+            r = rs[0]
+            losses = ", ".join(f"{x:.4f}" for x in r.get("epoch_losses", []))
+            print(f"  {name}: epoch losses {losses}; accuracy {r.get('accuracy', float('nan')):.4f}")
+    for name, err in [("arrayjit moons", "moons_arrayjit.err"), ("JAX 1 thread", "jax_moons_1thread.err"),
+                      ("JAX default threads", "jax_moons_default.err"), ("JAX default job", "jax_moons_small.err")]:
+        if os.path.exists(os.path.join(d, err)) and reason(err) != "no result":
+            print(f"  {name}: {reason(err)}")
+    print()
+
+    dflt = [r for r in mj if r.get("config") == "default_cold"]
+    dcached = [r for r in mj if r.get("config") == "default_cached"]
+    big_cold = [r for r in mj if r.get("config") == "big_cold"]
+
+    def jc(rs, key="compile_ms"):
+        return med([r.get(key) for r in rs])
+
+    print("moons compile latency, median ms. arrayjit cold: compile_ms of the summary line with a "
+          "fresh ARRAYJIT_CACHE_DIR (one compile_batch of 10 routines: gradient, merges, SGD "
+          f"update, inference; {meta.get('compile_jobs', '?')} compiler jobs); JAX: tracing, "
+          "lowering and XLA compilation of the jitted training step (ahead of time, default "
+          "threads, no compilation cache):")
+    small_desc = meta.get("moons_small", "default job")
+    rows = [
+        [f"default job ({small_desc}): arrayjit cold vs JAX jit",
+         fmt(jc(dflt), ".0f"), fmt(jc(jx["small"]), ".0f"), ratio(jc(jx["small"]), jc(dflt))],
+        [f"big job ({big}, --devices 1): arrayjit cold vs JAX jit",
+         fmt(jc(big_cold), ".0f"), fmt(jc(jx["default"]), ".0f"), ratio(jc(jx["default"]), jc(big_cold))],
+        ["default job: arrayjit cached (second run, same cache dir)",
+         fmt(jc(dcached), ".1f"), "-", "-"],
+    ]
+    print_table(["compile", "arrayjit ms", "JAX ms", "arrayjit/JAX"], rows)
+    j = jx["default"]
+    if j:
+        print(f"  JAX big step split: trace+lower {jc(j, 'trace_lower_ms'):.0f} ms, "
+              f"XLA compile {jc(j, 'xla_compile_ms'):.0f} ms")
+    print()
+
+    # --- small kernel -------------------------------------------------------------------
+    print(f"compile latency, one small kernel (max(0,a*b+c)*2-d on {SMALL} f32, "
+          "benches/peers/small_kernel.json), median ms:")
     crow = [
-        ("arrayjit cold (ARRAYJIT_CACHE=0, compile_ms)", comp.get("arrayjit_cold_ms")),
-        ("arrayjit cached (second run, compile_ms)", comp.get("arrayjit_cached_ms")),
-        ("gcc alone (arrayjit's command on the same C)", comp.get("gcc_ms")),
-        ("tinygrad first call (CACHELEVEL=0)", tg.get("first_call_ms") if tg else None),
+        ("arrayjit cold (fresh ARRAYJIT_CACHE_DIR: nothing remembered)",
+         med(comp.get("arrayjit_cold_ms", []))),
+        ("arrayjit with the cache off (ARRAYJIT_CACHE=0)",
+         med(comp.get("arrayjit_cache_off_ms", []))),
+        ("arrayjit cached (second run, same cache dir)", med(comp.get("arrayjit_cached_ms", []))),
+        ("the C compiler alone (arrayjit's exact command on the same C)",
+         med(comp.get("gcc_ms", []))),
+        ("tinygrad first call (CACHELEVEL=0; median over the rounds)",
+         tg.get("first_call_ms") if tg else None),
         ("tinygrad second call (same kernel)", tg.get("second_call_ms") if tg else None),
+        ("JAX jit first call (trace, lower, XLA compile, run)", jsmall.get("first_call_ms") if jsmall else None),
+        ("JAX jit second call", jsmall.get("second_call_ms") if jsmall else None),
     ]
     wd = max(len(k) for k, _ in crow)
     for k, v in crow:
         print(f"  {k.ljust(wd)}  {fmt(v, '.1f')}")
+    if comp.get("gcc_cmd"):
+        print(f"  (compiler command: {comp['gcc_cmd']})")
     print()
+
+    # --- versions -----------------------------------------------------------------------
+    for k in ("date", "cpu", "cc", "rustc", "clang (tinygrad)"):
+        if meta.get(k):
+            print(f"{k}: {meta[k]}")
+    try:
+        print("load average at the end: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    except OSError:
+        pass
     if npy:
         print(f"numpy {npy.get('version')}; BLAS: {json.dumps(npy.get('blas'))}; "
               f"OPENBLAS_CORETYPE/L2_SIZE in its environment: {json.dumps(npy.get('env'))}")
@@ -221,22 +484,40 @@ def table(args):
               f"environment {json.dumps(tg.get('env'))}")
     else:
         print(f"tinygrad: missing ({reason('tinygrad.err')})")
+    jr = (jx["default"] or jx["1thread"] or jx["small"] or [None])[0] or jsmall
+    if jr:
+        print(f"jax {jr.get('version')} (jaxlib {jr.get('jaxlib', '?')}), CPU")
+    else:
+        print(f"jax: missing ({reason('jax.err')})")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["numpy", "tinygrad", "table"])
+    p.add_argument("what", choices=["numpy", "tinygrad", "jax-small", "time-cmd", "moons-line", "table"])
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--results", default=".")
+    p.add_argument("--cmd-file", help="time-cmd: the .cmd file arrayjit wrote")
+    p.add_argument("--config", help="moons-line: a name for the configuration")
+    p.add_argument("--cold", action="store_true", help="moons-line: the run compiled cold")
     args = p.parse_args()
     if args.what == "table":
         table(args)
-    else:
-        res = run_numpy(args) if args.what == "numpy" else run_tinygrad(args)
-        json.dump(res, sys.stdout)
-        print()
+        return
+    run = {"numpy": run_numpy, "tinygrad": run_tinygrad, "jax-small": run_jax_small,
+           "time-cmd": time_cmd, "moons-line": moons_line}[args.what]
+    json.dump(run(args), sys.stdout)
+    print()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as e:
+        # The last line of stderr is what run.sh prints as the reason: make it the error.
+        import traceback
+
+        traceback.print_exc()
+        print(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+              file=sys.stderr)
+        sys.exit(1)

@@ -1,20 +1,39 @@
 #!/usr/bin/env bash
-# Times the arrayjit bench workloads (benches/programs/*.json) and the same workloads in numpy
-# and tinygrad (CPU device, clang backend), all f32 and single-threaded, in one run, and prints
-# a table of arrayjit time, peer times and ratios, plus compile latency of one small kernel.
+# arrayjit beside its peers, in one run, printing tables with speed ratios (above 1x: arrayjit
+# is faster):
+#
+# 1. Kernels (benches/programs/*.json, timed by `arrayjit bench`) and the same workloads in
+#    numpy (OpenBLAS) and tinygrad (CPU device, clang backend), one thread each: f32 matmul
+#    512^3 and 1024^3, the transposed matmul a@b.T (ij,kj->ik) 768^3, the batched matmul
+#    16x128^3 (bij,bjk->bik), the f64 matmul 1024^3, a fused elementwise chain on 2^24 f32
+#    and the row sums of a 4096x4096 f32 matrix.
+# 2. The big moons training job (MLP 2-256-256-1, hinge loss, SGD with arrayjit's decaying
+#    learning rate and weight decay, batch 2048, 24576 points, 3 epochs) against the same job
+#    in JAX (benches/peers/moons_jax.py: one jax.jit-compiled step), in samples/s: on one core
+#    (arrayjit --devices 1 vs JAX single-threaded, both pinned to one CPU with taskset) and on
+#    both cores (arrayjit --devices 2 vs JAX with its default threads); and the compile
+#    latency of the moons job (arrayjit cold compile_batch vs JAX's jit of the step).
+# 3. Compile latency of one small kernel: arrayjit cold (fresh cache directory) and cached,
+#    the C compiler alone on the same C with arrayjit's exact command, and the first call of
+#    the same kernel in tinygrad and JAX.
 #
 #   bash benches/peers/run.sh            (from the repo root or anywhere)
 #
-# Environment: RUNS (default 10), WARMUP (default 2), PYTHON (default python3; used to create
-# the virtual environment benches/peers/.venv, where numpy, threadpoolctl and tinygrad are
-# installed with pip). tinygrad's CPU device compiles with clang: without a `clang` on PATH
-# (Debian: apt-get install clang) its column is empty and the reason is printed.
+# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels, timed in ROUNDS
+# (default 3) rounds that interleave the peers (each peer's best round counts); REPEAT
+# (default 5) rounds of the moons processes (arrayjit and JAX in turn, medians count); PYTHON (default python3) creates the virtual
+# environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad and jax[cpu] are
+# installed with pip. A peer that cannot be installed or fails leaves its cells empty ("-")
+# and its reason is printed under the table; the script still finishes. tinygrad's CPU
+# device compiles with clang (Debian: apt-get install clang). Raw results: benches/peers/results.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 RUNS=${RUNS:-10}
 WARMUP=${WARMUP:-2}
+REPEAT=${REPEAT:-5}
+ROUNDS=${ROUNDS:-3}
 PYTHON=${PYTHON:-python3}
 venv=$here/.venv
 results=$here/results
@@ -22,9 +41,13 @@ rm -rf "$results"
 mkdir -p "$results"
 
 say() { printf '%s\n' "$*" >&2; }
+last_line() { tail -n 1 "$1" 2>/dev/null | cut -c1-400; }
 
-# One thread everywhere (BLAS, OpenMP; tinygrad: THREADS=0 below).
+# One thread everywhere for the kernels (BLAS, OpenMP; tinygrad: THREADS=0 below).
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 # --- the virtual environment -------------------------------------------------------------
 if [[ ! -x $venv/bin/python ]]; then
@@ -32,83 +55,70 @@ if [[ ! -x $venv/bin/python ]]; then
     "$PYTHON" -m venv "$venv"
 fi
 py=$venv/bin/python
-if ! "$py" -c 'import numpy, threadpoolctl' 2>/dev/null; then
-    say "installing numpy and threadpoolctl"
-    "$py" -m pip install -q --disable-pip-version-check numpy threadpoolctl >&2
-fi
-tinygrad_ok=1
-if ! "$py" -c 'import tinygrad' 2>/dev/null; then
-    say "installing tinygrad"
-    if ! "$py" -m pip install -q --disable-pip-version-check tinygrad >"$results/pip-tinygrad.log" 2>&1; then
-        tinygrad_ok=0
-        echo "pip install tinygrad failed: $(tail -n 1 "$results/pip-tinygrad.log")" >"$results/tinygrad.err"
+pip_install() { # pip_install NAME MODULE SPEC...: installs unless MODULE imports; 1 on failure
+    local name=$1 module=$2
+    shift 2
+    "$py" -c "import $module" 2>/dev/null && return 0
+    say "installing $*"
+    if ! "$py" -m pip install -q --disable-pip-version-check "$@" >"$results/pip-$name.log" 2>&1; then
+        echo "pip install $* failed: $(last_line "$results/pip-$name.log")" >"$results/$name.err"
+        say "  $(cat "$results/$name.err")"
+        return 1
     fi
-fi
+}
+numpy_ok=1 tinygrad_ok=1 jax_ok=1
+pip_install numpy numpy numpy || numpy_ok=0
+pip_install threadpoolctl threadpoolctl threadpoolctl || true
+pip_install tinygrad tinygrad tinygrad || tinygrad_ok=0
+pip_install jax jax 'jax[cpu]' || jax_ok=0
+# The table needs only the standard library; the helpers below need numpy or nothing.
 
 # --- arrayjit ----------------------------------------------------------------------------
-say "building arrayjit (cargo build --release)"
-(cd "$root" && cargo build --release --quiet)
+say "building arrayjit (cargo build --release --bin arrayjit --example moons)"
+(cd "$root" && cargo build --release --quiet --bin arrayjit --example moons)
 aj=$root/target/release/arrayjit
+moons=$root/target/release/examples/moons
 field() { # field JSON_LINE KEY: compile_ms or run_ms.median of an `arrayjit bench` line
     "$py" -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["compile_ms"] if sys.argv[2]=="compile" else d["run_ms"]["median"])' "$1" "$2"
 }
-median() { "$py" -c 'import statistics,sys; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
-{
-    printf '{'
-    sep=
-    for w in matmul_512 matmul_1024 fused_elementwise row_sums; do
-        say "arrayjit bench $w"
-        line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS")
-        say "  $line"
-        printf '%s"%s": %s' "$sep" "$w" "$(field "$line" run)"
-        sep=', '
-    done
-    printf '}\n'
-} >"$results/arrayjit.json"
-
-# --- compile latency ---------------------------------------------------------------------
-small=$here/small_kernel.json
-cold=() cached=() gcc=()
-cache_dir=$(mktemp -d)
-trap 'rm -rf "$cache_dir"' EXIT
-say "compile latency (arrayjit bench $small, 5 times each)"
-ARRAYJIT_CACHE_DIR=$cache_dir "$aj" bench "$small" --warmup 0 --runs 1 >/dev/null # warm the cache
-for _ in 1 2 3 4 5; do
-    cold+=("$(field "$(ARRAYJIT_CACHE=0 "$aj" bench "$small" --warmup 0 --runs 1)" compile)")
-    cached+=("$(field "$(ARRAYJIT_CACHE_DIR=$cache_dir "$aj" bench "$small" --warmup 0 --runs 1)" compile)")
-done
-# gcc alone: the command arrayjit runs, on the C it generates for the small kernel.
-cdir=$cache_dir/gcc
-mkdir -p "$cdir"
-"$aj" emit-c "$small" >"$cdir/small.c"
-cp "$root/runtime_c/arrayjit.h" "$cdir/"
-cc=${ARRAYJIT_CC:-${CC:-cc}}
-for _ in 1 2 3 4 5; do
-    t0=$(date +%s%N)
-    (cd "$cdir" && "$cc" -O3 -march=native -std=gnu11 -shared -fPIC -I. -o libsmall.so small.c -lm)
-    t1=$(date +%s%N)
-    gcc+=("$(( (t1 - t0) / 1000 ))e-3")
-done
-say "  cold: ${cold[*]}; cached: ${cached[*]}; $cc alone: ${gcc[*]} (ms)"
-printf '{"arrayjit_cold_ms": %s, "arrayjit_cached_ms": %s, "gcc_ms": %s}\n' \
-    "$(median "${cold[@]}")" "$(median "${cached[@]}")" "$(median "${gcc[@]}")" >"$results/compile.json"
-
-# --- numpy -------------------------------------------------------------------------------
-# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some processors of this workplace for older
-# OpenBLAS builds) slow a current numpy: unset both, for this command alone.
-say "numpy"
-if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" "$here/peers.py" numpy --runs "$RUNS" --warmup "$WARMUP" \
-    >"$results/numpy.json" 2>"$results/numpy.err"; then
-    say "  numpy failed: $(tail -n 1 "$results/numpy.err")"
-    rm -f "$results/numpy.json"
+pin=
+if command -v taskset >/dev/null && taskset -c 0 true 2>/dev/null; then
+    pin="taskset -c 0"
 fi
+xla_1thread="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# What arrayjit uses by default: the CPUs this process may run on (nproc would read OMP_NUM_THREADS).
+compile_jobs=${ARRAYJIT_COMPILE_JOBS:-$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo '?')}
+cc=${ARRAYJIT_CC:-${CC:-cc}}
+"$py" - "$results/meta.json" "$RUNS" "$WARMUP" "$REPEAT" "$ROUNDS" "$pin" "$xla_1thread" "$compile_jobs" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uptime | sed 's/.*load average/load average/')" \
+    "$("$cc" --version 2>/dev/null | head -n 1)" "$(rustc --version 2>/dev/null)" \
+    "$(clang --version 2>/dev/null | head -n 1)" <<'EOF'
+import json, sys
+out, runs, warmup, repeat, rounds, pin, xla, jobs, date, load, cc, rustc, clang = sys.argv[1:]
+cpu = "?"
+try:
+    with open("/proc/cpuinfo") as f:
+        models = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
+        f.seek(0)
+        flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    isa = [x for x in ("avx2", "fma", "avx512f", "avx512_fp16") if x in flags]
+    if models:
+        cpu = f"{models[0]} x {len(models)} ({', '.join(isa) or 'no AVX2'})"
+except OSError:
+    pass
+json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat),
+           "rounds": int(rounds), "pin": pin,
+           "xla_1thread": f"XLA_FLAGS={xla}", "compile_jobs": jobs, "date": date,
+           "cpu": f"{cpu}; {load} at start", "cc": cc, "rustc": rustc,
+           "clang (tinygrad)": clang,
+           "moons_big": "2-256-256-1, batch 2048, 24576 points, 3 epochs",
+           "moons_small": "2-16-16-1, batch 120, 2400 points, 20 epochs"}, open(out, "w"))
+EOF
 
-# --- tinygrad ----------------------------------------------------------------------------
+# --- tinygrad's device ---------------------------------------------------------------------
+tg_env=
 if [[ $tinygrad_ok == 1 ]]; then
-    if ! command -v clang >/dev/null; then
-        say "  note: no clang on PATH; tinygrad's CPU device needs it (Debian: apt-get install clang)"
-    fi
     # Which variable selects the CPU device with the clang backend depends on the version:
     # DEV=CPU:CLANG or DEV=CPU (0.13+), CPU=1 (0.10-0.12), CLANG=1 (older). Probe them.
     tg_env=
@@ -129,16 +139,143 @@ assert (Tensor([1.0, 2.0]) * 2).tolist() == [2.0, 4.0]
         command -v clang >/dev/null || hint=" (no clang on PATH: tinygrad's CPU device compiles with it; Debian: apt-get install clang)"
         echo "tinygrad's CPU/clang device does not work here$hint; probes: $probe_err" >"$results/tinygrad.err"
         say "  tinygrad: $(cat "$results/tinygrad.err")"
-    else
-        say "tinygrad ($tg_env THREADS=0 CACHELEVEL=0)"
-        if ! env "$tg_env" THREADS=0 CACHELEVEL=0 "$py" "$here/peers.py" tinygrad --runs "$RUNS" --warmup "$WARMUP" \
-            >"$results/tinygrad.json" 2>"$results/tinygrad.err"; then
-            say "  tinygrad failed: $(tail -n 1 "$results/tinygrad.err")"
-            echo "tinygrad failed: $(tail -n 1 "$results/tinygrad.err")" >"$results/tinygrad.err"
-            rm -f "$results/tinygrad.json"
+    fi
+fi
+
+# --- kernels: ROUNDS rounds of arrayjit, numpy, tinygrad, interleaved ----------------------
+# On a shared machine, another process's work hits whichever peer runs at that moment;
+# interleaving the peers and keeping each one's best round keeps that from deciding a ratio.
+kernels_round() { # kernels_round R
+    local r=$1 w line sep=
+    {
+        printf '{'
+        for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
+            fused_elementwise row_sums; do
+            if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
+                2>"$results/arrayjit-$w.err"); then
+                say "  arrayjit $w: $line"
+                printf '%s"%s": %s' "$sep" "$w" "$(field "$line" run)"
+                sep=', '
+            else
+                say "  arrayjit $w failed: $(last_line "$results/arrayjit-$w.err")"
+            fi
+        done
+        printf '}\n'
+    } >"$results/arrayjit-$r.json"
+    # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some processors of this workplace for
+    # older OpenBLAS builds) slow a current numpy: unset both, for this command alone.
+    if [[ $numpy_ok == 1 ]]; then
+        say "  numpy"
+        if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" "$here/peers.py" numpy --runs "$RUNS" \
+            --warmup "$WARMUP" >"$results/numpy-$r.json" 2>"$tmp/numpy.err"; then
+            say "  numpy failed: $(last_line "$tmp/numpy.err")"
+            echo "numpy failed: $(last_line "$tmp/numpy.err")" >"$results/numpy.err"
+            rm -f "$results/numpy-$r.json"
         fi
+    fi
+    if [[ -n $tg_env ]]; then
+        say "  tinygrad ($tg_env THREADS=0 CACHELEVEL=0)"
+        if ! env "$tg_env" THREADS=0 CACHELEVEL=0 "$py" "$here/peers.py" tinygrad --runs "$RUNS" \
+            --warmup "$WARMUP" >"$results/tinygrad-$r.json" 2>"$tmp/tinygrad.err"; then
+            say "  tinygrad failed: $(last_line "$tmp/tinygrad.err")"
+            echo "tinygrad failed: $(last_line "$tmp/tinygrad.err")" >"$results/tinygrad.err"
+            rm -f "$results/tinygrad-$r.json"
+        fi
+    fi
+}
+for r in $(seq "$ROUNDS"); do
+    say "kernels, round $r of $ROUNDS"
+    kernels_round "$r"
+done
+
+# --- compile latency of a small kernel ---------------------------------------------------
+small=$here/small_kernel.json
+cold=() off=() cached=()
+say "compile latency (arrayjit bench $small, 5 times each)"
+for i in 1 2 3 4 5; do
+    dir=$tmp/small-cache-$i # a fresh cache directory: a cold compile, then a cached one
+    cold+=("$(field "$(ARRAYJIT_CACHE_DIR=$dir "$aj" bench "$small" --warmup 0 --runs 1)" compile)")
+    cached+=("$(field "$(ARRAYJIT_CACHE_DIR=$dir "$aj" bench "$small" --warmup 0 --runs 1)" compile)")
+    off+=("$(field "$(ARRAYJIT_CACHE=0 "$aj" bench "$small" --warmup 0 --runs 1)" compile)")
+done
+# The compiler alone: arrayjit's exact command (ARRAYJIT_DEBUG_DIR keeps it, with the C).
+dbg=$tmp/debug
+ARRAYJIT_CACHE=0 ARRAYJIT_DEBUG_DIR=$dbg "$aj" bench "$small" --warmup 0 --runs 1 >/dev/null
+"$py" "$here/peers.py" time-cmd --cmd-file "$dbg/small.cmd" --runs 5 >"$tmp/gcc.json"
+say "  cold: ${cold[*]}; cache off: ${off[*]}; cached: ${cached[*]}; compiler alone: $(cat "$tmp/gcc.json")"
+"$py" - "$tmp/gcc.json" "${cold[*]}" "${off[*]}" "${cached[*]}" >"$results/compile.json" <<'EOF'
+import json, sys
+gcc = json.load(open(sys.argv[1]))
+nums = lambda s: [float(x) for x in s.split()]
+print(json.dumps({"arrayjit_cold_ms": nums(sys.argv[2]), "arrayjit_cache_off_ms": nums(sys.argv[3]),
+                  "arrayjit_cached_ms": nums(sys.argv[4]), "gcc_ms": gcc["ms"], "gcc_cmd": gcc["cmd"]}))
+EOF
+
+# --- moons: arrayjit and JAX, interleaved -------------------------------------------------
+big=(--hidden 256 --batch 2048 --epochs 3 --points 24576 --no-plot)
+moons_run() { # moons_run CONFIG COLD(0|1) CACHE_DIR [PREFIX...] -- ARGS...: one moons process
+    local config=$1 cold=$2 dir=$3
+    shift 3
+    local prefix=()
+    while [[ $1 != -- ]]; do prefix+=("$1"); shift; done
+    shift
+    local log=$results/moons-$config.log flag=()
+    [[ $cold == 1 ]] && flag=(--cold)
+    if ARRAYJIT_CACHE_DIR=$dir ${prefix[@]+"${prefix[@]}"} "$moons" "$@" >"$log.tmp" 2>&1 &&
+        "$py" "$here/peers.py" moons-line --config "$config" ${flag[@]+"${flag[@]}"} \
+            <"$log.tmp" >>"$results/moons_arrayjit.jsonl" 2>>"$results/moons_arrayjit.err"; then
+        say "  $config: $(grep 'samples/s' "$log.tmp")"
+    else
+        say "  $config failed: $(last_line "$log.tmp")"
+        echo "$config: $(last_line "$log.tmp")" >>"$results/moons_arrayjit.err"
+    fi
+    cat "$log.tmp" >>"$log"
+    rm -f "$log.tmp"
+}
+jax_run() { # jax_run NAME ENV_PREFIX... -- ARGS...: one moons_jax.py process per call
+    [[ $jax_ok == 1 ]] || return 0
+    local name=$1
+    shift
+    local prefix=()
+    while [[ $1 != -- ]]; do prefix+=("$1"); shift; done
+    shift
+    # JAX's own thread pools ignore these; unset the kernels' variables anyway.
+    if env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS -u MKL_NUM_THREADS ${prefix[@]+"${prefix[@]}"} \
+        "$py" "$here/moons_jax.py" "$@" >>"$results/jax_moons_$name.jsonl" 2>"$tmp/jax.err"; then
+        say "  jax $name: $(tail -n 1 "$results/jax_moons_$name.jsonl" | cut -c1-300)"
+    else
+        say "  jax $name failed: $(last_line "$tmp/jax.err")"
+        echo "failed: $(last_line "$tmp/jax.err")" >"$results/jax_moons_$name.err"
+    fi
+}
+: >"$results/moons_arrayjit.jsonl"
+# The cold compile of the big job, not pinned (like JAX's compile); its throughput is not
+# counted. The pinned runs then hit its cache: a pinned process would deal the batch out to
+# fewer compiler jobs, i.e. other C files, unless told the same number of jobs. The first
+# --devices 2 run compiles its own code (not counted either).
+say "moons: the big job's cold compile"
+moons_run big_cold 1 "$tmp/moons-big-d1" -- "${big[@]}" --devices 1
+moons_run big_d2_cold 1 "$tmp/moons-big-d2" -- "${big[@]}" --devices 2
+for i in $(seq "$REPEAT"); do
+    say "moons, round $i of $REPEAT (arrayjit and JAX in turn)"
+    moons_run default_cold 1 "$tmp/moons-default-$i" -- --no-plot
+    jax_run small -- --points 2400 --hidden 16 --batch 120 --epochs 20
+    moons_run big_d1 0 "$tmp/moons-big-d1" $pin env ARRAYJIT_COMPILE_JOBS="$compile_jobs" -- "${big[@]}" --devices 1
+    jax_run 1thread "XLA_FLAGS=$xla_1thread" $pin -- --points 24576 --hidden 256 --batch 2048 --epochs 3
+    moons_run big_d2 0 "$tmp/moons-big-d2" -- "${big[@]}" --devices 2
+    jax_run default -- --points 24576 --hidden 256 --batch 2048 --epochs 3
+done
+moons_run default_cached 0 "$tmp/moons-default-1" -- --no-plot
+
+# --- JAX: the small kernel -----------------------------------------------------------------
+if [[ $jax_ok == 1 ]]; then
+    say "JAX small kernel"
+    if ! "$py" "$here/peers.py" jax-small >"$results/jax_small.json" 2>"$tmp/jax.err"; then
+        say "  failed: $(last_line "$tmp/jax.err")"
+        echo "jax-small failed: $(last_line "$tmp/jax.err")" >"$results/jax.err"
+        rm -f "$results/jax_small.json"
     fi
 fi
 
 echo
-"$py" "$here/peers.py" table --results "$results"
+"$py" "$here/peers.py" table --results "$results" | tee "$results/table.txt"
