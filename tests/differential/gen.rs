@@ -142,8 +142,14 @@ impl Gen {
         self.new_tensor(Kind::Input, dims, prec, values)
     }
 
+    /// Whether the random statements may read tensor `i`: it has values, and its extents
+    /// are those of the random shapes (1-5), not those of a large statement's operands and
+    /// results ([`super::big`]), which would make the random statements large too.
     pub fn readable(&self, i: usize) -> bool {
-        !self.ests[i].nonfinite && (self.p.tensors[i].kind == Kind::Input || self.written[i])
+        let t = &self.p.tensors[i];
+        !self.ests[i].nonfinite
+            && (t.kind == Kind::Input || self.written[i])
+            && t.dims.iter().all(|&d| d <= 5)
     }
 
     pub fn pick_arg(&mut self) -> usize {
@@ -483,7 +489,23 @@ impl Gen {
     }
 }
 
-/// Generates the program of one case; the same seed always gives the same program.
+/// How many cases in a thousand get a large statement ([`super::big`]): 190, or
+/// `ARRAYJIT_FUZZ_BIG` (0-1000).
+pub fn big_share() -> usize {
+    static SHARE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SHARE.get_or_init(|| match std::env::var("ARRAYJIT_FUZZ_BIG") {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= 1000)
+            .unwrap_or_else(|| panic!("ARRAYJIT_FUZZ_BIG={v:?}: expected 0-1000")),
+        Err(_) => 190,
+    })
+}
+
+/// Generates the program of one case; the same seed always gives the same program (for a
+/// given [`big_share`]).
 pub fn generate(seed: u64) -> Program {
     let mut g = Gen {
         rng: Rng::new(seed),
@@ -494,6 +516,7 @@ pub fn generate(seed: u64) -> Program {
             stmts: vec![],
             runs: vec![],
             ests: vec![],
+            big: vec![],
         },
         ests: vec![],
         written: vec![],
@@ -506,9 +529,37 @@ pub fn generate(seed: u64) -> Program {
         g.p.statics.push((format!("s{k}"), range));
     }
     let target = 4 + g.rng.below(9);
+    // A minority of the cases gets one large statement, somewhere among the others.
+    let roll = g.rng.below(1000);
+    let share = big_share();
+    let big = if roll < share {
+        match roll * 19 / share {
+            0..=11 => Some("contraction"),
+            12..=14 => Some("long contraction"),
+            15..=17 => Some("long reduction"),
+            _ => Some("wide contraction"),
+        }
+    } else {
+        None
+    };
+    let mut big_at = big.map(|_| g.rng.below(target));
     let mut attempts = 0;
     while g.p.stmts.len() < target && attempts < 4 * target {
         attempts += 1;
+        if big_at.is_some_and(|at| g.p.stmts.len() >= at) {
+            big_at = None;
+            for _ in 0..3 {
+                let done = match big {
+                    Some("long reduction") => g.gen_long_reduction(),
+                    Some(kind) => g.gen_contraction(kind),
+                    None => true,
+                };
+                if done {
+                    break;
+                }
+            }
+            continue;
+        }
         if g.rng.chance(15) {
             g.gen_fetch();
         } else {

@@ -432,15 +432,114 @@ pub fn binop_est(op: Binop, a: Est, b: Est, c: Fmt) -> Check<Est> {
 }
 
 /// `n` accumulation steps `acc = accum(acc, term)`, each stored into `p`.
-pub fn accumulate(mut acc: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check<Est> {
+///
+/// The steps are modelled in order, but the optimizer may reassociate sums into single and
+/// double results ([`any_order`]); the estimate then covers every order.
+///
+/// The bounds of a sum are not those of the step-by-step model, which widens the interval
+/// of an inexact value by a relative margin at every step: over thousands of terms that
+/// margin compounds (`1.002^3000 ≈ 400`). They are the exact bounds of the sum of `start`
+/// and `k` terms (from the terms' bounds, which hold for the values either computation
+/// uses), widened by `dev`, a bound on how far rounding moves either computation from the
+/// exact sum of its own terms: at most one unit in the last place of the compute type and
+/// one of the storage type per step at the partial sum's magnitude, when the step can round
+/// at all.
+pub fn accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check<Est> {
     let c = compute_fmt(p);
+    let sum = matches!(accum, Binop::Add | Binop::Sub) && p != Prec::Byte;
+    let (mut lo, mut hi, mut dev) = (start.lo, start.hi, 0.0);
+    let mut acc = start;
     for _ in 0..n {
         acc = store(binop_est(accum, acc, term, c)?, p)?;
+        if sum {
+            (lo, hi) = if accum == Binop::Add {
+                (lo + term.lo, hi + term.hi)
+            } else {
+                (lo - term.hi, hi - term.lo)
+            };
+            let m = lo.abs().max(hi.abs());
+            let rounds = match acc.grid {
+                Some(e) => !fits(m, e, c) || !fits(m, e, store_fmt(p)),
+                None => true,
+            };
+            if rounds {
+                dev += ulp(m, c) + ulp(m, store_fmt(p));
+            }
+            acc.lo = lo - dev;
+            acc.hi = hi + dev;
+        }
         if acc.mag() > MAX_TERM {
             return Err("accumulation too large");
         }
     }
+    if n >= 2 && reassociable(accum, p) {
+        acc = any_order(start, term, n, acc, c);
+    }
     Ok(acc)
+}
+
+/// Whether the optimizer may sum an accumulation in another order than the one written:
+/// GEMM kernels (`optimize/gemm.rs`) sum each reduction block in vector registers before
+/// adding it to the result, and vectorized reductions (`vectorize_reduction` in
+/// `optimize/loops.rs`) keep 16 or 8 partial sums and add them up in a tree. Both rewrite
+/// only additions (and subtractions, summed as additions of negated terms) into single and
+/// double results, whose compute type is their storage type. Max and min are exact in any
+/// order, products are never reassociated, and half and byte results round at every step.
+pub fn reassociable(accum: Binop, p: Prec) -> bool {
+    matches!(accum, Binop::Add | Binop::Sub) && matches!(p, Prec::Single | Prec::Double)
+}
+
+/// The estimate of `start ± t_1 ± ... ± t_n` summed in *any* order, given `seq`, the estimate
+/// of the in-order sum, all in compute format `c` (= the storage format).
+///
+/// Whatever the order, the sum is a binary tree whose `n + 1` leaves are `start` and the
+/// terms (plus, in the rewritten code, zeros: the neutral starts of partial sums and the
+/// padding of packed panels, whose additions are exact), so it performs `n` roundings, and
+/// every intermediate value is the sum of a subset of the leaves: at most
+/// `s = |start| + n · max|t|` in magnitude (up to the rounding errors themselves, a relative
+/// `n · 2^(1-mant)` at most, added as a margin). Hence:
+///
+/// - if `start` and every term are multiples of `2^e` and every multiple of `2^e` up to `s`
+///   is representable in `c`, no addition rounds: both sides compute the exact sum, in every
+///   order. (The in-order model checks only the magnitudes of the in-order partial sums,
+///   which can be smaller than those of a reassociated sum when `start` has the opposite
+///   sign of the terms: `-1000 + 500 terms of 1..2` stays within 1000, but the terms alone
+///   sum to up to 1000 before `start` is added.)
+/// - otherwise each rounding errs by at most half an ulp at magnitude `s`, so each side is
+///   within `n/2 · ulp(s)` of the exact sum of its leaves, and the leaves differ by at most
+///   `err(start) + n · err(t)` (addition propagates absolute errors unchanged): the two
+///   sides differ by at most `err(start) + n · err(t) + n · ulp(s)`. This is the classic
+///   bound for summation in any order (`|fl(Σ) − Σ| ≤ (n−1) u Σ|x_i|`, Higham, *Accuracy
+///   and Stability of Numerical Algorithms*, 4.2). A fused multiply-add on one side and a
+///   rounded product on the other differ by the product's rounding, which `err(t)` already
+///   counts when the product is inexact.
+///
+/// The result keeps the in-order interval, widened by the bound, and the larger of the two
+/// error bounds.
+pub fn any_order(start: Est, term: Est, n: usize, seq: Est, c: Fmt) -> Est {
+    let nf = n as f64;
+    let s = start.mag() + nf * term.mag();
+    let exact = match (start.grid, term.grid) {
+        (Some(a), Some(b)) => fits(s, a.min(b), c),
+        _ => false,
+    };
+    if exact {
+        return seq;
+    }
+    let bound = start.err + nf * term.err + nf * ulp(s * (1.0 + nf * 2f64.powi(1 - c.mant)), c);
+    let r = if seq.grid.is_some() {
+        seq.inexact(0.0)
+    } else {
+        seq
+    };
+    // A reassociated sum is within `bound` of the exact sum of its leaves, which lies within
+    // the in-order bounds before their rounding margin.
+    Est {
+        lo: r.lo - bound,
+        hi: r.hi + bound,
+        err: r.err.max(bound),
+        ..r
+    }
 }
 
 /// What `fill_neutral` stores for an accumulator.

@@ -105,6 +105,20 @@ pub struct Program {
     pub runs: Vec<Vec<i64>>,
     /// Per run, the estimate of every tensor after it.
     pub ests: Vec<Vec<Est>>,
+    /// The large statements (contractions, long reductions), for the coverage statistics.
+    pub big: Vec<Big>,
+}
+
+/// A large statement of a program: a contraction with extents up to about 70, or a long
+/// reduction ([`super::big`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Big {
+    /// Its result.
+    pub lhs: usize,
+    /// `"contraction"`, `"long contraction"`, `"wide contraction"` or `"long reduction"`.
+    pub kind: &'static str,
+    /// The layout (its name in [`super::big::LAYOUTS`] or [`super::big::REDUCTIONS`]).
+    pub layout: &'static str,
 }
 
 impl Program {
