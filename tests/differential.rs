@@ -14,14 +14,29 @@
 //!
 //! (a) is compared with (b), (c) with (a), and (d) with (b). A mismatch prints the seed and
 //! the program in the JSON program-file format (`arrayjit run prog.json` reruns it), and
-//! fails the test.
+//! fails the test. At the end the test prints what was covered: statements, precisions,
+//! how many cells were compared exactly and within tolerances, which of the optimizer's
+//! kernel paths the compiled cases took (GEMM kernels, vectorized reductions; per
+//! contraction layout, and why the others were not rewritten), and where the time went.
 //!
 //! Environment: `ARRAYJIT_FUZZ_CASES=N` (default 300), `ARRAYJIT_FUZZ_SEED=S` (base seed; case
 //! `i` uses seed `S + i`), `ARRAYJIT_FUZZ_BATCH=K` (cases compiled together in one C file,
 //! default 25), `ARRAYJIT_FUZZ_VERBOSE=1` (print every program),
 //! `ARRAYJIT_FUZZ_MAX_TRACING_DIM=n` and `ARRAYJIT_FUZZ_MAX_VISITS=n` (optimizer settings of
-//! the compiled run (a); with a tracing dim below 5, loops are traced only partly). The C
-//! compiler's own variables apply too (`ARRAYJIT_CC`, `ARRAYJIT_CFLAGS`, ...).
+//! the compiled run (a); with a tracing dim below 5, loops are traced only partly; unless
+//! the visits are set, every other batch uses 64 instead of the default 1, so that nodes read
+//! many times, like the operands of a contraction, are inlined too),
+//! `ARRAYJIT_FUZZ_BIG=n` (how many cases in a thousand get a large statement, default 190),
+//! `ARRAYJIT_FUZZ_STRICT=1` (fail on known open library bugs too, see
+//! [`compare::known_bug`]). The C compiler's own variables apply too (`ARRAYJIT_CC`,
+//! `ARRAYJIT_ARCH_FLAGS`, `ARRAYJIT_CFLAGS`, ...): the kernels follow the target they
+//! describe (AVX-512, AVX2, SSE2 vector widths and register counts).
+//!
+//! The code: `differential/program.rs` (programs and their JSON rendering),
+//! `differential/model.rs` (the error analysis), `differential/gen.rs` (the random
+//! generator), `differential/big.rs` (its large statements), `differential/run.rs` (the
+//! four ways of running), `differential/compare.rs` (comparison, statistics),
+//! `differential/coverage.rs` (which kernel paths were taken).
 //!
 //! # What the generator covers
 //!
@@ -38,7 +53,33 @@
 //! - fetches: constants (exact, inexact, and ±inf/NaN into outputs), slices by a static index,
 //!   and embedded static index values;
 //! - 1-3 runs of the routine with changing static index values, so recurrent accumulators
-//!   (hosted, and device-only ones the optimizer must keep) carry state between runs.
+//!   (hosted, and device-only ones the optimizer must keep) carry state between runs;
+//! - in 19% of the cases, one *large statement* among the others ([`big`]):
+//!   - (12%) a contraction with extents up to about 70 (tile edges half of the time: 13-17,
+//!     27-33, 41-49, 55-57, 63-65, 69-70; mostly above the GEMM kernels' threshold of 32^3
+//!     multiply-adds and a vector of contiguous columns) in every layout: `ij,jk->ik`,
+//!     transposed operands (`ij,kj->ik`, `ji,jk->ik`, `ji,kj->ik`), transposed results
+//!     (`ij,jk->ki`, `ji,kj->ki`), a Gram matrix (`ij,kj->ik` of one node with itself),
+//!     batched (`bij,bjk->bik`, `ibj,bjk->bik`), broadcast batches (`bij,jk->bik`,
+//!     `ij,bjk->ibk`), a second reduced axis (`ijl,jkl->ik`, `lij,ljk->ik`), static and fixed
+//!     indices on an outer axis (`{s}ij,jk->ik`, `ij,jk->{s}ik`, `{s}ij,{s}jk->{s}ik`,
+//!     `2ij,jk->ik`, `ij,1jk->1ik`), operands in either order;
+//!   - (3%) a long contraction: a reduction of 257-3000 into a few rows (several reduction
+//!     blocks of a kernel);
+//!   - (3%) a long reduction of 257-3000 terms: sums, sums of transcendental terms, dot
+//!     products, matrix-vector products, contiguous (vectorized for single and double
+//!     results) or strided, with add/sub/max/min;
+//!   - (1%) a wide product: hundreds of columns (cache tiling of small products), or more
+//!     than a block of column panels of a kernel;
+//!
+//!   with operands of any precision (half, byte, single, double), inputs or pointwise chains
+//!   through non-hosted nodes (inlined into the product in the batches with many visits),
+//!   results mostly single or double, non-hosted, hosted outputs or hosted inputs, with and
+//!   without `initialize_neutral` (accumulating across runs), mostly `add` of `mul` but
+//!   sometimes other accumulators and operations, read afterwards half of the time
+//!   (pointwise, or summed along a row). Their values are scaled so that sums stay below
+//!   about 1500: dyadic (products and sums often exact), full precision (inexact) or all
+//!   positive. The random statements never read them (their extents are above 5).
 //!
 //! Operand domains are chosen so that comparisons stay meaningful: the generator tracks, for
 //! every tensor, an interval bounding its values and refuses operations outside their domain
@@ -46,7 +87,8 @@
 //! from 0 by 0.25, `exp` arguments ≤ 7, `pow` positive bases ≥ 0.25 with exponents in [-3, 3]
 //! (or any base with an exact integer exponent 0-3), `relu_gate` only gates on values whose
 //! sign is the same in both computations, and magnitudes stay below 1e4 (half overflows at
-//! 65504). Inputs are small dyadic rationals (k/8, k/4, k/1024) or bytes.
+//! 65504). Inputs are small dyadic rationals (k/8, k/4, k/1024) or bytes (and, for large
+//! statements, also full-precision values).
 //!
 //! # Tolerances
 //!
@@ -71,6 +113,14 @@
 //!   computed by transcendental functions, 1e-6 for single and 1e-15 for double, and ±1 for
 //!   bytes computed from inexact values. Programs whose bound would exceed 2% of a tensor's
 //!   magnitude are not generated (those comparisons would be meaningless).
+//! - Sums into single and double results may be *reassociated* by the optimizer (GEMM
+//!   kernels sum blocks of the reduction in registers, vectorized reductions keep 16 or 8
+//!   partial sums): the estimate of such a sum covers every summation order
+//!   ([`model::any_order`]): identical only if every partial sum of any subset of the terms
+//!   is exact, otherwise within `n · ulp(|start| + n · max|term|)` plus the propagated
+//!   errors (the classic bound for summation in any order). The bounds of long sums are the
+//!   exact bounds of the sum plus the rounding each step may add ([`model::accumulate`]),
+//!   not a relative margin per step, which would compound over thousands of terms.
 //! - NaN matches only NaN, infinities only equal infinities.
 
 #[path = "differential/big.rs"]

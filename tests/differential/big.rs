@@ -441,10 +441,12 @@ impl Gen {
             };
             let c = self.big_result(&dims[2], prec);
             if self.commit_big(c, &ops, &args, &terms, &dims) {
+                let (rows, cols) = if transposed_result { (n, m) } else { (m, n) };
                 self.p.big.push(Big {
                     lhs: c,
                     kind,
                     layout,
+                    mnk: (rows, cols, k),
                 });
                 self.read_back(c);
                 return true;
@@ -510,6 +512,7 @@ impl Gen {
                     lhs: c,
                     kind: "long reduction",
                     layout,
+                    mnk: (0, 0, 0),
                 });
                 self.read_back(c);
                 return true;

@@ -3,7 +3,8 @@
 //! kc KC, column blocks of P panels`) and vectorized reductions (their accumulator, a local
 //! array labelled `NAME_acc`), read from the optimized loop IR of every compiled case.
 
-use super::program::{Program, Stmt};
+use super::program::{Op, Program, Stmt};
+use arrayjit::ir::{Binop, Prec};
 use arrayjit::loops::{visit_llc, Llc};
 use arrayjit::optimize::Optimized;
 use std::collections::BTreeMap;
@@ -96,6 +97,44 @@ pub struct Coverage {
     pub reductions_inexact: usize,
     /// Large statements whose result was computed by neither path.
     pub big_scalar: usize,
+    /// Contractions not computed by a GEMM kernel, by reason: how many, and a few seeds.
+    pub not_gemm: BTreeMap<&'static str, (usize, Vec<u64>)>,
+}
+
+/// Why a contraction was not rewritten as a GEMM kernel (`optimize/gemm.rs` rewrites
+/// `c += x * y` into single or double results, with at least 32^3 multiply-adds and a full
+/// vector of contiguous columns: 16 floats or 8 doubles with AVX-512, fewer elsewhere).
+fn why_not_gemm(p: &Program, b: &super::program::Big, inlined: &[bool]) -> &'static str {
+    let Some(Stmt::Accum {
+        accum, op, args, ..
+    }) = p
+        .stmts
+        .iter()
+        .find(|s| s.lhs() == b.lhs && matches!(s, Stmt::Accum { .. }))
+    else {
+        return "other";
+    };
+    let (m, n, k) = b.mnk;
+    let lanes = if p.tensors[b.lhs].prec == Prec::Double {
+        8
+    } else {
+        16
+    };
+    if !matches!(p.tensors[b.lhs].prec, Prec::Single | Prec::Double) {
+        "half or byte result"
+    } else if *accum != Binop::Add {
+        "accumulator other than add"
+    } else if *op != Op::Bin(Binop::Mul) {
+        "operation other than mul"
+    } else if inlined.get(b.lhs) == Some(&true) {
+        "result inlined into its reader"
+    } else if m * n * k < 32 * 32 * 32 || n < lanes {
+        "below the size threshold"
+    } else if args.iter().any(|&a| inlined.get(a) == Some(&true)) {
+        "operand inlined as a scope"
+    } else {
+        "other"
+    }
 }
 
 impl Coverage {
@@ -127,6 +166,14 @@ impl Coverage {
             self.kernels_computed_operand += usize::from(gemm && computed);
             if !gemm && !paths.reductions.contains(name) {
                 self.big_scalar += 1;
+            }
+            if b.kind != "long reduction" && !gemm {
+                let why = why_not_gemm(p, b, inlined);
+                let e = self.not_gemm.entry(why).or_default();
+                e.0 += 1;
+                if e.1.len() < 4 {
+                    e.1.push(p.seed);
+                }
             }
         }
         self.gemm_cases += usize::from(!paths.kernels.is_empty());
@@ -167,6 +214,12 @@ impl Coverage {
         self.reductions += o.reductions;
         self.reductions_inexact += o.reductions_inexact;
         self.big_scalar += o.big_scalar;
+        for (k, (n, seeds)) in o.not_gemm {
+            let e = self.not_gemm.entry(k).or_default();
+            e.0 += n;
+            e.1.extend(seeds);
+            e.1.truncate(4);
+        }
     }
 
     pub fn report(&self, cases: usize) -> String {
@@ -176,7 +229,7 @@ impl Coverage {
             .map(|(k, (g, h))| format!("{k} {h}/{g}"))
             .collect();
         format!(
-            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); large statements computed by neither: {}\n  contraction layouts (GEMM/generated): {}",
+            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); large statements computed by neither: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
             self.big,
             self.gemm_cases,
             self.kernels,
@@ -190,7 +243,8 @@ impl Coverage {
             self.reductions,
             self.reductions_inexact,
             self.big_scalar,
-            layouts.join(", ")
+            layouts.join(", "),
+            self.not_gemm
         )
     }
 }

@@ -119,6 +119,9 @@ pub struct Big {
     pub kind: &'static str,
     /// The layout (its name in [`super::big::LAYOUTS`] or [`super::big::REDUCTIONS`]).
     pub layout: &'static str,
+    /// For a contraction: the extents of the result's rows and (contiguous) columns and of
+    /// the reduced axis, as a GEMM kernel would see them (0 for a reduction).
+    pub mnk: (usize, usize, usize),
 }
 
 impl Program {
