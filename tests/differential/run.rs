@@ -168,7 +168,92 @@ pub fn run_interp_optimized(
 }
 
 /// A compiled run of one case: the outputs, the optimized code and the instance it ran on.
-pub type Compiled = Result<(Outputs, Optimized, Instance), String>;
+pub type Compiled = Result<CompiledCase, String>;
+
+/// A compiled case that ran.
+pub struct CompiledCase {
+    pub outputs: Outputs,
+    pub optimized: Optimized,
+    pub inst: Instance,
+    /// Whether one of the routine's C functions reads a vector variable before assigning
+    /// it ([`uninitialized_vectors`]).
+    pub uninit_vectors: bool,
+}
+
+/// The C functions of `source` that read a vector variable (`vecN`) before assigning it: a
+/// vector statement cut off from the statements that set its inputs, when a routine is split
+/// into functions (`regression_gemm_kernel_split_across_parts`). A function's first textual
+/// use of a variable is its first use in execution order (the code has no jumps back except
+/// loops, and a loop's first iteration runs the text in order); that use must be a statement
+/// `vecN = ...` whose right-hand side does not read `vecN`.
+pub fn uninitialized_vectors(source: &str) -> Vec<String> {
+    let mut bad = vec![];
+    // The function being read: its name, the variables seen so far, whether one was read
+    // before being assigned.
+    let mut current: Option<(String, Vec<String>, bool)> = None;
+    for line in source.lines() {
+        if let Some(rest) = line.strip_prefix("static int ") {
+            let name = rest.split('(').next().unwrap_or("").to_string();
+            current = Some((name, vec![], false));
+            continue;
+        }
+        if line == "}" {
+            if let Some((name, _, true)) = current.take() {
+                bad.push(name);
+            }
+            continue;
+        }
+        let Some((_, seen, found)) = current.as_mut() else {
+            continue;
+        };
+        let t = line.trim();
+        // Declarations (`__m512 vec3;`, `float32x4_t vec3;`, `aj_v4sf vec3;`): two words.
+        let decl: Vec<&str> = t.trim_end_matches(';').split_whitespace().collect();
+        if t.ends_with(';')
+            && decl.len() == 2
+            && decl[0]
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+            && vector_words(decl[1]).len() == 1
+        {
+            continue;
+        }
+        let words = vector_words(t);
+        for (k, (pos, w)) in words.iter().enumerate() {
+            if seen.contains(w) {
+                continue;
+            }
+            seen.push(w.clone());
+            let assigned = k == 0
+                && *pos == 0
+                && t[w.len()..].trim_start().starts_with("= ")
+                && !words[1..].iter().any(|(_, x)| x == w);
+            *found |= !assigned;
+        }
+    }
+    bad
+}
+
+/// The vector variables (`vecN`) a line of C mentions, with their byte positions.
+fn vector_words(t: &str) -> Vec<(usize, String)> {
+    let b = t.as_bytes();
+    let mut out = vec![];
+    let mut i = 0;
+    while let Some(off) = t[i..].find("vec") {
+        let at = i + off;
+        let mut end = at + 3;
+        while end < b.len() && b[end].is_ascii_digit() {
+            end += 1;
+        }
+        let starts_word = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
+        let ends_word = end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
+        if end > at + 3 && starts_word && ends_word {
+            out.push((at, t[at..end].to_string()));
+        }
+        i = end;
+    }
+    out
+}
 
 /// (a) / (c): compiles the cases in one batch (one C file) and runs each; on a compile
 /// failure, retries case by case (with fresh nodes) to find the culprit.
@@ -197,6 +282,7 @@ pub fn run_compiled(progs: &[&Program], settings: &Settings) -> Vec<Compiled> {
         }
     };
     let optimized = batch.optimized();
+    let uninit = uninitialized_vectors(batch.source());
     let mut out = vec![];
     for (k, (p, inst)) in progs.iter().zip(insts).enumerate() {
         let run = || -> Result<Outputs, String> {
@@ -227,7 +313,15 @@ pub fn run_compiled(progs: &[&Program], settings: &Settings) -> Vec<Compiled> {
         };
         let o = optimized[k].cloned();
         out.push(match (run(), o) {
-            (Ok(v), Some(o)) => Ok((v, o, inst)),
+            (Ok(v), Some(o)) => Ok(CompiledCase {
+                outputs: v,
+                optimized: o,
+                inst,
+                uninit_vectors: {
+                    let prefix = format!("case_{}_routine", p.seed);
+                    uninit.iter().any(|f| f.starts_with(&prefix))
+                },
+            }),
             (Err(e), _) => Err(e),
             (Ok(_), None) => Err("no optimized code".into()),
         });
