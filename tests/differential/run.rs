@@ -1,0 +1,330 @@
+//! Instantiation of a program with fresh nodes and the ways of running it: compiled (optimizer
+//! on and off), interpreted, and the optimized loop IR interpreted.
+
+use super::program::{Kind, Op, Program, Stmt};
+use arrayjit::backend::{CcBackend, Config, MergeBuffer};
+use arrayjit::interp::{self, Memory};
+use arrayjit::ir::einsum::projections;
+use arrayjit::ir::{Assignments, Bindings, Buffer, FetchOp, InitOp, StaticSymbol, Tnode};
+use arrayjit::optimize::{Optimized, Settings};
+
+pub struct Instance {
+    pub tnodes: Vec<Tnode>,
+    pub statics: Vec<StaticSymbol>,
+    pub asgns: Assignments,
+}
+
+pub fn instantiate(p: &Program) -> Instance {
+    let tnodes: Vec<Tnode> = p
+        .tensors
+        .iter()
+        .map(|t| match t.kind {
+            Kind::Input => Tnode::with_init(
+                &[&t.name],
+                &t.dims,
+                t.prec,
+                &InitOp::ConstantFill {
+                    values: t.init.clone(),
+                    strict: true,
+                },
+            )
+            .unwrap(),
+            Kind::Output => {
+                let tn = Tnode::new(&[&t.name], &t.dims, t.prec).unwrap();
+                tn.ensure_hosted().unwrap();
+                tn
+            }
+            Kind::Temp => Tnode::new(&[&t.name], &t.dims, t.prec).unwrap(),
+        })
+        .collect();
+    let statics: Vec<StaticSymbol> = p
+        .statics
+        .iter()
+        .map(|(n, r)| StaticSymbol::new(n, Some(*r)))
+        .collect();
+    let bindings = Bindings(statics.clone());
+    let node = |i: usize| tnodes[i].clone();
+    let stmts: Vec<Assignments> = p
+        .stmts
+        .iter()
+        .map(|s| match s {
+            Stmt::Accum {
+                lhs,
+                accum,
+                init,
+                op,
+                args,
+                logic,
+                ..
+            } => {
+                let rhs: Vec<&[usize]> = args.iter().map(|&i| tnodes[i].dims()).collect();
+                let projections = projections(logic, tnodes[*lhs].dims(), &rhs, &bindings)
+                    .unwrap_or_else(|e| panic!("seed {}: {e}", p.seed));
+                match op {
+                    Op::Un(u) => Assignments::AccumUnop {
+                        initialize_neutral: *init,
+                        accum: *accum,
+                        op: *u,
+                        lhs: node(*lhs),
+                        rhs: Buffer::Node(node(args[0])),
+                        projections,
+                    },
+                    Op::Bin(b) => Assignments::AccumBinop {
+                        initialize_neutral: *init,
+                        accum: *accum,
+                        op: *b,
+                        lhs: node(*lhs),
+                        rhs1: Buffer::Node(node(args[0])),
+                        rhs2: Buffer::Node(node(args[1])),
+                        projections,
+                    },
+                }
+            }
+            Stmt::Const { lhs, c } => Assignments::Fetch {
+                array: node(*lhs),
+                fetch_op: FetchOp::Constant(*c),
+            },
+            Stmt::Slice { lhs, src, stat } => Assignments::Fetch {
+                array: node(*lhs),
+                fetch_op: FetchOp::Slice {
+                    batch_idx: statics[*stat].clone(),
+                    sliced: node(*src),
+                },
+            },
+            Stmt::Embed { lhs, stat } => Assignments::Fetch {
+                array: node(*lhs),
+                fetch_op: FetchOp::EmbedSymbol(statics[*stat].clone()),
+            },
+        })
+        .collect();
+    let asgns = Assignments::block(&format!("case {}", p.seed), Assignments::seq(stmts));
+    Instance {
+        tnodes,
+        statics,
+        asgns,
+    }
+}
+
+/// Values of the hosted tensors: `[run][hosted tensor][cell]`.
+pub type Outputs = Vec<Vec<Vec<f64>>>;
+
+pub fn statics_for(inst: &Instance, run: &[i64]) -> Vec<(StaticSymbol, i64)> {
+    inst.statics
+        .iter()
+        .cloned()
+        .zip(run.iter().copied())
+        .collect()
+}
+
+/// (b): the interpreter on the unoptimized loop IR.
+pub fn run_interp(p: &Program, inst: &Instance) -> Result<Outputs, String> {
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&inst.tnodes);
+    let hosted = p.hosted();
+    let mut out = vec![];
+    for run in &p.runs {
+        interp::run_assignments(&inst.asgns, &statics_for(inst, run), &mut mem)
+            .map_err(|e| format!("interpreter: {e}"))?;
+        out.push(
+            hosted
+                .iter()
+                .map(|&i| mem.get(&inst.tnodes[i]).map(<[f64]>::to_vec))
+                .collect::<Option<Vec<_>>>()
+                .ok_or("interpreter: a hosted tensor is missing from memory")?,
+        );
+    }
+    Ok(out)
+}
+
+/// (d): the interpreter on the optimized loop IR of a compiled instance.
+pub fn run_interp_optimized(
+    p: &Program,
+    inst: &Instance,
+    o: &Optimized,
+) -> Result<Outputs, String> {
+    let mut mem = Memory::new();
+    for (t, tn) in p.tensors.iter().zip(&inst.tnodes) {
+        if t.kind == Kind::Input {
+            mem.set(tn, t.init.clone()).map_err(|e| e.to_string())?;
+        }
+    }
+    let hosted = p.hosted();
+    let mut out = vec![];
+    for run in &p.runs {
+        interp::run_optimized(o, &statics_for(inst, run), &mut mem)
+            .map_err(|e| format!("interpreter on the optimized code: {e}"))?;
+        out.push(
+            hosted
+                .iter()
+                .map(|&i| {
+                    mem.get(&inst.tnodes[i])
+                        .map(<[f64]>::to_vec)
+                        .unwrap_or_else(|| vec![0.0; inst.tnodes[i].numel()])
+                })
+                .collect(),
+        );
+    }
+    Ok(out)
+}
+
+/// A compiled run of one case: the outputs, the optimized code and the instance it ran on.
+pub type Compiled = Result<CompiledCase, String>;
+
+/// A compiled case that ran.
+pub struct CompiledCase {
+    pub outputs: Outputs,
+    pub optimized: Optimized,
+    pub inst: Instance,
+    /// Whether one of the routine's C functions reads a vector variable before assigning
+    /// it ([`uninitialized_vectors`]).
+    pub uninit_vectors: bool,
+}
+
+/// The C functions of `source` that read a vector variable (`vecN`) before assigning it: a
+/// vector statement cut off from the statements that set its inputs, when a routine is split
+/// into functions (`regression_gemm_kernel_split_across_parts`). A function's first textual
+/// use of a variable is its first use in execution order (the code has no jumps back except
+/// loops, and a loop's first iteration runs the text in order); that use must be a statement
+/// `vecN = ...` whose right-hand side does not read `vecN`.
+pub fn uninitialized_vectors(source: &str) -> Vec<String> {
+    let mut bad = vec![];
+    // The function being read: its name, the variables seen so far, whether one was read
+    // before being assigned.
+    let mut current: Option<(String, Vec<String>, bool)> = None;
+    for line in source.lines() {
+        if let Some(rest) = line.strip_prefix("static int ") {
+            let name = rest.split('(').next().unwrap_or("").to_string();
+            current = Some((name, vec![], false));
+            continue;
+        }
+        if line == "}" {
+            if let Some((name, _, true)) = current.take() {
+                bad.push(name);
+            }
+            continue;
+        }
+        let Some((_, seen, found)) = current.as_mut() else {
+            continue;
+        };
+        let t = line.trim();
+        // Declarations (`__m512 vec3;`, `float32x4_t vec3;`, `aj_v4sf vec3;`): two words.
+        let decl: Vec<&str> = t.trim_end_matches(';').split_whitespace().collect();
+        if t.ends_with(';')
+            && decl.len() == 2
+            && decl[0]
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+            && vector_words(decl[1]).len() == 1
+        {
+            continue;
+        }
+        let words = vector_words(t);
+        for (k, (pos, w)) in words.iter().enumerate() {
+            if seen.contains(w) {
+                continue;
+            }
+            seen.push(w.clone());
+            let assigned = k == 0
+                && *pos == 0
+                && t[w.len()..].trim_start().starts_with("= ")
+                && !words[1..].iter().any(|(_, x)| x == w);
+            *found |= !assigned;
+        }
+    }
+    bad
+}
+
+/// The vector variables (`vecN`) a line of C mentions, with their byte positions.
+fn vector_words(t: &str) -> Vec<(usize, String)> {
+    let b = t.as_bytes();
+    let mut out = vec![];
+    let mut i = 0;
+    while let Some(off) = t[i..].find("vec") {
+        let at = i + off;
+        let mut end = at + 3;
+        while end < b.len() && b[end].is_ascii_digit() {
+            end += 1;
+        }
+        let starts_word = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
+        let ends_word = end == b.len() || !(b[end].is_ascii_alphanumeric() || b[end] == b'_');
+        if end > at + 3 && starts_word && ends_word {
+            out.push((at, t[at..end].to_string()));
+        }
+        i = end;
+    }
+    out
+}
+
+/// (a) / (c): compiles the cases in one batch (one C file) and runs each; on a compile
+/// failure, retries case by case (with fresh nodes) to find the culprit.
+pub fn run_compiled(progs: &[&Program], settings: &Settings) -> Vec<Compiled> {
+    let insts: Vec<Instance> = progs.iter().map(|p| instantiate(p)).collect();
+    let backend = CcBackend::with_settings(settings.clone());
+    backend.initialize(Config::default());
+    let bindings = Bindings(insts.iter().flat_map(|i| i.statics.clone()).collect());
+    let names: Vec<String> = progs.iter().map(|p| format!("case_{}", p.seed)).collect();
+    let asgns: Vec<Assignments> = insts.iter().map(|i| i.asgns.clone()).collect();
+    let linked = backend
+        .compile_batch(true, Some(&names), None, &bindings, &asgns)
+        .and_then(|batch| {
+            let ctx = backend.init("differential")?;
+            let (ctx, routines) = backend.link_batch(&[], &MergeBuffer::new(), &ctx, &batch)?;
+            Ok((batch, ctx, routines))
+        });
+    let (batch, ctx, routines) = match linked {
+        Ok(x) => x,
+        Err(e) if progs.len() == 1 => return vec![Err(format!("compile/link: {e}"))],
+        Err(_) => {
+            return progs
+                .iter()
+                .flat_map(|p| run_compiled(&[p], settings))
+                .collect()
+        }
+    };
+    let optimized = batch.optimized();
+    let uninit = uninitialized_vectors(batch.source());
+    let mut out = vec![];
+    for (k, (p, inst)) in progs.iter().zip(insts).enumerate() {
+        let run = || -> Result<Outputs, String> {
+            let r = routines[k]
+                .as_ref()
+                .ok_or("routine missing from the batch")?;
+            let hosted = p.hosted();
+            for &i in &hosted {
+                backend
+                    .from_host(&ctx, &inst.tnodes[i])
+                    .map_err(|e| e.to_string())?;
+            }
+            let mut outs = vec![];
+            for vals in &p.runs {
+                for (s, &v) in inst.statics.iter().zip(vals) {
+                    r.bindings().set_symbol(s, v).map_err(|e| e.to_string())?;
+                }
+                r.run().map_err(|e| format!("run: {e}"))?;
+                let mut snap = vec![];
+                for &i in &hosted {
+                    let tn = &inst.tnodes[i];
+                    backend.to_host(&ctx, tn).map_err(|e| e.to_string())?;
+                    snap.push(tn.host_values().ok_or("not hosted")?);
+                }
+                outs.push(snap);
+            }
+            Ok(outs)
+        };
+        let o = optimized[k].cloned();
+        out.push(match (run(), o) {
+            (Ok(v), Some(o)) => Ok(CompiledCase {
+                outputs: v,
+                optimized: o,
+                inst,
+                uninit_vectors: {
+                    let prefix = format!("case_{}_routine", p.seed);
+                    uninit.iter().any(|f| f.starts_with(&prefix))
+                },
+            }),
+            (Err(e), _) => Err(e),
+            (Ok(_), None) => Err("no optimized code".into()),
+        });
+    }
+    out
+}
