@@ -1,12 +1,12 @@
 //! The compile cache: shared objects stored under a key, checked before use.
 //!
-//! The key is a hash of the C source, the runtime header, the full compiler command, the
+//! The key is a BLAKE3 hash (64 hexadecimal digits) of the C source, the runtime header, the full compiler command, the
 //! compiler's identity (resolved path, size, modification time) and the
 //! [`Target::fingerprint`] (what the compiler makes of the architecture flags on this
 //! machine). The key is also compiled into the object, as the exported array
 //! `arrayjit_cache_key_<key>` holding the key (appended to the source that is compiled, not
 //! to the source the key is computed from), and the stored file ends with a trailer that the
-//! loader ignores: the key, a checksum of the object and a magic number.
+//! loader ignores: the key, the object's BLAKE3 checksum and a magic number.
 //!
 //! A cache entry is only opened if its trailer names its key and its checksum matches (so a
 //! truncated, damaged or foreign file is never handed to `dlopen`), and only used if the
@@ -20,13 +20,13 @@ use std::path::{Path, PathBuf};
 use super::config::{program_identity, CompilerConfig};
 use super::load::{open_library, symbol_address, Handle};
 use super::target::Target;
-use super::{fnv128, RUNTIME_HEADER};
+use super::{hash_hex, RUNTIME_HEADER};
 
 /// One cache entry: `<cache dir>/<key>.so`.
 pub(super) struct CacheEntry {
     /// The entry's path.
     pub path: PathBuf,
-    /// The key (32 hexadecimal digits).
+    /// The key (64 hexadecimal digits).
     key: String,
 }
 
@@ -52,8 +52,8 @@ impl CacheEntry {
         target: &Target,
     ) -> Option<CacheEntry> {
         let identity = program_identity(&config.compiler)?;
-        let h = fnv128(&[
-            b"arrayjit-cache-v2",
+        let key = hash_hex(&[
+            b"arrayjit-cache-v3",
             config.compiler.as_os_str().as_encoded_bytes(),
             identity.as_bytes(),
             command.as_bytes(),
@@ -61,7 +61,6 @@ impl CacheEntry {
             target.fingerprint.as_bytes(),
             source.as_bytes(),
         ]);
-        let key = format!("{h:032x}");
         Some(CacheEntry {
             path: dir.join(format!("{key}.so")),
             key,
@@ -107,7 +106,7 @@ impl CacheEntry {
                 String::from_utf8_lossy(&trailer[..KEY_LEN])
             ));
         }
-        if trailer[KEY_LEN..KEY_LEN + 8] != checksum(object).to_le_bytes() {
+        if trailer[KEY_LEN..KEY_LEN + CHECKSUM_LEN] != checksum(object) {
             return self.discard("is damaged (its checksum does not match)".into());
         }
         drop(bytes);
@@ -161,7 +160,7 @@ impl CacheEntry {
         };
         let sum = checksum(&object);
         object.extend_from_slice(self.key.as_bytes());
-        object.extend_from_slice(&sum.to_le_bytes());
+        object.extend_from_slice(&sum);
         object.extend_from_slice(TRAILER_MAGIC);
         if tmp.write_all(&object).is_ok() {
             let _ = tmp.persist(&self.path);
@@ -170,31 +169,17 @@ impl CacheEntry {
 }
 
 /// Length of a cache key in bytes (hexadecimal digits).
-const KEY_LEN: usize = 32;
+const KEY_LEN: usize = 64;
+/// Length of the object's checksum in the trailer.
+const CHECKSUM_LEN: usize = blake3::OUT_LEN;
 /// The last bytes of every stored entry.
-const TRAILER_MAGIC: &[u8; 8] = b"AJCACHE1";
-/// The trailer: the key, the object's checksum (8 bytes, little-endian), the magic.
-const TRAILER_LEN: usize = KEY_LEN + 8 + TRAILER_MAGIC.len();
+const TRAILER_MAGIC: &[u8; 8] = b"AJCACHE2";
+/// The trailer: the key, the object's checksum, the magic.
+const TRAILER_LEN: usize = KEY_LEN + CHECKSUM_LEN + TRAILER_MAGIC.len();
 
-/// A fast 64-bit checksum (FNV-1a over 8-byte words, then the tail bytes, then a final mix);
-/// it guards against damaged files, not against forgery.
-fn checksum(bytes: &[u8]) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(w);
-        h = (h ^ u64::from_le_bytes(a))
-            .wrapping_mul(PRIME)
-            .rotate_left(29);
-    }
-    for &b in words.remainder() {
-        h = (h ^ b as u64).wrapping_mul(PRIME);
-    }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+/// The object's checksum (BLAKE3); with the key it is checked before an entry is opened.
+fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_LEN] {
+    *blake3::hash(bytes).as_bytes()
 }
 
 #[cfg(test)]
@@ -207,7 +192,7 @@ mod tests {
     fn the_key_compiled_into_the_object_is_checked_after_loading() {
         let cc = super::super::detect::detect_compiler(None).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let key = "0123456789abcdef0123456789abcdef".to_string();
+        let key = "0123456789abcdef".repeat(4);
         let entry = CacheEntry {
             path: dir.path().join(format!("{key}.so")),
             key: key.clone(),
@@ -245,7 +230,7 @@ mod tests {
         let sym = format!("arrayjit_cache_key_{key}");
         let wrong = build(
             "wrong",
-            &format!("const char {sym}[] = \"ffffffffffffffffffffffffffffffff\";\n"),
+            &format!("const char {sym}[] = \"{}\";\n", "f".repeat(64)),
         );
         entry.store(&wrong);
         match entry.lookup() {
