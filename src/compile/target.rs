@@ -637,6 +637,7 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
             temp_root: None,
             cache_dir: None,
+            cache_max_bytes: super::super::config::DEFAULT_CACHE_MAX_BYTES,
             compile_jobs: 1,
             intrinsics: false,
         };
