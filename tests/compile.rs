@@ -742,3 +742,25 @@ fn invalid_cache_entries_are_recompiled() {
     );
     assert_empty(root.path());
 }
+
+/// Code compiled with `-fsanitize=address` cannot be loaded into a process without the
+/// AddressSanitizer runtime (GCC's runtime would end the process): the compile stage says so
+/// with an error naming what to preload, before compiling, and the process goes on.
+#[test]
+fn sanitizer_without_its_runtime_is_an_error_not_an_exit() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cfg = config(root.path());
+    cfg.extra_flags = vec!["-fsanitize=address".into(), "-g".into()];
+    let e = compile_and_load(&cfg, DOUBLER, "asan", &[]).unwrap_err();
+    assert!(matches!(e, Error::Sanitizer { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("AddressSanitizer (-fsanitize=address)") && msg.contains("LD_PRELOAD="),
+        "{msg}"
+    );
+    // Turned off again by a later flag: compiles and runs.
+    cfg.extra_flags.push("-fno-sanitize=address".into());
+    let lib = compile_and_load(&cfg, DOUBLER, "asan", &[]).unwrap();
+    assert_eq!(call(lib.entry("f").unwrap(), 3), 6.0);
+    assert!(fs::read_dir(root.path()).unwrap().next().is_none());
+}

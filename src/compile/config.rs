@@ -485,7 +485,7 @@ impl CompilerConfig {
 
 /// Whether the compiler is GCC (its resolved file name says so: `gcc`, `gcc-12`,
 /// `x86_64-linux-gnu-gcc-12`, or `cc` pointing at one of those).
-fn is_gcc(compiler: &Path) -> bool {
+pub(super) fn is_gcc(compiler: &Path) -> bool {
     resolve_program(compiler)
         .and_then(|p| fs::canonicalize(p).ok())
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

@@ -32,6 +32,7 @@ mod config;
 mod detect;
 mod load;
 mod run;
+mod sanitize;
 mod target;
 
 pub use cache::{CacheFiles, CacheInfo, CompileCache};
@@ -145,7 +146,9 @@ fn sanitize_debug_name(name: &str) -> String {
 /// [`Error::Compile`] if it fails (exits non-zero or is killed by a signal),
 /// [`Error::CompileTimeout`] if it runs longer than [`CompilerConfig::timeout`] (it and every
 /// process it started are killed), [`Error::TargetProbe`] if the target cannot be probed,
-/// [`Error::Load`] if the object cannot be loaded, [`Error::Io`] for file-system failures
+/// [`Error::Load`] if the object cannot be loaded, [`Error::Sanitizer`] if the flags ask for
+/// a sanitizer whose runtime is not loaded in the process (checked before compiling, so that
+/// loading cannot end the process), [`Error::Io`] for file-system failures
 /// (including an unusable debug directory) and [`Error::Usage`] for bad `debug_files` names.
 pub fn compile_and_load(
     config: &CompilerConfig,
@@ -252,6 +255,9 @@ fn compile_once(
 ) -> Result<Arc<LoadedLibrary>> {
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files_in)?;
+    // Before anything is compiled or loaded: loading a library instrumented for a sanitizer
+    // whose runtime is missing could end the process.
+    sanitize::check_runtimes(config)?;
 
     // Keep the source (and the other debug files) before compiling, so that they survive a
     // compiler crash or hang.
@@ -345,7 +351,7 @@ fn compile_once(
     let lib_path = tmp.path().join(&lib_name);
     // The path is unique to this compile (a fresh temporary directory), so dlopen cannot hand
     // back a stale library loaded earlier from the same path.
-    let lib = open_library(&lib_path)?;
+    let lib = open_library(&lib_path).map_err(|e| sanitize::explain_load_error(config, e))?;
     if let Some(e) = &entry {
         e.store(&lib_path);
     }
