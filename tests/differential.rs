@@ -86,6 +86,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+/// The CLI's program-file reader (binary-private; it uses only the library's public API).
+#[path = "../src/bin/arrayjit/program/mod.rs"]
+#[allow(dead_code)]
+mod program;
+
 // ------------------------------------------------------------------------------------------
 // Random numbers: xorshift64* seeded through splitmix64.
 
@@ -2070,7 +2075,7 @@ fn differential_programs_round_trip_through_program_files() {
             .any(|s| matches!(s, Stmt::Const { c, .. } if !c.is_finite()));
         let path = dir.path().join(format!("case{seed}.json"));
         std::fs::write(&path, to_json(&p)).unwrap();
-        let (built, _) = arrayjit::cli::load(path.to_str().unwrap())
+        let (built, _) = program::load(path.to_str().unwrap())
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", to_json(&p)));
         assert_eq!(built.assignments.len(), 1);
         let mut mem = Memory::new();
