@@ -67,6 +67,21 @@ pub enum Error {
         /// What the variable must hold.
         expected: String,
     },
+    /// The compiler flags ask for a sanitizer (`-fsanitize=address`...) whose runtime is not
+    /// loaded in this process, so a library compiled with them cannot be loaded (GCC's
+    /// AddressSanitizer runtime would end the process). See "Sanitizers" in the README.
+    #[error(
+        "the compiler flags ask for {sanitizers}, but the sanitizer runtime is not loaded in \
+         this process, so a library compiled with these flags cannot be loaded; run the \
+         program with the runtime preloaded: {fix} <program> (see \"Sanitizers\" in \
+         arrayjit's README)"
+    )]
+    Sanitizer {
+        /// The sanitizers whose runtimes are missing, with their flags.
+        sanitizers: String,
+        /// The environment to run the program with (`LD_PRELOAD=...`).
+        fix: String,
+    },
     /// A compiled library could not be loaded.
     #[error("loading compiled library {path}: {msg}")]
     Load {

@@ -6,7 +6,6 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod cli;
 pub mod codegen;
 pub mod compile;
 pub mod error;

@@ -1484,3 +1484,174 @@ fn interpret_reports_errors_like_the_compiled_run() {
     );
     assert_eq!(run_err_interpreted(&f), run_err(&f));
 }
+
+// ---------------------------------------------------------------------------------------------
+// `arrayjit cache info|clear`, the cache limit, and how library errors are printed.
+
+/// `cache info` counts arrayjit's files, `cache clear` deletes them and nothing else, and
+/// `ARRAYJIT_CACHE_MAX` bounds what runs leave in the cache.
+#[test]
+fn cache_info_and_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let cache_s = path_str(&cache);
+    let env = [("ARRAYJIT_CACHE_DIR", cache_s), ("ARRAYJIT_CACHE", "on")];
+    let info = |env: &[(&str, &str)]| {
+        let out = arrayjit_env(&["cache", "info"], env);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        out.stdout
+    };
+    // An empty (missing) cache.
+    let text = info(&env);
+    assert!(text.contains(&format!("directory: {cache_s}\n")), "{text}");
+    assert!(
+        text.contains("compiled objects: 0 files, 0 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains("limit (ARRAYJIT_CACHE_MAX) 1073741824 bytes (1.0 GiB)"),
+        "{text}"
+    );
+    // Two programs compiled: two objects, and the memo of the target probe.
+    for p in ["matmul.json", "reduction.json"] {
+        let out = arrayjit_env(&["run", path_str(&example(p))], &env);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+    }
+    let text = info(&env);
+    assert!(text.contains("compiled objects: 2 files, "), "{text}");
+    assert!(
+        text.contains("remembered compilers and targets: "),
+        "{text}"
+    );
+    let objects = || {
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".so")
+            })
+            .count()
+    };
+    assert_eq!(objects(), 2);
+    // A limit of one object's size: the next store evicts the least recently used.
+    let one = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "so"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .max()
+        .unwrap();
+    let limit = (one + one / 2).to_string();
+    let limited = [env[0], env[1], ("ARRAYJIT_CACHE_MAX", limit.as_str())];
+    let out = arrayjit_env(&["run", path_str(&example("mlp_layer.json"))], &limited);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(objects(), 1, "{}", info(&limited));
+    // Files that are not arrayjit's survive a clear.
+    std::fs::write(cache.join("notes.txt"), "mine").unwrap();
+    let out = arrayjit_env(&["cache", "clear"], &env);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.starts_with("deleted "), "{}", out.stdout);
+    assert!(out.stdout.contains(cache_s), "{}", out.stdout);
+    assert!(info(&env).contains("total: 0 files, 0 bytes"));
+    assert_eq!(
+        std::fs::read_to_string(cache.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    // Junk in the limit is an error naming the variable; a cache that is off says so.
+    let program = example("matmul.json");
+    for args in [
+        &["cache", "info"][..],
+        &["cache", "clear"],
+        &["run", path_str(&program)],
+    ] {
+        let out = arrayjit_env(args, &[env[0], ("ARRAYJIT_CACHE_MAX", "lots")]);
+        assert_eq!(out.code, 1, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.starts_with("error: ") && out.stderr.contains("ARRAYJIT_CACHE_MAX=\"lots\""),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let text = info(&[("ARRAYJIT_CACHE", "off")]);
+    assert!(text.contains("the compile cache is off"), "{text}");
+    for args in [&["cache"][..], &["cache", "purge"], &["cache", "info", "x"]] {
+        let out = arrayjit(args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("Usage"), "{args:?}: {}", out.stderr);
+    }
+}
+
+/// Errors from the library are printed in their `Display` form: a compiler failure keeps the
+/// hint about `ARRAYJIT_DEBUG_DIR`, and never shows the `Debug` form of the error.
+#[test]
+fn library_errors_are_printed_for_people() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = path_str(dir.path());
+    let out = arrayjit_env(
+        &["run", path_str(&example("mlp_layer.json"))],
+        &[
+            ("ARRAYJIT_CACHE_DIR", cache),
+            ("ARRAYJIT_CFLAGS", "-Wl,--no-such-linker-flag"),
+        ],
+    );
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert!(out.stderr.starts_with("error: "), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("C compilation failed")
+            && out.stderr.contains("<not kept: set ARRAYJIT_DEBUG_DIR>"),
+        "{}",
+        out.stderr
+    );
+    for debug_form in ["Compile {", "source_path:", "Some(", "Error::"] {
+        assert!(!out.stderr.contains(debug_form), "{}", out.stderr);
+    }
+}
+
+/// `-fsanitize=address` without the AddressSanitizer runtime is an error saying what to
+/// preload (the process is not ended by the runtime); with it preloaded, the program runs.
+#[test]
+fn address_sanitizer_needs_its_runtime_preloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = example("mlp_layer.json");
+    let env = [
+        ("ARRAYJIT_CACHE_DIR", path_str(dir.path())),
+        ("ARRAYJIT_CFLAGS", "-fsanitize=address"),
+    ];
+    let out = arrayjit_env(&["run", path_str(&file)], &env);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("AddressSanitizer (-fsanitize=address)")
+            && out.stderr.contains("LD_PRELOAD=")
+            && !out.stderr.contains("does not come first"),
+        "{}",
+        out.stderr
+    );
+    // The runtime, as the error names it (when the compiler has one).
+    let preload = out
+        .stderr
+        .split("LD_PRELOAD=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_string();
+    if !preload.starts_with('/') || !Path::new(&preload).exists() {
+        eprintln!("no AddressSanitizer runtime found ({preload}): skipping the preloaded run");
+        return;
+    }
+    let mut with = env.to_vec();
+    with.extend([
+        ("LD_PRELOAD", preload.as_str()),
+        ("ASAN_OPTIONS", "detect_leaks=0"),
+    ]);
+    let (expected, _) = run_ok(&file);
+    let out = arrayjit_env(&["run", path_str(&file)], &with);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out.stdout).unwrap(),
+        expected
+    );
+}

@@ -36,6 +36,7 @@ fn config(root: &Path) -> CompilerConfig {
         timeout: Duration::from_secs(120),
         temp_root: Some(root.to_path_buf()),
         cache_dir: None,
+        cache_max_bytes: arrayjit::compile::DEFAULT_CACHE_MAX_BYTES,
         compile_jobs: 1,
         intrinsics: false,
     }
@@ -348,6 +349,62 @@ fn cache_hits_same_source_and_misses_changed_flags() {
     assert!(!d.from_cache());
     assert_eq!(call(d.entry("f").unwrap(), 4), 12.0);
     assert!(files(root.path()).is_empty(), "temporary files left behind");
+}
+
+/// The cache is bounded: after a store, the least recently used entries are deleted until
+/// the objects fit in `cache_max_bytes`; a hit makes an entry recently used; an object larger
+/// than the limit is not stored at all.
+#[test]
+fn cache_evicts_least_recently_used_entries_beyond_its_limit() {
+    let root = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut cfg = config(root.path());
+    cfg.cache_dir = Some(cache.path().to_path_buf());
+    let sources: Vec<String> = (0..3)
+        .map(|i| DOUBLER.replace("2.0", &format!("{}.0", i + 2)))
+        .collect();
+    let size = |p: &Path| fs::metadata(p).unwrap().len();
+    // Pauses between steps keep modification times apart on coarse file systems.
+    let pause = || std::thread::sleep(Duration::from_millis(20));
+    let load = |cfg: &CompilerConfig, i: usize| {
+        let lib = compile_and_load(cfg, &sources[i], "s", &[]).unwrap();
+        pause();
+        lib
+    };
+    assert!(!load(&cfg, 0).from_cache());
+    assert!(!load(&cfg, 1).from_cache());
+    // Hits load from the entries' paths.
+    let a_path = load(&cfg, 0).path().to_path_buf();
+    let b = load(&cfg, 1);
+    assert!(b.from_cache());
+    let b_path = b.path().to_path_buf();
+    // Room for two objects of this size (the three differ only in one constant).
+    cfg.cache_max_bytes = size(&a_path) + size(&b_path) + size(&a_path) / 2;
+    // A hit on a: now b is the least recently used.
+    assert!(load(&cfg, 0).from_cache());
+    assert!(!load(&cfg, 2).from_cache());
+    let c = load(&cfg, 2);
+    assert!(c.from_cache());
+    assert!(a_path.exists(), "the recently used entry was evicted");
+    assert!(!b_path.exists(), "the least recently used entry was kept");
+    // b was only unlinked: the library loaded from it still works.
+    assert_eq!(call(b.entry("f").unwrap(), 5), 15.0);
+    assert_eq!(call(c.entry("f").unwrap(), 5), 20.0);
+    let info = arrayjit::compile::CompileCache::new(cache.path(), cfg.cache_max_bytes)
+        .info()
+        .unwrap();
+    assert_eq!(info.objects.count, 2);
+    assert!(info.objects.bytes <= cfg.cache_max_bytes);
+    // b again: a miss, stored, and now a (used before c) goes.
+    assert!(!load(&cfg, 1).from_cache());
+    assert!(!a_path.exists() && b_path.exists() && c.path().exists());
+    // A limit below one object: nothing new is stored, nothing is evicted.
+    cfg.cache_max_bytes = 100;
+    let d = compile_and_load(&cfg, &DOUBLER.replace("2.0", "9.0"), "d", &[]).unwrap();
+    assert!(!d.from_cache());
+    let again = compile_and_load(&cfg, &DOUBLER.replace("2.0", "9.0"), "d", &[]).unwrap();
+    assert!(!again.from_cache());
+    assert!(b_path.exists() && c.path().exists());
 }
 
 #[test]
@@ -684,4 +741,26 @@ fn invalid_cache_entries_are_recompiled() {
         "{log}"
     );
     assert_empty(root.path());
+}
+
+/// Code compiled with `-fsanitize=address` cannot be loaded into a process without the
+/// AddressSanitizer runtime (GCC's runtime would end the process): the compile stage says so
+/// with an error naming what to preload, before compiling, and the process goes on.
+#[test]
+fn sanitizer_without_its_runtime_is_an_error_not_an_exit() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cfg = config(root.path());
+    cfg.extra_flags = vec!["-fsanitize=address".into(), "-g".into()];
+    let e = compile_and_load(&cfg, DOUBLER, "asan", &[]).unwrap_err();
+    assert!(matches!(e, Error::Sanitizer { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("AddressSanitizer (-fsanitize=address)") && msg.contains("LD_PRELOAD="),
+        "{msg}"
+    );
+    // Turned off again by a later flag: compiles and runs.
+    cfg.extra_flags.push("-fno-sanitize=address".into());
+    let lib = compile_and_load(&cfg, DOUBLER, "asan", &[]).unwrap();
+    assert_eq!(call(lib.entry("f").unwrap(), 3), 6.0);
+    assert!(fs::read_dir(root.path()).unwrap().next().is_none());
 }

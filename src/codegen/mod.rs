@@ -511,7 +511,13 @@ impl Writer {
                 _ => buffers.push(tn.clone()),
             }
         }
-        let groups = split_parts(o.code.clone().flatten());
+        // Only the routine's own statement list is split: a nested sequence (a GEMM kernel,
+        // whose vector variables live across its statements) stays whole in one part.
+        let top = match o.code.clone() {
+            Llc::Seq(v) => v,
+            c => vec![c],
+        };
+        let groups = split_parts(top);
         let uses: Vec<Uses> = groups.iter().map(|g| Uses::of(g)).collect();
         // Local arrays used by one part live in that part's frame, whose size is budgeted:
         // the smallest go on the stack while they fit in MAX_FRAME_BYTES (each at most

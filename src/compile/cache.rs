@@ -1,33 +1,42 @@
 //! The compile cache: shared objects stored under a key, checked before use.
 //!
-//! The key is a hash of the C source, the runtime header, the full compiler command, the
+//! The key is a BLAKE3 hash (64 hexadecimal digits) of the C source, the runtime header, the full compiler command, the
 //! compiler's identity (resolved path, size, modification time) and the
 //! [`Target::fingerprint`] (what the compiler makes of the architecture flags on this
 //! machine). The key is also compiled into the object, as the exported array
 //! `arrayjit_cache_key_<key>` holding the key (appended to the source that is compiled, not
 //! to the source the key is computed from), and the stored file ends with a trailer that the
-//! loader ignores: the key, a checksum of the object and a magic number.
+//! loader ignores: the key, the object's BLAKE3 checksum and a magic number.
 //!
 //! A cache entry is only opened if its trailer names its key and its checksum matches (so a
 //! truncated, damaged or foreign file is never handed to `dlopen`), and only used if the
 //! loaded object's symbol holds the key; anything else (another program's library copied over
 //! the entry, another entry, a truncated or garbage file) is deleted and compiled again.
+//!
+//! The cache is bounded ([`CompilerConfig::cache_max_bytes`], `ARRAYJIT_CACHE_MAX`): a hit
+//! sets its entry's modification time to now, and after storing an entry the least recently
+//! used entries are deleted until the entries fit (see [`CompileCache`]).
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
-use super::config::{program_identity, CompilerConfig};
+use super::config::{cache_settings, program_identity, CompilerConfig};
 use super::load::{open_library, symbol_address, Handle};
 use super::target::Target;
-use super::{fnv128, RUNTIME_HEADER};
+use super::{hash_hex, RUNTIME_HEADER};
+use crate::{Error, Result};
 
 /// One cache entry: `<cache dir>/<key>.so`.
 pub(super) struct CacheEntry {
     /// The entry's path.
     pub path: PathBuf,
-    /// The key (32 hexadecimal digits).
+    /// The key (64 hexadecimal digits).
     key: String,
+    /// The cache's size limit for objects ([`CompilerConfig::cache_max_bytes`]).
+    max_bytes: u64,
 }
 
 /// What looking an entry up found.
@@ -52,8 +61,8 @@ impl CacheEntry {
         target: &Target,
     ) -> Option<CacheEntry> {
         let identity = program_identity(&config.compiler)?;
-        let h = fnv128(&[
-            b"arrayjit-cache-v2",
+        let key = hash_hex(&[
+            b"arrayjit-cache-v3",
             config.compiler.as_os_str().as_encoded_bytes(),
             identity.as_bytes(),
             command.as_bytes(),
@@ -61,10 +70,10 @@ impl CacheEntry {
             target.fingerprint.as_bytes(),
             source.as_bytes(),
         ]);
-        let key = format!("{h:032x}");
         Some(CacheEntry {
             path: dir.join(format!("{key}.so")),
             key,
+            max_bytes: config.cache_max_bytes,
         })
     }
 
@@ -107,7 +116,7 @@ impl CacheEntry {
                 String::from_utf8_lossy(&trailer[..KEY_LEN])
             ));
         }
-        if trailer[KEY_LEN..KEY_LEN + 8] != checksum(object).to_le_bytes() {
+        if trailer[KEY_LEN..KEY_LEN + CHECKSUM_LEN] != checksum(object) {
             return self.discard("is damaged (its checksum does not match)".into());
         }
         drop(bytes);
@@ -134,6 +143,8 @@ impl CacheEntry {
             drop(lib);
             return self.discard(format!("its symbol {sym} holds another key"));
         }
+        // Recently used: evicted last. (A failure only makes the entry look older.)
+        let _ = touch(&self.path);
         Lookup::Hit(lib)
     }
 
@@ -145,7 +156,9 @@ impl CacheEntry {
 
     /// Copies a freshly built library into the cache atomically (a temporary file in the cache
     /// directory, then a rename), so a concurrent reader sees either nothing or the whole
-    /// file, and appends the trailer. Failures only cost the cache entry.
+    /// file, and appends the trailer; then deletes the least recently used entries until the
+    /// entries fit in the size limit (never this one). An object larger than the limit is not
+    /// stored. Failures only cost the cache entry.
     pub(super) fn store(&self, built: &Path) {
         let Some(dir) = self.path.parent() else {
             return;
@@ -159,42 +172,300 @@ impl CacheEntry {
         let Ok(mut tmp) = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir) else {
             return;
         };
+        if (object.len() + TRAILER_LEN) as u64 > self.max_bytes {
+            return;
+        }
         let sum = checksum(&object);
         object.extend_from_slice(self.key.as_bytes());
-        object.extend_from_slice(&sum.to_le_bytes());
+        object.extend_from_slice(&sum);
         object.extend_from_slice(TRAILER_MAGIC);
-        if tmp.write_all(&object).is_ok() {
-            let _ = tmp.persist(&self.path);
+        if tmp.write_all(&object).is_ok() && tmp.persist(&self.path).is_ok() {
+            let _ = evict(dir, self.max_bytes, Some(&self.path));
         }
     }
 }
 
-/// Length of a cache key in bytes (hexadecimal digits).
-const KEY_LEN: usize = 32;
-/// The last bytes of every stored entry.
-const TRAILER_MAGIC: &[u8; 8] = b"AJCACHE1";
-/// The trailer: the key, the object's checksum (8 bytes, little-endian), the magic.
-const TRAILER_LEN: usize = KEY_LEN + 8 + TRAILER_MAGIC.len();
+/// Sets a file's modification time to now.
+fn touch(path: &Path) -> io::Result<()> {
+    fs::File::options()
+        .write(true)
+        .open(path)?
+        .set_modified(SystemTime::now())
+}
 
-/// A fast 64-bit checksum (FNV-1a over 8-byte words, then the tail bytes, then a final mix);
-/// it guards against damaged files, not against forgery.
-fn checksum(bytes: &[u8]) -> u64 {
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(w);
-        h = (h ^ u64::from_le_bytes(a))
-            .wrapping_mul(PRIME)
-            .rotate_left(29);
+/// Temporary files (`.tmp-XXXXXX`, left by a process that died while storing) older than this
+/// are deleted by the eviction.
+const STALE_TEMPORARY: Duration = Duration::from_secs(3600);
+
+/// The kinds of files arrayjit keeps in a cache directory. Nothing else there is touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A compiled object, `<key>.so` (a key of 64 hexadecimal digits, or 32 from arrayjit
+    /// versions before BLAKE3).
+    Object,
+    /// A memo file, `detected-cc-<hash>` or `target-<hash>`.
+    Memo,
+    /// A temporary file being written, `.tmp-XXXXXX` (six letters or digits).
+    Temporary,
+}
+
+impl Kind {
+    /// The kind of a file called `name`, if it is one of arrayjit's.
+    fn of(name: &OsStr) -> Option<Kind> {
+        let name = name.to_str()?;
+        let is_hash = |s: &str| {
+            (s.len() == 64 || s.len() == 32)
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        if name.strip_suffix(".so").is_some_and(is_hash) {
+            return Some(Kind::Object);
+        }
+        if name
+            .strip_prefix("detected-cc-")
+            .or_else(|| name.strip_prefix("target-"))
+            .is_some_and(is_hash)
+        {
+            return Some(Kind::Memo);
+        }
+        let temporary = name
+            .strip_prefix(".tmp-")
+            .is_some_and(|r| r.len() == 6 && r.bytes().all(|b| b.is_ascii_alphanumeric()));
+        temporary.then_some(Kind::Temporary)
     }
-    for &b in words.remainder() {
-        h = (h ^ b as u64).wrapping_mul(PRIME);
+}
+
+/// One of arrayjit's files in a cache directory.
+struct Found {
+    path: PathBuf,
+    kind: Kind,
+    bytes: u64,
+    modified: SystemTime,
+}
+
+/// arrayjit's files in `dir`: regular files (not symbolic links, not directories) whose names
+/// are of a [`Kind`]. A missing directory holds nothing.
+fn scan(dir: &Path) -> io::Result<Vec<Found>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let Some(kind) = Kind::of(&entry.file_name()) else {
+            continue;
+        };
+        // `DirEntry::metadata` does not follow symbolic links.
+        let Ok(meta) = entry.metadata() else {
+            continue; // deleted meanwhile
+        };
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        found.push(Found {
+            path: entry.path(),
+            kind,
+            bytes: meta.len(),
+            modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        });
     }
-    h ^= h >> 33;
-    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    h ^ (h >> 33)
+    Ok(found)
+}
+
+/// Deletes a file; one that is already gone counts as deleted.
+fn unlink(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Deletes the least recently used (oldest modification time) objects in `dir` until the
+/// objects take at most `max_bytes`, never `keep`, and temporary files older than
+/// [`STALE_TEMPORARY`]. Returns what was deleted.
+///
+/// Deleting is only unlinking: a process that has loaded an object keeps its mapping, and a
+/// process that finds an entry gone (or a file it checked replaced) compiles again, so
+/// concurrent processes sharing the directory are safe.
+fn evict(dir: &Path, max_bytes: u64, keep: Option<&Path>) -> io::Result<CacheFiles> {
+    let mut found = scan(dir)?;
+    let mut removed = CacheFiles::default();
+    let now = SystemTime::now();
+    for f in found.iter().filter(|f| f.kind == Kind::Temporary) {
+        let stale = now
+            .duration_since(f.modified)
+            .is_ok_and(|age| age > STALE_TEMPORARY);
+        if stale && unlink(&f.path).is_ok() {
+            removed.add(f.bytes);
+        }
+    }
+    found.retain(|f| f.kind == Kind::Object);
+    let mut total: u64 = found.iter().map(|f| f.bytes).sum();
+    found.sort_by(|a, b| (a.modified, &a.path).cmp(&(b.modified, &b.path)));
+    for f in &found {
+        if total <= max_bytes {
+            break;
+        }
+        if Some(f.path.as_path()) == keep {
+            continue;
+        }
+        if unlink(&f.path).is_ok() {
+            total -= f.bytes;
+            removed.add(f.bytes);
+        }
+    }
+    Ok(removed)
+}
+
+/// A number of files and their total size.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheFiles {
+    /// How many files.
+    pub count: usize,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+impl CacheFiles {
+    fn add(&mut self, bytes: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+    }
+}
+
+/// What a compile cache directory holds (see [`CompileCache::info`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheInfo {
+    /// Compiled objects (`<key>.so`); only these count against the size limit.
+    pub objects: CacheFiles,
+    /// The remembered compiler detections and target probes (`detected-cc-<hash>`,
+    /// `target-<hash>`).
+    pub memos: CacheFiles,
+    /// Temporary files of stores in progress (or of processes that died while storing).
+    pub temporary: CacheFiles,
+}
+
+impl CacheInfo {
+    /// All of arrayjit's files together.
+    pub fn total(&self) -> CacheFiles {
+        CacheFiles {
+            count: self.objects.count + self.memos.count + self.temporary.count,
+            bytes: self.objects.bytes + self.memos.bytes + self.temporary.bytes,
+        }
+    }
+}
+
+/// The compile cache: a directory and the most bytes its compiled objects may take. For
+/// inspecting, trimming and clearing the cache (what `arrayjit cache info|clear` do); compiles
+/// use the cache through [`CompilerConfig::cache_dir`] and
+/// [`CompilerConfig::cache_max_bytes`].
+///
+/// Only arrayjit's own files are ever counted or deleted: regular files named `<key>.so`,
+/// `detected-cc-<hash>`, `target-<hash>` (hashes of hexadecimal digits) and `.tmp-XXXXXX`.
+/// Anything else in the directory (a cache directory set to a directory with other files in
+/// it by mistake, subdirectories, symbolic links) is left alone, and the directory itself is
+/// never removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileCache {
+    dir: PathBuf,
+    max_bytes: u64,
+}
+
+impl CompileCache {
+    /// The cache in `dir` with a limit of `max_bytes` for its objects.
+    pub fn new(dir: impl Into<PathBuf>, max_bytes: u64) -> CompileCache {
+        CompileCache {
+            dir: dir.into(),
+            max_bytes,
+        }
+    }
+
+    /// The cache the environment configures (`ARRAYJIT_CACHE`, `ARRAYJIT_CACHE_DIR`,
+    /// `XDG_CACHE_HOME`, `HOME`, `ARRAYJIT_CACHE_MAX`, read as by
+    /// [`CompilerConfig::from_env`], without looking for a compiler); `None` if the cache is
+    /// off or no directory is known. Junk in a variable is [`Error::Config`].
+    pub fn from_env() -> Result<Option<CompileCache>> {
+        let (dir, max_bytes) = cache_settings(|name| std::env::var_os(name))?;
+        Ok(dir.map(|dir| CompileCache { dir, max_bytes }))
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The most bytes the compiled objects may take.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Counts arrayjit's files in the directory (a missing directory holds none).
+    pub fn info(&self) -> Result<CacheInfo> {
+        let mut info = CacheInfo::default();
+        for f in scan(&self.dir).map_err(|e| self.io_error("reading", e))? {
+            match f.kind {
+                Kind::Object => info.objects.add(f.bytes),
+                Kind::Memo => info.memos.add(f.bytes),
+                Kind::Temporary => info.temporary.add(f.bytes),
+            }
+        }
+        Ok(info)
+    }
+
+    /// Deletes every one of arrayjit's files in the directory (see the type's documentation
+    /// for which files those are); returns what was deleted. Processes using the cache
+    /// meanwhile are not disturbed: loaded objects stay mapped, and a missing entry is
+    /// compiled again. If some file cannot be deleted, the others still are and the first
+    /// failure is returned.
+    pub fn clear(&self) -> Result<CacheFiles> {
+        let found = scan(&self.dir).map_err(|e| self.io_error("reading", e))?;
+        let mut removed = CacheFiles::default();
+        let mut first_error = None;
+        for f in found {
+            match unlink(&f.path) {
+                Ok(()) => removed.add(f.bytes),
+                Err(e) => {
+                    first_error.get_or_insert_with(|| {
+                        Error::io(format!("deleting {}", f.path.display()), e)
+                    });
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(removed),
+        }
+    }
+
+    /// Deletes the least recently used objects until the objects fit in
+    /// [`max_bytes`](Self::max_bytes) (what happens after every store), and temporary files
+    /// older than an hour; returns what was deleted.
+    pub fn evict(&self) -> Result<CacheFiles> {
+        evict(&self.dir, self.max_bytes, None).map_err(|e| self.io_error("evicting from", e))
+    }
+
+    fn io_error(&self, what: &str, e: io::Error) -> Error {
+        Error::io(
+            format!("{what} the compile cache directory {}", self.dir.display()),
+            e,
+        )
+    }
+}
+
+/// Length of a cache key in bytes (hexadecimal digits).
+const KEY_LEN: usize = 64;
+/// Length of the object's checksum in the trailer.
+const CHECKSUM_LEN: usize = blake3::OUT_LEN;
+/// The last bytes of every stored entry.
+const TRAILER_MAGIC: &[u8; 8] = b"AJCACHE2";
+/// The trailer: the key, the object's checksum, the magic.
+const TRAILER_LEN: usize = KEY_LEN + CHECKSUM_LEN + TRAILER_MAGIC.len();
+
+/// The object's checksum (BLAKE3); with the key it is checked before an entry is opened.
+fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_LEN] {
+    *blake3::hash(bytes).as_bytes()
 }
 
 #[cfg(test)]
@@ -207,10 +478,11 @@ mod tests {
     fn the_key_compiled_into_the_object_is_checked_after_loading() {
         let cc = super::super::detect::detect_compiler(None).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let key = "0123456789abcdef0123456789abcdef".to_string();
+        let key = "0123456789abcdef".repeat(4);
         let entry = CacheEntry {
             path: dir.path().join(format!("{key}.so")),
             key: key.clone(),
+            max_bytes: 1 << 30,
         };
         let build = |name: &str, source: &str| {
             fs::write(dir.path().join(format!("{name}.c")), source).unwrap();
@@ -245,7 +517,7 @@ mod tests {
         let sym = format!("arrayjit_cache_key_{key}");
         let wrong = build(
             "wrong",
-            &format!("const char {sym}[] = \"ffffffffffffffffffffffffffffffff\";\n"),
+            &format!("const char {sym}[] = \"{}\";\n", "f".repeat(64)),
         );
         entry.store(&wrong);
         match entry.lookup() {
@@ -264,5 +536,178 @@ mod tests {
         assert_ne!(a, checksum(b"0123456789abcdeg-tail"));
         assert_ne!(a, checksum(b"0123456789abcdef-tai"));
         assert_ne!(checksum(b""), checksum(b"\0"));
+    }
+
+    /// A cache directory with objects of the given sizes, modified 1, 2, 3... seconds after
+    /// `t0` in the given order, and files that are not arrayjit's.
+    fn populate(dir: &Path, sizes: &[u64]) -> Vec<PathBuf> {
+        let t0 = SystemTime::now() - Duration::from_secs(1000);
+        let mut paths = Vec::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let path = dir.join(format!("{}.so", format!("{i:x}").repeat(64)));
+            let f = fs::File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            f.set_modified(t0 + Duration::from_secs(i as u64 + 1))
+                .unwrap();
+            paths.push(path);
+        }
+        // Old and large, but not arrayjit's: never counted or deleted.
+        for name in ["notes.txt", "ABCDEF0123456789ABCDEF0123456789.so", "x.so"] {
+            let f = fs::File::create(dir.join(name)).unwrap();
+            f.set_len(1 << 20).unwrap();
+            f.set_modified(t0).unwrap();
+        }
+        fs::create_dir(dir.join(format!("{}.so", "e".repeat(64)))).unwrap();
+        std::os::unix::fs::symlink(
+            dir.join("notes.txt"),
+            dir.join(format!("{}.so", "d".repeat(64))),
+        )
+        .unwrap();
+        paths
+    }
+
+    fn others_are_intact(dir: &Path) {
+        for name in ["notes.txt", "ABCDEF0123456789ABCDEF0123456789.so", "x.so"] {
+            assert_eq!(
+                fs::metadata(dir.join(name)).unwrap().len(),
+                1 << 20,
+                "{name}"
+            );
+        }
+        assert!(dir.join(format!("{}.so", "e".repeat(64))).is_dir());
+        assert!(dir
+            .join(format!("{}.so", "d".repeat(64)))
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink());
+    }
+
+    #[test]
+    fn names_of_arrayjits_files() {
+        let kind = |n: &str| Kind::of(OsStr::new(n));
+        let h64 = "0123456789abcdef".repeat(4);
+        let h32 = "0123456789abcdef".repeat(2);
+        assert_eq!(kind(&format!("{h64}.so")), Some(Kind::Object));
+        assert_eq!(kind(&format!("{h32}.so")), Some(Kind::Object));
+        assert_eq!(kind(&format!("detected-cc-{h64}")), Some(Kind::Memo));
+        assert_eq!(kind(&format!("target-{h32}")), Some(Kind::Memo));
+        assert_eq!(kind(".tmp-Ab12Z9"), Some(Kind::Temporary));
+        for other in [
+            format!("{}.so", &h64[1..]),
+            format!("{}.so", h64.to_uppercase()),
+            format!("{h64}.so.1"),
+            format!("lib{h64}.so"),
+            format!("target-{h64}.bak"),
+            format!("detected-cc-{h64}x"),
+            ".tmp-abc".into(),
+            ".tmp-abcdefg".into(),
+            ".tmp-ab/cde".into(),
+            "notes.txt".into(),
+            ".".into(),
+            "..".into(),
+        ] {
+            assert_eq!(kind(&other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn eviction_deletes_least_recently_used_objects_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = populate(dir.path(), &[100, 200, 300, 400]);
+        let cache = CompileCache::new(dir.path(), 1000);
+        assert_eq!(
+            cache.info().unwrap().objects,
+            CacheFiles {
+                count: 4,
+                bytes: 1000
+            }
+        );
+        // Within the limit: nothing happens.
+        assert_eq!(cache.evict().unwrap(), CacheFiles::default());
+        // 1000 > 750: the oldest two go (100 + 200), leaving 700.
+        let removed = evict(dir.path(), 750, None).unwrap();
+        assert_eq!(
+            removed,
+            CacheFiles {
+                count: 2,
+                bytes: 300
+            }
+        );
+        assert!(!p[0].exists() && !p[1].exists() && p[2].exists() && p[3].exists());
+        others_are_intact(dir.path());
+        // A hit refreshes an entry: after touching the oldest, the other one goes.
+        touch(&p[2]).unwrap();
+        evict(dir.path(), 400, None).unwrap();
+        assert!(p[2].exists() && !p[3].exists());
+        // The entry just stored is kept even when it alone is over the limit.
+        evict(dir.path(), 1, Some(&p[2])).unwrap();
+        assert!(p[2].exists());
+        evict(dir.path(), 1, None).unwrap();
+        assert!(!p[2].exists());
+        assert_eq!(
+            CompileCache::new(dir.path(), 1).info().unwrap(),
+            CacheInfo::default()
+        );
+        others_are_intact(dir.path());
+    }
+
+    #[test]
+    fn stale_temporary_files_are_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join(".tmp-Old123");
+        let new = dir.path().join(".tmp-New123");
+        fs::write(&old, b"partial").unwrap();
+        fs::write(&new, b"partial").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(SystemTime::now() - STALE_TEMPORARY - Duration::from_secs(60))
+            .unwrap();
+        let cache = CompileCache::new(dir.path(), 1 << 30);
+        assert_eq!(cache.info().unwrap().temporary.count, 2);
+        assert_eq!(cache.evict().unwrap(), CacheFiles { count: 1, bytes: 7 });
+        assert!(!old.exists() && new.exists());
+    }
+
+    #[test]
+    fn info_and_clear_touch_only_arrayjits_files() {
+        let dir = tempfile::tempdir().unwrap();
+        populate(dir.path(), &[10, 20]);
+        let h = "a".repeat(64);
+        fs::write(dir.path().join(format!("target-{h}")), b"memo").unwrap();
+        fs::write(dir.path().join(format!("detected-cc-{h}")), b"memo!").unwrap();
+        fs::write(dir.path().join(".tmp-abcdef"), b"123").unwrap();
+        let cache = CompileCache::new(dir.path(), 1 << 30);
+        let info = cache.info().unwrap();
+        assert_eq!(
+            info.objects,
+            CacheFiles {
+                count: 2,
+                bytes: 30
+            }
+        );
+        assert_eq!(info.memos, CacheFiles { count: 2, bytes: 9 });
+        assert_eq!(info.temporary, CacheFiles { count: 1, bytes: 3 });
+        assert_eq!(
+            info.total(),
+            CacheFiles {
+                count: 5,
+                bytes: 42
+            }
+        );
+        assert_eq!(cache.clear().unwrap(), info.total());
+        assert_eq!(cache.info().unwrap(), CacheInfo::default());
+        others_are_intact(dir.path());
+        // A missing directory is empty, and clearing it is a no-op.
+        let gone = CompileCache::new(dir.path().join("nonexistent"), 1);
+        assert_eq!(gone.info().unwrap(), CacheInfo::default());
+        assert_eq!(gone.clear().unwrap(), CacheFiles::default());
+        assert!(!dir.path().join("nonexistent").exists());
+        // A cache "directory" that is a file is an error naming it.
+        let file = CompileCache::new(dir.path().join("notes.txt"), 1);
+        let e = file.info().unwrap_err().to_string();
+        assert!(e.contains("notes.txt"), "{e}");
     }
 }

@@ -19,6 +19,12 @@ const DEFAULT_OPT_LEVEL: &str = "3";
 const DEFAULT_ARCH_FLAGS: &str = "-march=native";
 /// Default for `ARRAYJIT_COMPILE_TIMEOUT`, in seconds.
 const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// Default for `ARRAYJIT_CACHE_MAX`: 1 GiB.
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 1 << 30;
+/// What `ARRAYJIT_CACHE_MAX` may hold.
+const CACHE_MAX_EXPECTED: &str = "a size in bytes: a whole number of at least 1, optionally \
+     followed by K, M, G or T (powers of 1024, KiB... also accepted), such as 500M or 2G \
+     (ARRAYJIT_CACHE=off turns the cache off)";
 /// The optimization levels `ARRAYJIT_OPT_LEVEL` accepts (each used as `-O<level>`).
 const OPT_LEVELS: [&str; 8] = ["0", "1", "2", "3", "s", "z", "g", "fast"];
 /// What a boolean variable may hold (case-insensitive), as (word, value).
@@ -95,6 +101,10 @@ pub struct CompilerConfig {
     /// Where compiled shared objects are cached (`None`: no cache). See
     /// [`compile_and_load`](super::compile_and_load).
     pub cache_dir: Option<PathBuf>,
+    /// The most bytes the compiled objects in [`cache_dir`](Self::cache_dir) may take: after
+    /// storing an object, the least recently used ones are deleted until they fit (see
+    /// [`CompileCache`](super::CompileCache)); an object larger than this is not stored.
+    pub cache_max_bytes: u64,
     /// How many compiler processes one `compile_batch` of the cc backend may run at once
     /// (a batch is dealt out to that many files); `0` counts as `1`.
     pub compile_jobs: usize,
@@ -204,6 +214,39 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
         Ok(Some(words))
     }
 
+    /// A size in bytes of at least 1: a whole number with an optional binary suffix (`K`,
+    /// `M`, `G`, `T` or `KiB`, `MiB`, `GiB`, `TiB`, any case; `B` for bytes).
+    fn size(&self, var: &str, expected: &str) -> Result<Option<u64>> {
+        let Some(v) = self.text(var, expected)? else {
+            return Ok(None);
+        };
+        parse_size(v.trim())
+            .map(Some)
+            .ok_or_else(|| config_error(var, OsStr::new(&v), expected))
+    }
+
+    /// The compile cache's directory (`None` when `ARRAYJIT_CACHE` is off or no directory
+    /// is known) and its size limit.
+    fn cache(&self) -> Result<(Option<PathBuf>, u64)> {
+        let cache_on = self.boolean("ARRAYJIT_CACHE", true)?;
+        let max = self
+            .size("ARRAYJIT_CACHE_MAX", CACHE_MAX_EXPECTED)?
+            .unwrap_or(DEFAULT_CACHE_MAX_BYTES);
+        let dir = if cache_on {
+            self.path("ARRAYJIT_CACHE_DIR")
+                .or_else(|| {
+                    // The XDG specification says to ignore a relative XDG_CACHE_HOME.
+                    self.path("XDG_CACHE_HOME")
+                        .filter(|d| d.is_absolute())
+                        .map(|d| d.join("arrayjit"))
+                })
+                .or_else(|| self.path("HOME").map(|h| h.join(".cache/arrayjit")))
+        } else {
+            None
+        };
+        Ok((dir, max))
+    }
+
     /// A whole number of at least 1.
     fn positive_count(&self, var: &str, expected: &str) -> Result<Option<usize>> {
         let Some(v) = self.text(var, expected)? else {
@@ -214,6 +257,33 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
             _ => Err(config_error(var, OsStr::new(&v), expected)),
         }
     }
+}
+
+/// Parses `ARRAYJIT_CACHE_MAX`'s syntax (see [`Env::size`]); `None` for anything else, zero
+/// and sizes beyond `u64`.
+fn parse_size(text: &str) -> Option<u64> {
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, suffix) = text.split_at(digits);
+    let shift = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => return None,
+    };
+    let n: u64 = number.parse().ok()?;
+    let bytes = n.checked_mul(1u64 << shift)?;
+    (bytes > 0).then_some(bytes)
+}
+
+/// The compile cache's settings from the environment: the directory (`None` when
+/// `ARRAYJIT_CACHE` is off or neither `ARRAYJIT_CACHE_DIR`, `XDG_CACHE_HOME` nor `HOME`
+/// gives one) and `ARRAYJIT_CACHE_MAX`, parsed as by [`CompilerConfig::from_env`].
+pub(super) fn cache_settings(
+    get: impl Fn(&str) -> Option<OsString>,
+) -> Result<(Option<PathBuf>, u64)> {
+    Env { get }.cache()
 }
 
 impl CompilerConfig {
@@ -243,6 +313,8 @@ impl CompilerConfig {
     ///   (default 300);
     /// - `ARRAYJIT_CACHE_DIR`: the compile cache (default `$XDG_CACHE_HOME/arrayjit`, else
     ///   `$HOME/.cache/arrayjit`); `ARRAYJIT_CACHE`, a boolean (default on), turns it off;
+    ///   `ARRAYJIT_CACHE_MAX`: the most bytes its compiled objects may take, a whole number
+    ///   with an optional `K`, `M`, `G` or `T` suffix (powers of 1024; default `1G`);
     /// - `ARRAYJIT_COMPILE_JOBS`: how many compiler processes a batch may use, a whole number
     ///   of at least 1 (default: the machine's available parallelism);
     /// - `ARRAYJIT_INTRINSICS`: a boolean (default off): spell vector code with intrinsics
@@ -301,19 +373,7 @@ impl CompilerConfig {
             None => Duration::from_secs(DEFAULT_TIMEOUT_SECS),
         };
 
-        let cache_on = env.boolean("ARRAYJIT_CACHE", true)?;
-        let cache_dir = if cache_on {
-            env.path("ARRAYJIT_CACHE_DIR")
-                .or_else(|| {
-                    // The XDG specification says to ignore a relative XDG_CACHE_HOME.
-                    env.path("XDG_CACHE_HOME")
-                        .filter(|d| d.is_absolute())
-                        .map(|d| d.join("arrayjit"))
-                })
-                .or_else(|| env.path("HOME").map(|h| h.join(".cache/arrayjit")))
-        } else {
-            None
-        };
+        let (cache_dir, cache_max_bytes) = env.cache()?;
 
         let compile_jobs = env
             .positive_count(
@@ -358,6 +418,7 @@ impl CompilerConfig {
             timeout,
             temp_root: None,
             cache_dir,
+            cache_max_bytes,
             compile_jobs,
             intrinsics,
         })
@@ -424,7 +485,7 @@ impl CompilerConfig {
 
 /// Whether the compiler is GCC (its resolved file name says so: `gcc`, `gcc-12`,
 /// `x86_64-linux-gnu-gcc-12`, or `cc` pointing at one of those).
-fn is_gcc(compiler: &Path) -> bool {
+pub(super) fn is_gcc(compiler: &Path) -> bool {
     resolve_program(compiler)
         .and_then(|p| fs::canonicalize(p).ok())
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
@@ -560,6 +621,7 @@ mod tests {
         assert_eq!(c.timeout, Duration::from_secs(300));
         assert_eq!(c.temp_root, None);
         assert_eq!(c.cache_dir, Some(PathBuf::from("/home/u/.cache/arrayjit")));
+        assert_eq!(c.cache_max_bytes, 1 << 30);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(c.compile_jobs, cores);
     }
@@ -602,8 +664,63 @@ mod tests {
             assert_eq!(c.cache_dir, None, "{off}");
         }
         // Empty counts as unset.
-        let c = config_from(&[("ARRAYJIT_CACHE", ""), ("ARRAYJIT_COMPILE_JOBS", "")]).unwrap();
+        let c = config_from(&[
+            ("ARRAYJIT_CACHE", ""),
+            ("ARRAYJIT_COMPILE_JOBS", ""),
+            ("ARRAYJIT_CACHE_MAX", ""),
+        ])
+        .unwrap();
         assert!(c.compile_jobs >= 1);
+        assert_eq!(c.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+    }
+
+    #[test]
+    fn cache_sizes() {
+        for (text, bytes) in [
+            ("1", 1u64),
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("500M", 500 << 20),
+            ("500m", 500 << 20),
+            ("500MiB", 500 << 20),
+            ("2G", 2 << 30),
+            ("2gib", 2 << 30),
+            ("64K", 64 << 10),
+            ("3T", 3 << 40),
+            (" 2G ", 2 << 30),
+            ("16777215T", 16777215 << 40),
+        ] {
+            let c = config_from(&[("ARRAYJIT_CACHE_MAX", text)]).unwrap();
+            assert_eq!(c.cache_max_bytes, bytes, "{text:?}");
+        }
+        // The limit is read (strictly) even when the cache is off.
+        let (dir, max) =
+            cache_settings(|n| (n == "ARRAYJIT_CACHE_MAX").then(|| "1M".into())).unwrap();
+        assert_eq!((dir, max), (None, 1 << 20));
+        for junk in [
+            "0",
+            "0G",
+            "-1",
+            "1.5G",
+            "2 G",
+            "500MB",
+            "2GB",
+            "1e9",
+            "G",
+            "M1",
+            "lots",
+            "1P",
+            "16777216T",
+            "18446744073709551616",
+            "0x10",
+        ] {
+            assert_config_error(
+                &[("ARRAYJIT_CACHE_MAX", junk), ("ARRAYJIT_CACHE", "off")],
+                "ARRAYJIT_CACHE_MAX",
+                junk,
+                CACHE_MAX_EXPECTED,
+            );
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
 use super::config::{program_identity, TARGET};
-use super::{fnv128, write_atomically};
+use super::{hash_hex, write_atomically};
 use crate::{Error, Result};
 
 /// The first line of a `detected-cc-*` file.
@@ -54,8 +54,8 @@ fn memo() -> std::sync::MutexGuard<'static, Memo> {
 /// The file in `cache_dir` that remembers the detection for this target and `PATH`.
 pub(super) fn memo_file(cache_dir: &Path) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let key = fnv128(&[b"detected-cc", TARGET.as_bytes(), path.as_encoded_bytes()]);
-    cache_dir.join(format!("detected-cc-{key:032x}"))
+    let key = hash_hex(&[b"detected-cc", TARGET.as_bytes(), path.as_encoded_bytes()]);
+    cache_dir.join(format!("detected-cc-{key}"))
 }
 
 /// The compiler the `cc` crate chooses for the crate's target, remembered as described in the

@@ -32,10 +32,12 @@ mod config;
 mod detect;
 mod load;
 mod run;
+mod sanitize;
 mod target;
 
+pub use cache::{CacheFiles, CacheInfo, CompileCache};
 pub use cleanup::install_signal_cleanup;
-pub use config::{CompilerConfig, GCC_SPEED_FLAGS, GCC_WORKAROUND_FLAGS};
+pub use config::{CompilerConfig, DEFAULT_CACHE_MAX_BYTES, GCC_SPEED_FLAGS, GCC_WORKAROUND_FLAGS};
 pub use load::{EntryFn, LoadedLibrary};
 pub use target::{Arch, CacheSizes, CompilerFamily, Features, Target};
 
@@ -144,7 +146,9 @@ fn sanitize_debug_name(name: &str) -> String {
 /// [`Error::Compile`] if it fails (exits non-zero or is killed by a signal),
 /// [`Error::CompileTimeout`] if it runs longer than [`CompilerConfig::timeout`] (it and every
 /// process it started are killed), [`Error::TargetProbe`] if the target cannot be probed,
-/// [`Error::Load`] if the object cannot be loaded, [`Error::Io`] for file-system failures
+/// [`Error::Load`] if the object cannot be loaded, [`Error::Sanitizer`] if the flags ask for
+/// a sanitizer whose runtime is not loaded in the process (checked before compiling, so that
+/// loading cannot end the process), [`Error::Io`] for file-system failures
 /// (including an unusable debug directory) and [`Error::Usage`] for bad `debug_files` names.
 pub fn compile_and_load(
     config: &CompilerConfig,
@@ -251,6 +255,9 @@ fn compile_once(
 ) -> Result<Arc<LoadedLibrary>> {
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files_in)?;
+    // Before anything is compiled or loaded: loading a library instrumented for a sanitizer
+    // whose runtime is missing could end the process.
+    sanitize::check_runtimes(config)?;
 
     // Keep the source (and the other debug files) before compiling, so that they survive a
     // compiler crash or hang.
@@ -344,7 +351,7 @@ fn compile_once(
     let lib_path = tmp.path().join(&lib_name);
     // The path is unique to this compile (a fresh temporary directory), so dlopen cannot hand
     // back a stale library loaded earlier from the same path.
-    let lib = open_library(&lib_path)?;
+    let lib = open_library(&lib_path).map_err(|e| sanitize::explain_load_error(config, e))?;
     if let Some(e) = &entry {
         e.store(&lib_path);
     }
@@ -418,20 +425,17 @@ fn keep_log(root: &Path, stem: &str, output: &Captured) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// FNV-1a, 128 bits: a stable hash (unlike `std`'s, which may change between Rust releases).
-fn fnv128(parts: &[&[u8]]) -> u128 {
-    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013B;
-    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+/// A stable hash of `parts` as 64 hexadecimal digits: BLAKE3 (256 bits) over the parts, each
+/// preceded by its length, so that moving bytes from one part to the next changes the hash.
+/// Cache keys and the names of the files remembered in the cache directory are such hashes;
+/// a cached object is loaded and run, so its key must not collide by accident or design.
+fn hash_hex(parts: &[&[u8]]) -> String {
+    let mut h = blake3::Hasher::new();
     for part in parts {
-        for &b in part.iter() {
-            h ^= b as u128;
-            h = h.wrapping_mul(PRIME);
-        }
-        // Separate the parts so that moving bytes between them changes the hash.
-        h ^= 0xff;
-        h = h.wrapping_mul(PRIME);
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part);
     }
-    h
+    h.finalize().to_hex().to_string()
 }
 
 /// Writes a small file atomically (temporary file + rename); failures are ignored (used for
@@ -601,5 +605,25 @@ mod tests {
         assert_eq!(sanitize_stem("é"), "_");
         assert_eq!(sanitize_debug_name("../etc/passwd"), "_etc_passwd");
         assert_eq!(sanitize_debug_name("assignments.txt"), "assignments.txt");
+    }
+
+    #[test]
+    fn hashes_are_blake3_of_length_prefixed_parts() {
+        let h = hash_hex(&[b"ab", b"c"]);
+        assert_eq!(h.len(), 64);
+        assert!(h
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(h, hash_hex(&[b"ab", b"c"]));
+        // Moving a byte from one part to the next changes the hash.
+        assert_ne!(h, hash_hex(&[b"a", b"bc"]));
+        assert_ne!(hash_hex(&[b""]), hash_hex(&[]));
+        // BLAKE3 itself: 2 + 1 bytes of lengths (little-endian u64) and contents.
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&2u64.to_le_bytes());
+        bytes.extend_from_slice(b"ab");
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(b"c");
+        assert_eq!(h, blake3::hash(&bytes).to_hex().as_str());
     }
 }

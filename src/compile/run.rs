@@ -64,6 +64,17 @@ pub(super) fn run_compiler(
         // A process group of its own, so that a timeout or a signal can kill the compiler's
         // children (cc1, as, ld) too.
         .process_group(0);
+    // A sanitizer runtime preloaded into this process (to load sanitized routines) must not
+    // be preloaded into the compiler: it would report the compiler's leaks as errors.
+    match super::sanitize::compiler_preload(std::env::var_os("LD_PRELOAD").as_deref()) {
+        Some(p) if p.is_empty() => {
+            cmd.env_remove("LD_PRELOAD");
+        }
+        Some(p) => {
+            cmd.env("LD_PRELOAD", p);
+        }
+        None => {}
+    }
     let (mut child, group) = spawn_registered(&mut cmd).map_err(|e| {
         let what = if e.kind() == io::ErrorKind::NotFound {
             if is_bare_name(&config.compiler) {

@@ -24,7 +24,7 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use super::cleanup::WorkDir;
 use super::config::{program_identity, shell_quote, CompilerConfig};
 use super::run::run_compiler;
-use super::{fnv128, write_atomically};
+use super::{hash_hex, write_atomically};
 use crate::target::{Isa, VectorTarget};
 use crate::{Error, Result};
 
@@ -131,7 +131,7 @@ pub struct Target {
     pub compiler_version: (u32, u32, u32),
     /// The host's data caches (not the compiler's view: read from this machine).
     pub caches: CacheSizes,
-    /// A hash (32 hexadecimal digits) of the compiler's whole predefined-macro dump, sorted:
+    /// A hash (64 hexadecimal digits, BLAKE3) of the compiler's whole predefined-macro dump, sorted:
     /// equal fingerprints mean the compiler sees the same target.
     pub fingerprint: String,
     /// The predefined macros, name (with parameters, for function-like macros) → value.
@@ -331,7 +331,7 @@ impl Target {
     }
 }
 
-/// The hash of a macro dump's sorted, trimmed, non-empty lines, as 32 hexadecimal digits.
+/// The hash of a macro dump's sorted, trimmed, non-empty lines, as 64 hexadecimal digits.
 fn fingerprint(dump: &str) -> String {
     let mut lines: Vec<&str> = dump
         .lines()
@@ -341,7 +341,7 @@ fn fingerprint(dump: &str) -> String {
     lines.sort_unstable();
     lines.dedup();
     let joined = lines.join("\n");
-    format!("{:032x}", fnv128(&[b"macros", joined.as_bytes()]))
+    hash_hex(&[b"macros", joined.as_bytes()])
 }
 
 /// Runs the probe and returns the compiler's macro dump.
@@ -406,16 +406,13 @@ impl DiskMemo {
     fn new(dir: &Path, identity: &str, config: &CompilerConfig, flags: &[&str]) -> DiskMemo {
         let native = flags.iter().any(|f| f.contains("native"));
         let cpu = if native { cpu_identity() } else { "" };
-        let key = format!(
-            "{:032x}",
-            fnv128(&[
-                b"target-probe",
-                identity.as_bytes(),
-                config.compiler.as_os_str().as_encoded_bytes(),
-                flags.join("\0").as_bytes(),
-                cpu.as_bytes(),
-            ])
-        );
+        let key = hash_hex(&[
+            b"target-probe",
+            identity.as_bytes(),
+            config.compiler.as_os_str().as_encoded_bytes(),
+            flags.join("\0").as_bytes(),
+            cpu.as_bytes(),
+        ]);
         DiskMemo {
             file: dir.join(format!("target-{key}")),
             key,
@@ -470,7 +467,7 @@ fn cpu_identity() -> &'static str {
             .collect();
         lines.sort_unstable();
         lines.dedup();
-        format!("{:032x}", fnv128(&[b"cpu", lines.join("\n").as_bytes()]))
+        hash_hex(&[b"cpu", lines.join("\n").as_bytes()])
     })
 }
 
@@ -563,7 +560,7 @@ mod tests {
             t.macro_value("__has_include(STR)"),
             Some("__has_include__(STR)")
         );
-        assert_eq!(t.fingerprint.len(), 32);
+        assert_eq!(t.fingerprint.len(), 64);
         // The order of the lines does not matter; their content does.
         let reversed: String = X86.lines().rev().map(|l| format!("{l}\n")).collect();
         assert_eq!(
@@ -640,6 +637,7 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
             temp_root: None,
             cache_dir: None,
+            cache_max_bytes: super::super::config::DEFAULT_CACHE_MAX_BYTES,
             compile_jobs: 1,
             intrinsics: false,
         };

@@ -11,10 +11,10 @@
 //! gives the same bits), most long ones are not (full-precision values, or too many bits):
 //! there the error analysis bounds the reassociated sums ([`super::model::any_order`]).
 
+use super::case::{Big, Kind, Op, Program, Stmt};
 use super::common;
 use super::gen::{Gen, LETTERS};
 use super::model::Est;
-use super::program::{Big, Kind, Op, Program, Stmt};
 use arrayjit::ir::{Binop, Prec, Unop};
 
 /// Contraction layouts, einsum templates over `i` (the result's rows), `j` (the reduced

@@ -1,9 +1,9 @@
 //! Comparing the runs of a case within the bounds of the error analysis, and statistics.
 
+use super::case::{accum_name, to_json, Kind, Program, Stmt};
 use super::coverage::{paths, Coverage};
 use super::gen::generate;
 use super::model::Est;
-use super::program::{accum_name, to_json, Kind, Program, Stmt};
 use super::run::{
     instantiate, run_compiled, run_interp, run_interp_optimized, CompiledCase, Outputs,
 };
@@ -16,32 +16,8 @@ use std::collections::BTreeMap;
 pub struct Opts {
     /// Optimizer settings of the compiled run (a).
     pub settings: Settings,
-    /// Fail on known open library bugs too ([`known_bug`]).
-    pub strict: bool,
 }
 
-/// Recognizes a failure of the compiled run (a) as a known open library bug, by its message.
-///
-/// - `regression_gemm_kernel_split_across_parts`: a GEMM kernel's statements split across C
-///   functions; the C compiler rejects the second one, which uses the first one's vector
-///   variables (`vecN`): gcc says "‘vec52’ undeclared", clang "use of undeclared identifier
-///   'vec52'".
-///
-/// The same bug has a silent form: when the cut falls between the statements that zero the
-/// vector accumulators and the loop that accumulates into them, the second function declares
-/// them and reads them uninitialized (wrong values). [`process`] recognizes it in the C
-/// source ([`super::run::uninitialized_vectors`]) and then ignores the differences of the
-/// compiled run (a) (as long as the optimized code interpreted (d) is right).
-pub fn known_bug(error: &str) -> Option<&'static str> {
-    let vec_undeclared = error
-        .lines()
-        .any(|l| l.contains("undeclared") && (l.contains("\u{2018}vec") || l.contains("'vec")));
-    vec_undeclared.then_some("GEMM kernel split across C functions (compile error)")
-}
-
-/// The silent form of [`known_bug`].
-pub const UNINIT_VECTORS: &str =
-    "GEMM kernel split across C functions (uninitialized vector accumulators)";
 /// Multiplier on the error bound.
 pub const TOL_FACTOR: f64 = 2.0;
 
@@ -80,8 +56,6 @@ pub struct Stats {
     pub secs: [f64; 5],
     /// The same in CPU time of the test's threads (the C compiler's time is not in it).
     pub cpu: [f64; 5],
-    /// Cases whose compiled run hit a known open library bug ([`known_bug`]).
-    pub known_bugs: Vec<(u64, &'static str)>,
 }
 
 impl Stats {
@@ -143,7 +117,6 @@ impl Stats {
         self.inexact_cells += o.inexact_cells;
         self.max_used = self.max_used.max(o.max_used);
         self.coverage.merge(o.coverage);
-        self.known_bugs.extend(o.known_bugs);
         for (a, b) in self.secs.iter_mut().zip(o.secs) {
             *a += b;
         }
@@ -271,12 +244,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
         };
         stats.coverage.add(p, taken.as_ref(), &inlined);
         match &a {
-            Err(e) => match known_bug(e) {
-                Some(bug) if !opts.strict => {
-                    stats.known_bugs.push((p.seed, bug));
-                }
-                _ => problems.push(format!("(a) compiled, optimizer on, failed: {e}")),
-            },
+            Err(e) => problems.push(format!("(a) compiled, optimizer on, failed: {e}")),
             Ok(CompiledCase {
                 outputs: va,
                 optimized: o,
@@ -332,13 +300,14 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
             _ => {}
         }
         lap(0, &mut stats);
-        // The known bug's silent form: the compiled code reads vector variables it never set.
-        if a.as_ref().is_ok_and(|x| x.uninit_vectors) && !opts.strict {
-            let d_bad = problems.iter().any(|m| m.starts_with("(d)"));
-            if !d_bad {
-                problems.retain(|m| !m.starts_with("(a) compiled vs") && !m.starts_with("(c)"));
-            }
-            stats.known_bugs.push((p.seed, UNINIT_VECTORS));
+        // A C function that reads vector variables before setting them is a code-generation
+        // bug even when the values happen to agree (regression_gemm_kernel_split_across_parts).
+        if a.as_ref().is_ok_and(|x| x.uninit_vectors) {
+            problems.push(
+                "(a) the generated C reads vector variables before setting them (a kernel split \
+                 across C functions?)"
+                    .into(),
+            );
         }
         let a_bad = problems.iter().any(|m| m.starts_with("(a) compiled vs"));
         let d_bad = problems.iter().any(|m| m.starts_with("(d)"));

@@ -3,7 +3,7 @@
 //! kc KC, column blocks of P panels`) and vectorized reductions (their accumulator, a local
 //! array labelled `NAME_acc`), read from the optimized loop IR of every compiled case.
 
-use super::program::{Op, Program, Stmt};
+use super::case::{Op, Program, Stmt};
 use arrayjit::ir::{Binop, Prec};
 use arrayjit::loops::{visit_llc, Llc};
 use arrayjit::optimize::Optimized;
@@ -104,7 +104,7 @@ pub struct Coverage {
 /// Why a contraction was not rewritten as a GEMM kernel (`optimize/gemm.rs` rewrites
 /// `c += x * y` into single or double results, with at least 32^3 multiply-adds and a full
 /// vector of contiguous columns: 16 floats or 8 doubles with AVX-512, fewer elsewhere).
-fn why_not_gemm(p: &Program, b: &super::program::Big, inlined: &[bool]) -> &'static str {
+fn why_not_gemm(p: &Program, b: &super::case::Big, inlined: &[bool]) -> &'static str {
     let Some(Stmt::Accum {
         accum, op, args, ..
     }) = p

@@ -1,8 +1,8 @@
 //! The random program generator.
 
+use super::case::{Kind, Op, Program, Shape, Stmt, TSpec};
 use super::common;
 use super::model::{apply, Est};
-use super::program::{Kind, Op, Program, Shape, Stmt, TSpec};
 use arrayjit::ir::einsum::projections;
 use arrayjit::ir::{AxisIndex, Bindings, Binop, Prec, StaticSymbol, Unop};
 use std::fmt::Write as _;

@@ -1,8 +1,8 @@
 //! The forward error analysis: for every tensor, whether the two computations compared hold
 //! identical values and, if not, a bound on their difference (see the crate documentation).
 
+use super::case::{Op, Program, Stmt};
 use super::common;
-use super::program::{Op, Program, Stmt};
 use arrayjit::ir::{Binop, Prec, Unop};
 
 /// The grid exponent of a set of zeros (a multiple of every power of two).

@@ -1,7 +1,7 @@
 //! Instantiation of a program with fresh nodes and the ways of running it: compiled (optimizer
 //! on and off), interpreted, and the optimized loop IR interpreted.
 
-use super::program::{Kind, Op, Program, Stmt};
+use super::case::{Kind, Op, Program, Stmt};
 use arrayjit::backend::{CcBackend, Config, MergeBuffer};
 use arrayjit::interp::{self, Memory};
 use arrayjit::ir::einsum::projections;

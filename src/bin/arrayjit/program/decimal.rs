@@ -18,9 +18,9 @@
 //!
 //! Printed values ([`super::output`]) read back to the same values through this module.
 
-use super::program::ValueLit;
-use crate::ir::ndarray::{f16_bracket, f16_from_f64};
-use crate::ir::Prec;
+use super::format::ValueLit;
+use arrayjit::ir::ndarray::f16_from_f64;
+use arrayjit::ir::Prec;
 use half::f16;
 use std::cmp::Ordering;
 
@@ -144,6 +144,30 @@ fn byte_of_decimal(d: &Decimal) -> u8 {
     } else {
         m
     }
+}
+
+/// For a finite `a >= 0`: the bits and value of the largest finite `f16` not above `a`, and
+/// the value of the next `f16` (65536 after the largest finite half, 65504, as if the
+/// exponent range went on: IEEE rounding overflows to infinity from the midpoint 65520 on).
+/// From the library's correctly rounded [`f16_from_f64`]: the nearest half, or the one below
+/// it when that is above `a`.
+fn f16_bracket(a: f64) -> (u16, f64, f64) {
+    const MAX_FINITE: u16 = 0x7BFF;
+    let nearest = f16_from_f64(a);
+    let lo_bits = if nearest.is_infinite() {
+        MAX_FINITE
+    } else if nearest.to_f64() > a {
+        nearest.to_bits() - 1
+    } else {
+        nearest.to_bits()
+    };
+    let lo = f16::from_bits(lo_bits).to_f64();
+    let hi = if lo_bits == MAX_FINITE {
+        65536.0
+    } else {
+        f16::from_bits(lo_bits + 1).to_f64()
+    };
+    (lo_bits, lo, hi)
 }
 
 /// The `f16` nearest to the decimal `d`, whose nearest `f64` is `x` (finite).

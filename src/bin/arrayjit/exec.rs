@@ -1,14 +1,14 @@
 //! Compiling, running and emitting a built program on the cc backend.
 
-use super::build::{Built, PlanStep, ProgramError, MAX_EXECUTED_STEPS};
-use super::locate::json_path;
-use super::output::Printed;
-use super::program::MergeDecl;
-use crate::backend::{
+use crate::output::Printed;
+use crate::program::build::{Built, PlanStep, ProgramError, MAX_EXECUTED_STEPS};
+use crate::program::format::MergeDecl;
+use crate::program::locate::json_path;
+use arrayjit::backend::{
     backend_by_name, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
     Routine,
 };
-use crate::ir::Assignments;
+use arrayjit::ir::Assignments;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -28,7 +28,7 @@ fn backend() -> CcBackend {
 /// and the first one failing with the same message is named. (The process exits right after,
 /// so the memory-mode decisions this records on the nodes do not matter.) When no single
 /// routine reproduces the error (e.g. a C compiler failure), every routine is named.
-fn attribute(be: &CcBackend, built: &Built, err: crate::Error, what: &str) -> ProgramError {
+fn attribute(be: &CcBackend, built: &Built, err: arrayjit::Error, what: &str) -> ProgramError {
     let msg = err.to_string();
     for (i, (name, a)) in built
         .routine_names
@@ -65,7 +65,7 @@ pub fn emit_c(built: &Built) -> Result<String, ProgramError> {
     .map_err(|e| attribute(&be, built, e, "generating the C"))
 }
 
-fn set_bindings(r: &Routine, bindings: &[(String, i64)]) -> crate::Result<()> {
+fn set_bindings(r: &Routine, bindings: &[(String, i64)]) -> arrayjit::Result<()> {
     for (name, v) in bindings {
         r.bindings().set(name, *v)?;
     }
@@ -89,7 +89,7 @@ fn execute(
                 ..
             } => {
                 let r = &routines[*routine];
-                let fail = |e: crate::Error| {
+                let fail = |e: arrayjit::Error| {
                     ProgramError::at(
                         path.clone(),
                         format!("routine {}: {e}", quote(&names[*routine])),
@@ -143,13 +143,13 @@ struct Devices<'a> {
 impl Devices<'_> {
     fn fail(
         &self,
-        path: &crate::cli::locate::JsonPath,
-    ) -> impl Fn(crate::Error) -> ProgramError + '_ {
+        path: &crate::program::locate::JsonPath,
+    ) -> impl Fn(arrayjit::Error) -> ProgramError + '_ {
         let path = path.clone();
         move |e| ProgramError::at(path.clone(), e.to_string())
     }
 
-    fn await_device(&mut self, d: usize) -> crate::Result<()> {
+    fn await_device(&mut self, d: usize) -> arrayjit::Result<()> {
         self.be.await_device(&self.devices[d])?;
         for r in &mut self.readers {
             r.remove(&d);
@@ -158,7 +158,7 @@ impl Devices<'_> {
     }
 
     /// Before device `s` overwrites its buffers: wait for every device still reading them.
-    fn before_write(&mut self, s: usize) -> crate::Result<()> {
+    fn before_write(&mut self, s: usize) -> arrayjit::Result<()> {
         let mut waiting: Vec<usize> = self.readers[s].iter().copied().collect();
         waiting.extend((0..self.devices.len()).filter(|&d| self.streams_from[d] == Some(s)));
         waiting.sort();
@@ -179,7 +179,7 @@ impl Devices<'_> {
                     path,
                 } => {
                     let name = &self.names[*routine];
-                    let wrap = |e: crate::Error| {
+                    let wrap = |e: arrayjit::Error| {
                         ProgramError::at(
                             path.clone(),
                             format!("routine {} on device {device}: {e}", quote(name)),
@@ -332,8 +332,9 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
 /// Creates the devices, compiles every routine once, links them on every device and copies
 /// hosted tensors to every device.
 fn prepare_devices(built: &Built, n: usize) -> Result<Devices<'_>, ProgramError> {
-    let lib =
-        |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
+    let lib = |what: &'static str| {
+        move |e: arrayjit::Error| ProgramError::nowhere(format!("{what}: {e}"))
+    };
     let be = backend_by_name(&built.backend).map_err(lib("choosing the backend"))?;
     be.initialize(Config::default());
     let phys = be.num_physical_devices();
@@ -397,7 +398,7 @@ fn prepare_devices(built: &Built, n: usize) -> Result<Devices<'_>, ProgramError>
 }
 
 /// A printed tensor: name, dims, precision, values.
-pub type PrintedTensor = (String, Vec<usize>, crate::ir::Prec, Vec<f64>);
+pub type PrintedTensor = (String, Vec<usize>, arrayjit::ir::Prec, Vec<f64>);
 
 /// The values of the printed tensors after a run.
 pub struct RunResult {
@@ -447,8 +448,9 @@ pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
 /// device; returns the backend, the context, the routines and the compile time in ms.
 fn prepare_single(built: &Built) -> Result<(CcBackend, Context, Vec<Routine>, f64), ProgramError> {
     let be = backend();
-    let lib =
-        |what: &'static str| move |e: crate::Error| ProgramError::nowhere(format!("{what}: {e}"));
+    let lib = |what: &'static str| {
+        move |e: arrayjit::Error| ProgramError::nowhere(format!("{what}: {e}"))
+    };
     let mut routines = vec![];
     let ctx = be
         .init("arrayjit")
@@ -573,7 +575,7 @@ pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, P
     let mut run_ms: Vec<f64> = Vec::new();
     if run_ms.try_reserve_exact(runs).is_err() {
         return Err(ProgramError::nowhere(
-            crate::Error::OutOfMemory {
+            arrayjit::Error::OutOfMemory {
                 what: format!("the timings of --runs {runs}"),
                 bytes: runs.saturating_mul(8),
             }
@@ -609,7 +611,7 @@ pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, P
     let mut cpu_ms: Vec<f64> = Vec::new();
     if cpu_ms.try_reserve_exact(runs).is_err() {
         return Err(ProgramError::nowhere(
-            crate::Error::OutOfMemory {
+            arrayjit::Error::OutOfMemory {
                 what: format!("the timings of --runs {runs}"),
                 bytes: runs.saturating_mul(8),
             }

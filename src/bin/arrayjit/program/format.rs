@@ -159,8 +159,8 @@ name_only!(
 
 impl PrecDecl {
     /// The library's precision.
-    pub fn prec(self) -> crate::ir::Prec {
-        use crate::ir::Prec;
+    pub fn prec(self) -> arrayjit::ir::Prec {
+        use arrayjit::ir::Prec;
         match self {
             PrecDecl::Byte => Prec::Byte,
             PrecDecl::Half => Prec::Half,

@@ -3,14 +3,14 @@
 //! offending value, so that it can be reported with the routine/statement and line.
 
 use super::decimal;
-use super::locate::{json_path, JsonPath, Seg};
-use super::program::{
+use super::format::{
     ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Statement, Step,
     TensorDecl,
 };
-use crate::ir::einsum;
-use crate::ir::tnode::provenance;
-use crate::ir::{
+use super::locate::{json_path, JsonPath, Seg};
+use arrayjit::ir::einsum;
+use arrayjit::ir::tnode::provenance;
+use arrayjit::ir::{
     Assignments, Bindings, Binop, Buffer, FetchOp, HostedMode, InitOp, MemoryMode, Projections,
     StaticSymbol, Tnode, Unop,
 };
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 /// The largest tensor the CLI creates, in bytes (a guard against typos such as an extra
-/// zero in `dims`; smaller tensors that do not fit in memory are [`crate::Error::OutOfMemory`]
+/// zero in `dims`; smaller tensors that do not fit in memory are [`arrayjit::Error::OutOfMemory`]
 /// errors).
 pub const MAX_TENSOR_BYTES: u128 = 1 << 34;
 
@@ -408,7 +408,7 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// Creates a tensor node from its declaration (see the module docs of [`crate::cli`] for the
+/// Creates a tensor node from its declaration (see the module docs of [`super`] for the
 /// hosting rules).
 fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) -> Res<Tnode> {
     let name = decl.name.as_str();
@@ -449,9 +449,9 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
     let mem_path = with(path, json_path!["memory"]);
     let lib = |p: &JsonPath| {
         let p = p.clone();
-        move |e: crate::Error| {
+        move |e: arrayjit::Error| {
             let e = match e {
-                crate::Error::OutOfMemory { what, bytes } => crate::Error::OutOfMemory {
+                arrayjit::Error::OutOfMemory { what, bytes } => arrayjit::Error::OutOfMemory {
                     what: format!("tensor {} ({what})", quote(name)),
                     bytes,
                 },
@@ -469,7 +469,7 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
                 return Err(ProgramError::at(init_path, "\"values\" must not be empty"));
             }
             // (The number of cells fits: the size was checked above.)
-            let n = crate::ir::ndarray::numel(&decl.dims);
+            let n = arrayjit::ir::ndarray::numel(&decl.dims);
             if !*strict && values.len() > n {
                 return Err(ProgramError::at(
                     with(&init_path, json_path!["values"]),

@@ -22,7 +22,7 @@ pub type JsonPath = Vec<Seg>;
 /// Builds a path from string keys and indices: `path!["routines", 0, "code"]`.
 macro_rules! json_path {
     ($($seg:expr),* $(,)?) => {
-        $crate::cli::locate::JsonPath::from([$($crate::cli::locate::IntoSeg::into_seg($seg)),*])
+        $crate::program::locate::JsonPath::from([$($crate::program::locate::IntoSeg::into_seg($seg)),*])
     };
 }
 pub(crate) use json_path;

@@ -1,9 +1,9 @@
 //! Printing tensors: the JSON object of `arrayjit run` and the tables of `--format table`.
 
-use super::decimal;
-use crate::error::{Error, Result};
-use crate::ir::ndarray::f16_from_f64;
-use crate::ir::Prec;
+use crate::program::decimal;
+use arrayjit::error::{Error, Result};
+use arrayjit::ir::ndarray::f16_from_f64;
+use arrayjit::ir::Prec;
 use half::f16;
 use std::fmt::Write as _;
 

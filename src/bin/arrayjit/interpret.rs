@@ -1,5 +1,5 @@
 //! `arrayjit run --interpret`: runs a built program through the reference interpreter
-//! ([`crate::interp`]) instead of compiling it, so no C compiler is looked up or run.
+//! ([`arrayjit::interp`]) instead of compiling it, so no C compiler is looked up or run.
 //!
 //! The plan executes as on the cc backend, with one [`Memory`] standing in for each device's
 //! buffers:
@@ -23,19 +23,19 @@
 //!   nothing.
 //!
 //! Values are therefore those of the compiled code up to the differences documented in
-//! [`crate::interp`] (intermediate results of single and half expressions kept in `f64`,
+//! [`arrayjit::interp`] (intermediate results of single and half expressions kept in `f64`,
 //! contraction into fused multiply-adds, the last bits of `libm` functions). Nodes that the
 //! optimizer would inline or keep local never exist in a compiled context; the interpreter
 //! keeps them in its memory, so it accepts a few programs the compiled path rejects (e.g. a
 //! `copy` of a tensor the optimizer inlined).
 
-use super::build::{Built, PlanStep, ProgramError};
-use super::exec::{collect_printed, RunResult};
-use super::program::MergeDecl;
-use crate::interp::{self, Memory};
-use crate::ir::{Assignments, Buffer, FetchOp, MemoryMode, StaticSymbol, Tnode};
-use crate::loops::Llc;
-use crate::lower;
+use crate::exec::{collect_printed, RunResult};
+use crate::program::build::{Built, PlanStep, ProgramError};
+use crate::program::format::MergeDecl;
+use arrayjit::interp::{self, Memory};
+use arrayjit::ir::{Assignments, Buffer, FetchOp, MemoryMode, StaticSymbol, Tnode};
+use arrayjit::loops::Llc;
+use arrayjit::lower;
 use std::collections::HashSet;
 
 fn quote(s: &str) -> String {
@@ -99,7 +99,7 @@ fn lower_all(built: &Built) -> Result<(Vec<Lowered>, HashSet<Tnode>), ProgramErr
     {
         let code = lower::lower(a).map_err(|e| {
             ProgramError::at(
-                super::locate::json_path!["routines", i],
+                crate::program::locate::json_path!["routines", i],
                 format!("while lowering: {e}"),
             )
         })?;
@@ -171,14 +171,14 @@ impl Sim<'_> {
     }
 
     /// A copy of the values of `tn` on device `d` (zeros if no routine touched it yet, as a
-    /// freshly linked buffer); [`crate::Error::OutOfMemory`] when the copy cannot be
+    /// freshly linked buffer); [`arrayjit::Error::OutOfMemory`] when the copy cannot be
     /// allocated.
-    fn values(&self, d: usize, tn: &Tnode) -> crate::Result<Vec<f64>> {
+    fn values(&self, d: usize, tn: &Tnode) -> arrayjit::Result<Vec<f64>> {
         match self.devices[d].mem.get(tn) {
             Some(v) => {
                 let mut copy: Vec<f64> = Vec::new();
                 if copy.try_reserve_exact(v.len()).is_err() {
-                    return Err(crate::Error::OutOfMemory {
+                    return Err(arrayjit::Error::OutOfMemory {
                         what: format!("a copy of the values of tensor {}", tn.name()),
                         bytes: v.len().saturating_mul(8),
                     });
@@ -195,7 +195,7 @@ impl Sim<'_> {
         routine: usize,
         device: usize,
         bindings: &[(String, i64)],
-    ) -> crate::Result<()> {
+    ) -> arrayjit::Result<()> {
         let r = &self.routines[routine];
         if !r.merge_nodes.is_empty() {
             if let Some((src, tn)) = self.devices[device].streams_from.clone() {
@@ -209,7 +209,7 @@ impl Sim<'_> {
             match statics.iter_mut().find(|(s, _)| &s.name == name) {
                 Some(slot) => slot.1 = *v,
                 None => {
-                    return Err(crate::Error::Usage(format!(
+                    return Err(arrayjit::Error::Usage(format!(
                         "routine {}: unknown static index {name}",
                         r.name
                     )))
