@@ -60,8 +60,10 @@ fn small_kernel() -> Assignments {
         temp("r2", &[N]),
         temp("two", &[1]),
     );
-    let out = temp("out", &[N]);
-    out.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+    let out = Tnode::builder(&["out"], &[N], Prec::Single)
+        .memory(MemoryMode::OnDevice)
+        .build()
+        .unwrap();
     Assignments::block(
         "out = max(0, a*b + c) * 2 - d",
         Assignments::seq([

@@ -61,8 +61,10 @@ fn copies(c: &mut Criterion) {
         .unwrap();
     let mut g = c.benchmark_group("copy");
     for n in [1usize << 10, 1 << 16, 1 << 20] {
-        let tn = Tnode::new(&["t"], &[n], Prec::Single).unwrap();
-        tn.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+        let tn = Tnode::builder(&["t"], &[n], Prec::Single)
+            .memory(MemoryMode::OnDevice)
+            .build()
+            .unwrap();
         let code = b
             .compile(
                 true,

@@ -44,10 +44,11 @@ fn output(name: &str, dims: &[usize]) -> Tnode {
 }
 
 fn output_prec(name: &str, dims: &[usize], prec: Prec) -> Tnode {
-    let t = Tnode::new(&[name], dims, prec).unwrap();
-    t.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
-    t.ensure_hosted().unwrap();
-    t
+    Tnode::builder(&[name], dims, prec)
+        .memory(MemoryMode::OnDevice)
+        .hosted()
+        .build()
+        .unwrap()
 }
 
 fn temp(name: &str, dims: &[usize]) -> Tnode {

@@ -238,8 +238,9 @@ fn snapshot_aliases(
     }
     let mut label: Vec<&str> = lhs.label().iter().map(String::as_str).collect();
     label.push("old");
-    let snap = Tnode::new(&label, lhs.dims(), lhs.prec())?;
-    snap.update_memory_mode(MemoryMode::Local, provenance::SNAPSHOT)?;
+    let snap = Tnode::builder(&label, lhs.dims(), lhs.prec())
+        .memory_with_provenance(MemoryMode::Local, provenance::SNAPSHOT)
+        .build()?;
     let args = args
         .iter()
         .map(|a| match a {

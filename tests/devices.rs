@@ -122,8 +122,7 @@ fn streaming_and_copy_merges_agree() {
                 let bind = Bindings(vec![row.clone()]);
                 let data: Vec<f64> = (0..n * 3).map(|i| (i * i) as f64).collect();
                 let batch = input("batch", &[n, 3], Prec::Double, &data);
-                let g = temp("g", &[3], Prec::Double);
-                g.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+                let g = on_device("g", &[3], Prec::Double);
                 let grad = Assignments::Fetch {
                     array: g.clone(),
                     fetch_op: FetchOp::Slice {
@@ -192,8 +191,7 @@ fn streaming_and_copy_merges_agree() {
                 }
                 sums.push(host.to_f64_vec());
                 // A mismatched merge node fails at the call, naming both nodes.
-                let other = temp("other_node", &[3], Prec::Double);
-                other.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+                let other = on_device("other_node", &[3], Prec::Double);
                 let oc = b
                     .compile(
                         true,
@@ -299,8 +297,7 @@ fn ten_thousand_tiny_tasks_per_device() {
             let n = 4;
             let devs = devices(b.as_ref(), n);
             let one = input("one", &[1], Prec::Double, &[1.0]);
-            let acc = temp("acc", &[1], Prec::Double);
-            acc.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+            let acc = on_device("acc", &[1], Prec::Double);
             let bind = Bindings::empty();
             let code = b
                 .compile(
@@ -676,8 +673,7 @@ fn prepared_transfers_check_like_device_to_device_and_run_again() {
             let bind = Bindings::empty();
             let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
             let g = output("g", &[3], Prec::Single);
-            let other = temp("other", &[3], Prec::Single);
-            other.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+            let other = on_device("other", &[3], Prec::Single);
             // g = x (a "gradient"), and a merge routine g = g + merge(g).
             let fill = b
                 .compile(

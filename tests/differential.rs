@@ -465,7 +465,7 @@ fn regression_static_index_read_of_partially_written_node() {
             got[0],
             vec![want],
             "compiled, s={sv} r={rv}; t is {:?}:\n{src}",
-            t.memory_mode()
+            backend.memory_mode(&t)
         );
     }
 }

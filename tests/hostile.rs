@@ -199,11 +199,7 @@ fn computation(n: &Names) -> (Assignments, Vec<Tnode>) {
         .unwrap()
     };
     let node = |i: usize, dims: &[usize]| Tnode::new(&l(i), dims, Prec::Single).unwrap();
-    let hosted = |i: usize, dims: &[usize]| {
-        let t = node(i, dims);
-        t.ensure_hosted().unwrap();
-        t
-    };
+    let hosted = |i: usize, dims: &[usize]| Tnode::hosted(&l(i), dims, Prec::Single).unwrap();
     let a = with_values(0, &[ROWS, COLS], a_values());
     let bb = with_values(1, &[COLS], b_values());
     let t1 = node(2, &[ROWS, COLS]);

@@ -30,7 +30,7 @@ fn matmul() {
         binop(&t, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b),
         unop(&y, Binop::Arg2, false, Unop::Identity, &t, "ik->ik", &b),
     ]);
-    let modes: Vec<_> = a.nodes().iter().map(Tnode::memory_mode).collect();
+    let modes: Vec<_> = a.nodes().iter().map(Tnode::declared_memory_mode).collect();
     // [1 2 3; 4 5 6] @ [0.5 -1; 2 0.25; -3 1]
     assert_eq!(
         interpret(&a, &[], &[&y])[0],
@@ -42,9 +42,9 @@ fn matmul() {
         ]
     );
     // The interpreter does not decide memory modes.
-    let after: Vec<_> = a.nodes().iter().map(Tnode::memory_mode).collect();
+    let after: Vec<_> = a.nodes().iter().map(Tnode::declared_memory_mode).collect();
     assert_eq!(modes, after);
-    assert_eq!(t.memory_mode(), None);
+    assert_eq!(t.declared_memory_mode(), None);
 }
 
 #[test]
@@ -345,8 +345,8 @@ fn optimized_code_and_hosts() {
     assert_eq!(interpret(&asg, &[], &[&y])[0], want);
     let code = arrayjit::lower::lower(&asg).unwrap();
     let o = arrayjit::optimize::optimize("opt", code, &Default::default()).unwrap();
-    assert_eq!(h.memory_mode(), Some(MemoryMode::Local));
-    assert_eq!(t.memory_mode(), Some(MemoryMode::Virtual));
+    assert_eq!(o.memory_mode(&h), Some(MemoryMode::Local));
+    assert_eq!(o.memory_mode(&t), Some(MemoryMode::Virtual));
     let mut mem = Memory::new();
     mem.load_from_hosts(&asg.nodes());
     // A Local node starts zeroed on every run, whatever the memory held.

@@ -63,7 +63,7 @@ fn in_place_matmul_uses_the_old_matrix() {
 fn offsets_beyond_two_to_the_31() {
     let s = StaticSymbol::new("row", Some(65536));
     let b = Bindings(vec![s.clone()]);
-    let big = temp("big", &[65536, 32769], Prec::Byte);
+    let big = on_device("big", &[65536, 32769], Prec::Byte);
     let c = input("c", &[32769], Prec::Byte, &vec![7.0; 32769]);
     let row = output("row", &[32769], Prec::Byte);
     let asg = Assignments::seq([
@@ -86,7 +86,6 @@ fn offsets_beyond_two_to_the_31() {
             &b,
         ),
     ]);
-    big.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
     let backend = arrayjit::backend::CcBackend::new();
     let (r, src) = build(&backend, "big", &b, &asg).unwrap();
     assert!(src.contains("int64_t row_"), "{src}");

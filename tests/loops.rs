@@ -129,8 +129,8 @@ fn large_reductions_are_materialized_not_recomputed() {
         binop(&h, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b),
         unop(&y, Binop::Arg2, false, Unop::Relu, &h, "ik->ik", &b),
     ]);
-    let (got, src) = compute(&a, &b, &[&y]);
-    assert_eq!(h.memory_mode(), Some(MemoryMode::Local), "{src}");
+    let (got, src, modes) = compute_with_modes(&a, &b, &[&y]);
+    assert_eq!(modes.get(&h), Some(MemoryMode::Local), "{src}");
     for i in 0..n {
         for c in 0..m {
             let s: f64 = (0..k).map(|j| xv[i * k + j] * wv[j * m + c]).sum();
@@ -146,8 +146,8 @@ fn large_reductions_are_materialized_not_recomputed() {
         binop(&h, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b),
         unop(&y, Binop::Arg2, false, Unop::Relu, &h, "ik->ik", &b),
     ]);
-    compute(&a, &b, &[&y]);
-    assert_eq!(h.memory_mode(), Some(MemoryMode::Virtual));
+    let (_, _, modes) = compute_with_modes(&a, &b, &[&y]);
+    assert_eq!(modes.get(&h), Some(MemoryMode::Virtual));
 }
 
 #[test]

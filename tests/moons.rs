@@ -92,17 +92,12 @@ fn helpers_compute_what_they_say() {
             [2, 3],
             [2, 3],
         ])
-        .map(|(n, d)| {
-            let t = Tnode::new(&[n], &d, p).unwrap();
-            t.ensure_hosted().unwrap();
-            t
-        })
+        .map(|(n, d)| Tnode::hosted(&[n], &d, p).unwrap())
         .collect();
         let [mm, mmo, biased, act, gated, sums, wt, scaled] = &outs[..] else {
             unreachable!()
         };
-        let sums1 = Tnode::new(&["sums1"], &[2], p).unwrap();
-        sums1.ensure_hosted().unwrap();
+        let sums1 = Tnode::hosted(&["sums1"], &[2], p).unwrap();
         let code = arrayjit::ir::Assignments::seq([
             nn::matmul(mm, &x, &w, "bi,io->bo", &none).unwrap(),
             nn::matmul_ordered(mmo, &x, &w, "bi,io->bo", "bio", &none).unwrap(),
@@ -198,8 +193,10 @@ fn gradients_match_finite_differences() {
         let data_x = hosted("data_x", &[1, m, 2], p, &xs);
         let data_t = hosted("data_t", &[1, m, 1], p, &data.labels);
         let slot = StaticSymbol::new("slot", Some(1));
-        let loss = Tnode::new(&["loss"], &[1], p).unwrap();
-        loss.update_memory_mode(MemoryMode::OnDevice, 1).unwrap();
+        let loss = Tnode::builder(&["loss"], &[1], p)
+            .memory(MemoryMode::OnDevice)
+            .build()
+            .unwrap();
         let code = mlp.grad_routine(&data_x, &data_t, &slot, &loss, m).unwrap();
         let b = MulticoreBackend::new();
         b.initialize(Config::default());

@@ -74,12 +74,12 @@ fn fused_chain_expected() -> Vec<f64> {
 #[test]
 fn pointwise_chain_fuses_into_one_loop_without_intermediates() {
     let (asgns, temps, out) = fused_chain(["t1", "t2", "t3", "t4"], "fused chain");
-    let (got, src) = compute(&asgns, &Bindings::empty(), &[&out]);
+    let (got, src, modes) = compute_with_modes(&asgns, &Bindings::empty(), &[&out]);
     assert_eq!(got[0], fused_chain_expected());
     assert_eq!(src.matches("for (").count(), 1, "one loop expected:\n{src}");
     for t in &temps {
         assert_eq!(
-            t.memory_mode(),
+            modes.get(t),
             Some(MemoryMode::Virtual),
             "{} should be virtual",
             t.name()
@@ -105,13 +105,13 @@ fn intermediate_read_many_times_is_materialized() {
         unop(&h, Binop::Arg2, false, Unop::Relu, &x, "i->i", &b),
         binop(&y, Binop::Arg2, false, Binop::Mul, &h, &w, "i,j->ij", &b),
     ]);
-    let (got, src) = compute(&asgns, &b, &[&y]);
+    let (got, src, modes) = compute_with_modes(&asgns, &b, &[&y]);
     let want: Vec<f64> = [-1.0f64, 2., -3., 4.]
         .iter()
         .flat_map(|&x| [1.0, 10.0, 100.0].map(|w| x.max(0.0) * w))
         .collect();
     assert_eq!(got[0], want);
-    assert_eq!(h.memory_mode(), Some(MemoryMode::Local));
+    assert_eq!(modes.get(&h), Some(MemoryMode::Local));
     assert!(src.contains("float h_"), "h must be a local array:\n{src}");
 }
 
@@ -278,15 +278,16 @@ fn recurrent_state_persists_between_runs() {
         );
         assert_eq!(got[1], vec![k as f64, 2. * k as f64, 3. * k as f64]);
     }
-    assert_eq!(hidden.memory_mode(), Some(MemoryMode::OnDevice));
+    assert_eq!(backend.memory_mode(&hidden), Some(MemoryMode::OnDevice));
 }
 
 #[test]
 fn memory_mode_conflicts_name_the_node() {
     let b = Bindings::empty();
     let x = input("x", &[2], Prec::Single, &[1., 2.]);
-    let v = temp("vee", &[2], Prec::Single);
-    v.update_memory_mode(MemoryMode::Virtual, arrayjit::ir::tnode::provenance::USER)
+    let v = Tnode::builder(&["vee"], &[2], Prec::Single)
+        .memory(MemoryMode::Virtual)
+        .build()
         .unwrap();
     let y = output("y", &[2], Prec::Single);
     // v is read before it is written: it would have to persist, but it is declared virtual.
@@ -303,12 +304,18 @@ fn memory_mode_conflicts_name_the_node() {
     assert!(err.contains("vee"), "{err}");
     // Abstract refinements that agree are fine; contradictions name both provenances.
     let n = temp("n", &[2], Prec::Single);
-    n.update_memory_mode(MemoryMode::NeverVirtual, 7).unwrap();
-    n.update_memory_mode(MemoryMode::Materialized, 8).unwrap();
-    n.update_memory_mode(MemoryMode::DeviceOnly, 9).unwrap();
-    assert_eq!(n.memory_mode(), Some(MemoryMode::OnDevice));
-    let err = n
-        .update_memory_mode(MemoryMode::Virtual, 10)
+    let mut modes = MemoryModes::new();
+    modes.refine(&n, MemoryMode::NeverVirtual, 7).unwrap();
+    modes.refine(&n, MemoryMode::Materialized, 8).unwrap();
+    modes.refine(&n, MemoryMode::DeviceOnly, 9).unwrap();
+    assert_eq!(modes.get(&n), Some(MemoryMode::OnDevice));
+    assert_eq!(
+        n.declared_memory_mode(),
+        None,
+        "decisions never change the node"
+    );
+    let err = modes
+        .refine(&n, MemoryMode::Virtual, 10)
         .unwrap_err()
         .to_string();
     assert!(
@@ -437,4 +444,42 @@ fn readable_dumps_of_assignments_and_loop_ir() {
     let ll = arrayjit::loops::to_doc(&opt.code);
     assert_eq!(ll.matches("for ").count(), 1, "{ll}");
     assert!(!ll.contains("t2["), "{ll}");
+}
+
+/// Nodes are immutable descriptors: compiling decides memory modes without changing them,
+/// so compiling the same code again (in the same backend or a fresh one) gives the same C,
+/// and printing C (what `emit-c` does) changes nothing either.
+#[test]
+fn compiling_twice_gives_the_same_code_and_never_changes_nodes() {
+    let (asgns, temps, out) = fused_chain(["u1", "u2", "u3", "u4"], "twice");
+    let before: Vec<_> = asgns
+        .nodes()
+        .iter()
+        .map(Tnode::declared_memory_mode)
+        .collect();
+    let b = Bindings::empty();
+    let backend = CcBackend::new();
+    backend.initialize(Config::default());
+    let shown = backend
+        .generate_batch_source(None, &b, std::slice::from_ref(&asgns))
+        .unwrap();
+    let first = backend.compile(true, Some("twice"), &b, &asgns).unwrap();
+    let second = backend.compile(true, Some("twice"), &b, &asgns).unwrap();
+    let fresh = CcBackend::new();
+    fresh.initialize(Config::default());
+    let third = fresh.compile(true, Some("twice"), &b, &asgns).unwrap();
+    assert_eq!(first.source(), second.source());
+    assert_eq!(first.source(), third.source());
+    assert!(shown.contains("twice"), "{shown}");
+    let after: Vec<_> = asgns
+        .nodes()
+        .iter()
+        .map(Tnode::declared_memory_mode)
+        .collect();
+    assert_eq!(before, after);
+    for t in &temps {
+        assert_eq!(t.declared_memory_mode(), None);
+        assert_eq!(first.optimized().memory_mode(t), Some(MemoryMode::Virtual));
+    }
+    assert!(first.optimized().memory_mode(&out).is_some());
 }

@@ -7,7 +7,7 @@ use super::device::Device;
 use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
-use crate::ir::{Assignments, Bindings, Ndarray, RoutineBindings, Tnode};
+use crate::ir::{Assignments, Bindings, MemoryMode, MemoryModes, Ndarray, RoutineBindings, Tnode};
 use crate::optimize::{self, Optimized, Settings};
 use crate::target::VectorTarget;
 use crate::{loops, lower};
@@ -267,6 +267,10 @@ pub struct CcBackend {
     config: Mutex<Config>,
     /// Optimizer settings used by `compile`.
     pub settings: Settings,
+    /// The memory-mode decisions of every routine compiled so far (nodes themselves are never
+    /// changed): each routine starts from them, and a routine contradicting an earlier one
+    /// (a node inlined there and read from memory here) is an error naming the node.
+    modes: Mutex<MemoryModes>,
 }
 
 impl Default for CcBackend {
@@ -308,6 +312,7 @@ impl CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             settings: Settings::default(),
+            modes: Mutex::new(MemoryModes::new()),
         }
     }
 
@@ -378,14 +383,29 @@ impl CcBackend {
         target: &VectorTarget,
     ) -> Result<Optimized> {
         let code = lower::lower(asgns)?;
-        if self.settings.target.is_some() {
-            return optimize::optimize(name, code, &self.settings);
-        }
         let settings = Settings {
-            target: Some(*target),
+            target: self.settings.target.or(Some(*target)),
             ..self.settings.clone()
         };
-        optimize::optimize(name, code, &settings)
+        let known = self.lock_modes().clone();
+        let o = optimize::optimize_with(name, code, &settings, &known)?;
+        self.lock_modes().merge(&o.modes)?;
+        Ok(o)
+    }
+
+    fn lock_modes(&self) -> std::sync::MutexGuard<'_, MemoryModes> {
+        self.modes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The memory mode decided for a node by the routines compiled so far (or its
+    /// declaration).
+    pub fn memory_mode(&self, tn: &Tnode) -> Option<MemoryMode> {
+        self.lock_modes().get(tn)
+    }
+
+    /// Every memory-mode decision of the routines compiled so far.
+    pub fn memory_modes(&self) -> MemoryModes {
+        self.lock_modes().clone()
     }
 
     /// The compiler configuration (from the environment) and what its compiler makes of the

@@ -20,8 +20,8 @@ fn tnode(tn: &Tnode) -> Sexp {
         atom_s(&format!("{:?}", tn.dims())),
         atom_s(tn.prec().name()),
         atom_s(
-            &tn.memory_mode()
-                .map_or("undecided".into(), |m| format!("{m:?}")),
+            &tn.declared_memory_mode()
+                .map_or("undecided".into(), |(m, _)| format!("{m:?}")),
         ),
     ])
 }

@@ -4,6 +4,7 @@
 pub mod assignments;
 pub mod einsum;
 pub mod indexing;
+pub mod modes;
 pub mod ndarray;
 pub mod ops;
 pub mod prec;
@@ -13,7 +14,8 @@ pub use assignments::{Assignments, Buffer, FetchOp};
 pub use indexing::{
     AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings, StaticSymbol, Symbol,
 };
+pub use modes::{HostedMode, MemoryMode, MemoryModes};
 pub use ndarray::{InitOp, Ndarray};
 pub use ops::{Binop, Unop};
 pub use prec::Prec;
-pub use tnode::{HostedMode, MemoryMode, Tnode};
+pub use tnode::{Tnode, TnodeBuilder};

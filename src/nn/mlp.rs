@@ -6,7 +6,6 @@ use super::{
     sgd_step, slice, sub, sum_ordered, transpose, Rng,
 };
 use crate::error::{Error, Result};
-use crate::ir::tnode::provenance;
 use crate::ir::{Assignments, Bindings, InitOp, MemoryMode, Prec, StaticSymbol, Tnode};
 
 /// One layer `y = x·w + b` of an [`Mlp`], with the gradients of its parameters.
@@ -90,10 +89,6 @@ impl HostMlp {
     }
 }
 
-fn persist(tn: &Tnode, mode: MemoryMode) -> Result<()> {
-    tn.update_memory_mode(mode, provenance::USER)
-}
-
 /// Local arrays larger than this are allocated (`calloc`) and freed by the generated C on every
 /// call (smaller ones live on the stack); see the README's "Reading the generated C".
 const STACK_LOCAL_LIMIT: usize = 16 * 1024;
@@ -104,16 +99,13 @@ const STACK_LOCAL_LIMIT: usize = 16 * 1024;
 /// and its pages faulted in again each time (about 256 page faults per MiB per call, up to a
 /// quarter of a step's time at 256 hidden units, and worse with several devices).
 fn materialized(label: &[&str], dims: &[usize], prec: Prec) -> Result<Tnode> {
-    let t = Tnode::new(label, dims, prec)?;
-    persist(
-        &t,
-        if t.size_in_bytes() > STACK_LOCAL_LIMIT {
-            MemoryMode::OnDevice
-        } else {
-            MemoryMode::Local
-        },
-    )?;
-    Ok(t)
+    let bytes = dims.iter().product::<usize>() * prec.size_in_bytes();
+    let mode = if bytes > STACK_LOCAL_LIMIT {
+        MemoryMode::OnDevice
+    } else {
+        MemoryMode::Local
+    };
+    Tnode::builder(label, dims, prec).memory(mode).build()
 }
 
 /// A node left to the optimizer (inlined when it can be), except that when it is large and
@@ -121,11 +113,13 @@ fn materialized(label: &[&str], dims: &[usize], prec: Prec) -> Result<Tnode> {
 /// (see [`materialized`]). Only for nodes read more than once per cell, which are never
 /// inlined anyway.
 fn reused(label: &[&str], dims: &[usize], prec: Prec) -> Result<Tnode> {
-    let t = Tnode::new(label, dims, prec)?;
-    if t.size_in_bytes() > STACK_LOCAL_LIMIT {
-        persist(&t, MemoryMode::OnDevice)?;
+    let bytes = dims.iter().product::<usize>() * prec.size_in_bytes();
+    let b = Tnode::builder(label, dims, prec);
+    if bytes > STACK_LOCAL_LIMIT {
+        b.memory(MemoryMode::OnDevice).build()
+    } else {
+        b.build()
     }
-    Ok(t)
 }
 
 impl Mlp {
@@ -150,30 +144,26 @@ impl Mlp {
             let values: Vec<f64> = (0..ins * outs).map(|_| rng.range(-a, a)).collect();
             let wl = format!("w{}", l + 1);
             let bl = format!("b{}", l + 1);
-            let w = Tnode::with_init(
-                &[&wl],
-                &[ins, outs],
-                prec,
-                &InitOp::ConstantFill {
+            let w = Tnode::builder(&[&wl], &[ins, outs], prec)
+                .init(InitOp::ConstantFill {
                     values,
                     strict: true,
-                },
-            )?;
-            let b = Tnode::with_init(
-                &[&bl],
-                &[outs],
-                prec,
-                &InitOp::ConstantFill {
+                })
+                .memory(MemoryMode::Materialized)
+                .build()?;
+            let b = Tnode::builder(&[&bl], &[outs], prec)
+                .init(InitOp::ConstantFill {
                     values: vec![0.0],
                     strict: false,
-                },
-            )?;
-            let gw = Tnode::new(&[&wl, "grad"], &[ins, outs], prec)?;
-            let gb = Tnode::new(&[&bl, "grad"], &[outs], prec)?;
-            persist(&w, MemoryMode::Materialized)?;
-            persist(&b, MemoryMode::Materialized)?;
-            persist(&gw, MemoryMode::OnDevice)?;
-            persist(&gb, MemoryMode::OnDevice)?;
+                })
+                .memory(MemoryMode::Materialized)
+                .build()?;
+            let gw = Tnode::builder(&[&wl, "grad"], &[ins, outs], prec)
+                .memory(MemoryMode::OnDevice)
+                .build()?;
+            let gb = Tnode::builder(&[&bl, "grad"], &[outs], prec)
+                .memory(MemoryMode::OnDevice)
+                .build()?;
             layers.push(Layer { w, b, gw, gb });
         }
         Ok(Mlp {

@@ -44,7 +44,6 @@ use crate::backend::{
 };
 use crate::error::{Error, Result};
 use crate::ir::einsum;
-use crate::ir::tnode::provenance;
 use crate::ir::{
     Assignments, Bindings, Binop, Buffer, InitOp, MemoryMode, Prec, StaticSymbol, Tnode, Unop,
 };
@@ -215,17 +214,13 @@ pub fn default_devices(backend: &dyn Backend, batch: usize) -> Result<usize> {
 }
 
 fn hosted(label: &[&str], dims: &[usize], prec: Prec, values: Vec<f64>) -> Result<Tnode> {
-    let t = Tnode::with_init(
-        label,
-        dims,
-        prec,
-        &InitOp::ConstantFill {
+    Tnode::builder(label, dims, prec)
+        .init(InitOp::ConstantFill {
             values,
             strict: true,
-        },
-    )?;
-    t.update_memory_mode(MemoryMode::Materialized, provenance::USER)?;
-    Ok(t)
+        })
+        .memory(MemoryMode::Materialized)
+        .build()
 }
 
 /// One device's handles.
@@ -487,12 +482,11 @@ pub fn train(
         prec,
         data.points.iter().flatten().copied().collect(),
     )?;
-    let scores = Tnode::new(&["scores"], &[data.len(), 1], prec)?;
-    scores.ensure_hosted()?;
-    let loss = Tnode::new(&["loss"], &[1], prec)?;
-    loss.update_memory_mode(MemoryMode::OnDevice, provenance::USER)?;
-    let history = Tnode::new(&["loss_history"], &[steps], prec)?;
-    history.ensure_hosted()?;
+    let scores = Tnode::hosted(&["scores"], &[data.len(), 1], prec)?;
+    let loss = Tnode::builder(&["loss"], &[1], prec)
+        .memory(MemoryMode::OnDevice)
+        .build()?;
+    let history = Tnode::hosted(&["loss_history"], &[steps], prec)?;
 
     let slot = StaticSymbol::new("slot", Some(slots));
     let step = StaticSymbol::new("step", Some(steps));

@@ -324,8 +324,9 @@ fn subst_idcs(idcs: &[AxisIndex], subs: &[(Symbol, AxisIndex)]) -> Option<Vec<Ax
 
 fn local(label: &[&str], dims: &[usize], prec: Prec, locals: &mut Vec<Tnode>) -> Option<Tnode> {
     // Packed buffers are scratch memory: their size was checked through the operands'.
-    let t = Tnode::new(label, dims, prec).ok()?;
-    t.update_memory_mode(MemoryMode::Local, provenance::KERNEL)
+    let t = Tnode::builder(label, dims, prec)
+        .memory_with_provenance(MemoryMode::Local, provenance::KERNEL)
+        .build()
         .ok()?;
     locals.push(t.clone());
     Some(t)

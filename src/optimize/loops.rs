@@ -307,19 +307,15 @@ fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
     let Some((strided_e, rest_e)) = substituted else {
         return rebuild(loops, body);
     };
-    let Ok(acc) = Tnode::new(
+    let Ok(acc) = Tnode::builder(
         &[&tn.label().join("_"), "acc"],
         &[lanes as usize],
         tn.prec(),
-    ) else {
+    )
+    .memory_with_provenance(MemoryMode::Local, provenance::KERNEL)
+    .build() else {
         return rebuild(loops, body);
     };
-    if acc
-        .update_memory_mode(MemoryMode::Local, provenance::DEFAULTED)
-        .is_err()
-    {
-        return rebuild(loops, body);
-    }
     locals.push(acc.clone());
     let lane = Symbol::fresh();
     let at = |i: AxisIndex| vec![i];

@@ -12,7 +12,7 @@ pub use trace::{trace, TracedNode, TracedStore};
 
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
-use crate::ir::{MemoryMode, Tnode};
+use crate::ir::{MemoryMode, MemoryModes, Tnode};
 use crate::loops::{Llc, Llv};
 
 /// Knobs of the optimizer.
@@ -69,10 +69,33 @@ pub struct Optimized {
     /// Local arrays whose every element is written before it is read in each call (the
     /// kernel passes' packed panels): they need no zeroing.
     pub written_first: Vec<Tnode>,
+    /// The memory-mode decisions about every node of the routine, with their provenance (the
+    /// nodes themselves are never changed).
+    pub modes: MemoryModes,
 }
 
-/// Optimizes lowered code.
+impl Optimized {
+    /// The memory mode decided for a node of this routine (or its declaration).
+    pub fn memory_mode(&self, tn: &Tnode) -> Option<MemoryMode> {
+        self.modes.get(tn)
+    }
+}
+
+/// Optimizes lowered code, starting from the nodes' declarations.
 pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized> {
+    optimize_with(name, code, settings, &MemoryModes::new())
+}
+
+/// Optimizes lowered code, starting from the nodes' declarations refined by `known` (the
+/// decisions of routines compiled before, so that every routine of a session agrees on where
+/// a node lives; a contradiction is an error naming the node).
+pub fn optimize_with(
+    name: &str,
+    code: Llc,
+    settings: &Settings,
+    known: &MemoryModes,
+) -> Result<Optimized> {
+    let mut modes = known.clone();
     let unoptimized = code.clone();
     let traced_store = trace(&code, settings)?;
     // Reading two different nodes from the merge buffer is an error even if one read is dead.
@@ -81,19 +104,20 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
     for t in traced_store.nodes() {
         let tn = &t.tn;
         if t.read_only {
-            tn.update_memory_mode(MemoryMode::Materialized, provenance::READ_ONLY)?;
+            modes.refine(tn, MemoryMode::Materialized, provenance::READ_ONLY)?;
         } else if t.is_recurrent {
-            tn.update_memory_mode(MemoryMode::Materialized, provenance::RECURRENT)?;
+            modes.refine(tn, MemoryMode::Materialized, provenance::RECURRENT)?;
         } else if t.max_visits > settings.max_visits
             && !(settings.inline_scalar_constexprs && t.is_scalar_constexpr)
         {
-            tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::TOO_MANY_VISITS)?;
+            modes.refine(tn, MemoryMode::NeverVirtual, provenance::TOO_MANY_VISITS)?;
         }
     }
     let mut locals: Vec<Tnode> = vec![];
     let mut written_first: Vec<Tnode> = vec![];
     let code = if settings.enabled {
-        let code = virtualize::virtualize(code, &traced_store, settings.max_inline_work)?;
+        let code =
+            virtualize::virtualize(code, &traced_store, settings.max_inline_work, &mut modes)?;
         let code = simplify(code);
         if settings.loop_opts {
             let r = loops::optimize_loops(code, settings.target.as_ref());
@@ -111,13 +135,13 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
     let mut nodes = vec![];
     for t in traced_store.nodes() {
         let tn = &t.tn;
-        if !t.read_only && t.reads == 0 && tn.memory_mode() != Some(MemoryMode::Virtual) {
-            tn.update_memory_mode(MemoryMode::Materialized, provenance::OUTPUT)?;
+        if !t.read_only && t.reads == 0 && modes.get(tn) != Some(MemoryMode::Virtual) {
+            modes.refine(tn, MemoryMode::Materialized, provenance::OUTPUT)?;
         }
-        if !settings.enabled && tn.memory_mode().is_none_or(|m| m.may_be_virtual()) {
-            tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?;
+        if !settings.enabled && modes.get(tn).is_none_or(|m| m.may_be_virtual()) {
+            modes.refine(tn, MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?;
         }
-        let mode = tn.finalize_memory_mode()?;
+        let mode = modes.finalize(tn)?;
         if mode == MemoryMode::Virtual && mentions(&code, tn) {
             return Err(Error::MemoryMode {
                 node: tn.name(),
@@ -132,7 +156,17 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
             nodes.push((tn.clone(), mode));
         }
     }
+    for t in &locals {
+        modes.refine(t, MemoryMode::Local, provenance::KERNEL)?;
+    }
     nodes.extend(locals.into_iter().map(|t| (t, MemoryMode::Local)));
+    // The decisions this routine made or relied on, about its own nodes.
+    let mine: std::collections::HashSet<Tnode> = traced_store
+        .nodes()
+        .map(|t| t.tn.clone())
+        .chain(nodes.iter().map(|(t, _)| t.clone()))
+        .collect();
+    modes.retain(|t| mine.contains(t));
     nodes.sort_by(|a, b| a.0.cmp(&b.0));
     let merge_node = merge_node(&code)?;
     Ok(Optimized {
@@ -143,6 +177,7 @@ pub fn optimize(name: &str, code: Llc, settings: &Settings) -> Result<Optimized>
         merge_node,
         nodes,
         written_first,
+        modes,
     })
 }
 

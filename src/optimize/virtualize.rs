@@ -16,7 +16,7 @@
 use super::TracedStore;
 use crate::error::Result;
 use crate::ir::tnode::provenance;
-use crate::ir::{AxisIndex, MemoryMode, Symbol, Tnode};
+use crate::ir::{AxisIndex, MemoryMode, MemoryModes, Symbol, Tnode};
 use crate::loops::{Llc, Llv, ScopeId};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -396,7 +396,12 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
 /// more than `max_work` operations per read (a large reduction) is materialized instead:
 /// recomputing it inside its consumer's loops would turn e.g. a matrix product into an
 /// inner-product loop nest with strided access.
-pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc> {
+pub fn virtualize(
+    code: Llc,
+    traced: &TracedStore,
+    max_work: u64,
+    modes: &mut MemoryModes,
+) -> Result<Llc> {
     let mut stmts = code.flatten();
     // Candidates in order of first write.
     let mut order: Vec<Tnode> = vec![];
@@ -409,7 +414,7 @@ pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc>
     }
     for tn in order {
         let Some(t) = traced.get(&tn) else { continue };
-        let allowed = tn.memory_mode().is_none_or(|m| m.may_be_virtual());
+        let allowed = modes.get(&tn).is_none_or(|m| m.may_be_virtual());
         if !allowed || t.is_recurrent || t.read_only || tn.is_hosted() {
             continue;
         }
@@ -426,7 +431,7 @@ pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc>
         });
         match inl {
             Ok(writers) => {
-                tn.update_memory_mode(MemoryMode::Virtual, provenance::INLINED)?;
+                modes.refine(&tn, MemoryMode::Virtual, provenance::INLINED)?;
                 let ws: Vec<(Llc, HashMap<Symbol, usize>)> = writers
                     .iter()
                     .map(|(i, p)| (stmts[*i].clone(), p.clone()))
@@ -440,7 +445,7 @@ pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc>
                     .collect();
             }
             Err("not read in this routine") => {
-                if tn.memory_mode() == Some(MemoryMode::Virtual) {
+                if modes.get(&tn) == Some(MemoryMode::Virtual) {
                     // Cleanup: a node declared virtual and never read computes nothing useful.
                     stmts.retain(|s| {
                         let mut w = HashSet::new();
@@ -449,10 +454,10 @@ pub fn virtualize(code: Llc, traced: &TracedStore, max_work: u64) -> Result<Llc>
                     });
                 } else {
                     // Written (perhaps updated in place) and never consumed here: an output.
-                    tn.update_memory_mode(MemoryMode::Materialized, provenance::OUTPUT)?;
+                    modes.refine(&tn, MemoryMode::Materialized, provenance::OUTPUT)?;
                 }
             }
-            Err(_) => tn.update_memory_mode(MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?,
+            Err(_) => modes.refine(&tn, MemoryMode::NeverVirtual, provenance::NOT_INLINABLE)?,
         }
     }
     Ok(Llc::Seq(stmts))

@@ -21,9 +21,15 @@ pub fn input(name: &str, dims: &[usize], prec: Prec, values: &[f64]) -> Tnode {
 
 /// A hosted node of zeros (an output we want to read back).
 pub fn output(name: &str, dims: &[usize], prec: Prec) -> Tnode {
-    let t = Tnode::new(&[name], dims, prec).unwrap();
-    t.ensure_hosted().unwrap();
-    t
+    Tnode::hosted(&[name], dims, prec).unwrap()
+}
+
+/// A node without a host array, declared to stay in the context (`OnDevice`).
+pub fn on_device(name: &str, dims: &[usize], prec: Prec) -> Tnode {
+    Tnode::builder(&[name], dims, prec)
+        .memory(MemoryMode::OnDevice)
+        .build()
+        .unwrap()
 }
 
 /// A node with no host array (an intermediate).
@@ -107,6 +113,21 @@ pub fn run_and_read(backend: &CcBackend, r: &Routine, outs: &[&Tnode]) -> Vec<Ve
             t.host_values().unwrap()
         })
         .collect()
+}
+
+/// Compiles and runs once; returns the outputs, the C source and the memory-mode decisions.
+pub fn compute_with_modes(
+    asgns: &Assignments,
+    bindings: &Bindings,
+    outs: &[&Tnode],
+) -> (Vec<Vec<f64>>, String, MemoryModes) {
+    let backend = CcBackend::new();
+    let (r, src) = build(&backend, "test", bindings, asgns).unwrap();
+    (
+        run_and_read(&backend, &r, outs),
+        src,
+        backend.memory_modes(),
+    )
 }
 
 /// Compiles and runs once; returns the outputs and the C source.

@@ -238,7 +238,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
                 .inst
                 .tnodes
                 .iter()
-                .map(|tn| tn.memory_mode() == Some(MemoryMode::Virtual))
+                .map(|tn| x.optimized.memory_mode(tn) == Some(MemoryMode::Virtual))
                 .collect(),
             Err(_) => vec![],
         };
@@ -255,7 +255,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
                     if t.kind == Kind::Temp {
                         stats.temps += 1;
                         stats.inlined_temps +=
-                            usize::from(tn.memory_mode() == Some(MemoryMode::Virtual));
+                            usize::from(o.memory_mode(tn) == Some(MemoryMode::Virtual));
                     }
                 }
                 if let Ok(vb) = &b {

@@ -29,11 +29,7 @@ pub fn instantiate(p: &Program) -> Instance {
                 },
             )
             .unwrap(),
-            Kind::Output => {
-                let tn = Tnode::new(&[&t.name], &t.dims, t.prec).unwrap();
-                tn.ensure_hosted().unwrap();
-                tn
-            }
+            Kind::Output => Tnode::hosted(&[&t.name], &t.dims, t.prec).unwrap(),
             Kind::Temp => Tnode::new(&[&t.name], &t.dims, t.prec).unwrap(),
         })
         .collect();

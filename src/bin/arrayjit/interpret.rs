@@ -108,7 +108,7 @@ fn lower_all(built: &Built) -> Result<(Vec<Lowered>, HashSet<Tnode>), ProgramErr
         device_nodes(a, &mut mine, &mut merge_nodes);
         let mut locals: Vec<Tnode> = mine
             .iter()
-            .filter(|t| t.memory_mode() == Some(MemoryMode::Local))
+            .filter(|t| matches!(t.declared_memory_mode(), Some((MemoryMode::Local, _))))
             .cloned()
             .collect();
         locals.sort();

@@ -410,7 +410,38 @@ impl<'a> Builder<'a> {
 
 /// Creates a tensor node from its declaration (see the module docs of [`super`] for the
 /// hosting rules).
-fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) -> Res<Tnode> {
+/// The tensor names a routine's statements mention.
+fn names_used<'a>(stmts: &'a [Statement], out: &mut Vec<&'a str>) {
+    for st in stmts {
+        match st {
+            Statement::Assign(a) => {
+                out.push(&a.lhs);
+                for arg in &a.args {
+                    match arg {
+                        ArgDecl::Tensor(n) | ArgDecl::Merge(n) => out.push(n),
+                    }
+                }
+            }
+            Statement::Fetch(f) => {
+                out.push(&f.lhs);
+                if let FetchKind::Slice { src, .. } = &f.kind {
+                    out.push(src);
+                }
+            }
+            Statement::Block(b) => names_used(&b.code, out),
+        }
+    }
+}
+
+/// Builds a tensor. `shared_by` lists the routines using it when there are several: it must
+/// then persist between them (Materialized).
+fn make_tensor(
+    decl: &TensorDecl,
+    path: &[Seg],
+    base_dir: &Path,
+    printed: bool,
+    shared_by: &[&str],
+) -> Res<Tnode> {
     let name = decl.name.as_str();
     if name.is_empty() {
         return Err(ProgramError::at(
@@ -497,38 +528,46 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
         }),
     };
     let label = [name];
-    // Host arrays are always created through `with_init` (zeros included), so that a failed
-    // allocation is an error naming the tensor rather than an abort.
-    let create = |hosted: bool, at: &JsonPath| -> Res<Tnode> {
-        match (&data_init, hosted) {
-            (Some(init), _) => {
-                Tnode::with_init(&label, &decl.dims, prec, init).map_err(lib(&init_path))
-            }
-            (None, true) => {
-                Tnode::with_init(&label, &decl.dims, prec, &InitOp::Zeros).map_err(lib(at))
-            }
-            (None, false) => Tnode::new(&label, &decl.dims, prec).map_err(lib(&dims_path)),
-        }
+    let shared = || {
+        shared_by
+            .iter()
+            .map(|u| quote(u))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
+    // Host arrays are always created through the builder's init (zeros included), so that a
+    // failed allocation is an error naming the tensor rather than an abort.
+    let create = |hosted: bool, mode: Option<(MemoryMode, u32)>, at: &JsonPath| -> Res<Tnode> {
+        let mut b = Tnode::builder(&label, &decl.dims, prec);
+        if let Some((m, p)) = mode {
+            b = b.memory_with_provenance(m, p);
+        }
+        let (b, at) = match (&data_init, hosted) {
+            (Some(init), _) => (b.init(init.clone()), &init_path),
+            (None, true) => (b.hosted(), at),
+            (None, false) => (b, &dims_path),
+        };
+        b.build().map_err(lib(at))
+    };
+    let shared_mode =
+        (shared_by.len() > 1).then_some((MemoryMode::Materialized, provenance::SHARED_BY_ROUTINES));
     match decl.memory {
-        None => create(decl.init.is_some() || printed, &path.to_vec()),
-        Some(MemoryDecl::Hosted) => {
-            let tn = create(true, &mem_path)?;
-            tn.update_memory_mode(
+        None => create(decl.init.is_some() || printed, shared_mode, &path.to_vec()),
+        Some(MemoryDecl::Hosted) => create(
+            true,
+            Some((
                 MemoryMode::Hosted(HostedMode::Nonconstant),
                 provenance::USER,
-            )
-            .map_err(lib(&mem_path))?;
-            Ok(tn)
-        }
-        Some(MemoryDecl::OnDevice) => {
-            // A non-zero init gets a host array that only stages the data for `from_host`;
-            // a printed tensor gets one to receive `to_host`.
-            let tn = create(printed, &mem_path)?;
-            tn.update_memory_mode(MemoryMode::OnDevice, provenance::USER)
-                .map_err(lib(&mem_path))?;
-            Ok(tn)
-        }
+            )),
+            &mem_path,
+        ),
+        // A non-zero init gets a host array that only stages the data for `from_host`; a
+        // printed tensor gets one to receive `to_host`.
+        Some(MemoryDecl::OnDevice) => create(
+            printed,
+            Some((MemoryMode::OnDevice, provenance::USER)),
+            &mem_path,
+        ),
         Some(m @ (MemoryDecl::Virtual | MemoryDecl::Local)) => {
             if data_init.is_some() {
                 return Err(ProgramError::at(
@@ -550,15 +589,23 @@ fn make_tensor(decl: &TensorDecl, path: &[Seg], base_dir: &Path, printed: bool) 
                     ),
                 ));
             }
-            let tn = create(false, &mem_path)?;
+            if shared_by.len() > 1 {
+                return Err(ProgramError::at(
+                    mem_path,
+                    format!(
+                        "used by routines {} and so must persist between them, but memory {} \
+                         keeps it within one routine call",
+                        shared(),
+                        quote(m.name())
+                    ),
+                ));
+            }
             let mode = if m == MemoryDecl::Virtual {
                 MemoryMode::Virtual
             } else {
                 MemoryMode::Local
             };
-            tn.update_memory_mode(mode, provenance::USER)
-                .map_err(lib(&mem_path))?;
-            Ok(tn)
+            create(false, Some((mode, provenance::USER)), &mem_path)
         }
     }
 }
@@ -859,8 +906,25 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         tensors: HashMap::new(),
         bindings,
     };
+    // Which routines use each tensor: one used by several must persist between them.
+    let used: Vec<Vec<&str>> = prog
+        .routines
+        .iter()
+        .map(|r| {
+            let mut v = vec![];
+            names_used(&r.code, &mut v);
+            v
+        })
+        .collect();
     for (i, t) in prog.tensors.iter().enumerate() {
-        let tn = make_tensor(t, &json_path!["tensors", i], base_dir, printed[i])?;
+        let users: Vec<&str> = prog
+            .routines
+            .iter()
+            .zip(&used)
+            .filter(|(_, names)| names.contains(&t.name.as_str()))
+            .map(|(r, _)| r.name.as_str())
+            .collect();
+        let tn = make_tensor(t, &json_path!["tensors", i], base_dir, printed[i], &users)?;
         b.tensors.insert(t.name.as_str(), tn.clone());
         tensors.push((t.name.clone(), tn));
     }
@@ -882,39 +946,6 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
             ));
         }
         assignments.push(b.statements(&r.code, &with(&path, json_path!["code"]))?);
-    }
-
-    // A tensor used by more than one routine must persist between them.
-    let per_routine: Vec<Vec<Tnode>> = assignments.iter().map(|a| a.nodes()).collect();
-    for (i, (_, tn)) in tensors.iter().enumerate() {
-        let users: Vec<&str> = prog
-            .routines
-            .iter()
-            .zip(&per_routine)
-            .filter(|(_, nodes)| nodes.contains(tn))
-            .map(|(r, _)| r.name.as_str())
-            .collect();
-        if users.len() > 1 {
-            tn.update_memory_mode(MemoryMode::Materialized, provenance::SHARED_BY_ROUTINES)
-                .map_err(|e| {
-                    let at = if prog.tensors[i].memory.is_some() {
-                        "memory"
-                    } else {
-                        "name"
-                    };
-                    ProgramError::at(
-                        json_path!["tensors", i, at],
-                        format!(
-                            "used by routines {} and so must persist between them: {e}",
-                            users
-                                .iter()
-                                .map(|u| quote(u))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    )
-                })?;
-        }
     }
 
     if prog.devices == Some(0) {
