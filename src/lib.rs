@@ -11,6 +11,7 @@ pub mod compile;
 pub mod error;
 pub mod interp;
 pub mod ir;
+pub mod jit;
 pub mod loops;
 pub mod lower;
 pub mod nn;
@@ -18,3 +19,4 @@ pub mod optimize;
 pub mod target;
 
 pub use error::{Error, Result};
+pub use jit::{Jit, JitConfig};

@@ -267,6 +267,9 @@ pub struct CcBackend {
     config: Mutex<Config>,
     /// Optimizer settings used by `compile`.
     pub settings: Settings,
+    /// The compiler configuration; `None`: read from the environment at every compile
+    /// ([`CompilerConfig::from_env`]).
+    compiler: Option<CompilerConfig>,
     /// The memory-mode decisions of every routine compiled so far (nodes themselves are never
     /// changed): each routine starts from them, and a routine contradicting an earlier one
     /// (a node inlined there and read from memory here) is an error naming the node.
@@ -312,6 +315,7 @@ impl CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             settings: Settings::default(),
+            compiler: None,
             modes: Mutex::new(MemoryModes::new()),
         }
     }
@@ -321,6 +325,25 @@ impl CcBackend {
         CcBackend {
             settings,
             ..CcBackend::new()
+        }
+    }
+
+    /// A backend with a given compiler configuration (compiler, flags, cache, jobs...) and
+    /// optimizer settings: nothing is read from the environment. Two backends can use
+    /// different compilers or caches side by side.
+    pub fn with_config(compiler: CompilerConfig, settings: Settings) -> CcBackend {
+        CcBackend {
+            settings,
+            compiler: Some(compiler),
+            ..CcBackend::new()
+        }
+    }
+
+    /// The compiler configuration in effect: the one given, else the environment's.
+    pub fn compiler_config(&self) -> Result<CompilerConfig> {
+        match &self.compiler {
+            Some(c) => Ok(c.clone()),
+            None => CompilerConfig::from_env(),
         }
     }
 
@@ -413,7 +436,7 @@ impl CcBackend {
     /// fails, code is written for the portable target (GCC/Clang vector extensions) and the
     /// compile itself reports what is wrong with the compiler.
     fn resolve(&self) -> Result<(CompilerConfig, VectorTarget)> {
-        let cfg = CompilerConfig::from_env()?;
+        let cfg = self.compiler_config()?;
         let target = compile::Target::resolve(&cfg)
             .map(|t| t.vector_target(cfg.intrinsics))
             .unwrap_or_default();
@@ -681,7 +704,7 @@ impl CcBackend {
             CodeState::Postponed(p) => Arc::new(Self::build_one(
                 &p.generated,
                 &p.dumps,
-                &CompilerConfig::from_env()?,
+                &self.compiler_config()?,
             )?),
         };
         Self::make_routine(

@@ -96,6 +96,14 @@ pub struct DeviceCore {
 }
 
 impl DeviceCore {
+    /// The shared state around a configured compiler backend.
+    pub fn with_cc(cc: CcBackend) -> DeviceCore {
+        DeviceCore {
+            cc,
+            devices: Mutex::default(),
+        }
+    }
+
     fn devices(&self) -> MutexGuard<'_, Vec<Device>> {
         self.devices.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -450,6 +458,14 @@ impl MulticoreBackend {
     pub fn new() -> MulticoreBackend {
         MulticoreBackend::default()
     }
+
+    /// A multicore backend compiling with a configured compiler backend (see
+    /// [`CcBackend::with_config`]).
+    pub fn with_cc(cc: CcBackend) -> MulticoreBackend {
+        MulticoreBackend {
+            core: DeviceCore::with_cc(cc),
+        }
+    }
 }
 
 impl Backend for MulticoreBackend {
@@ -492,6 +508,14 @@ impl SyncBackend {
     /// A new (uninitialized) sync backend.
     pub fn new() -> SyncBackend {
         SyncBackend::default()
+    }
+
+    /// A sync backend compiling with a configured compiler backend (see
+    /// [`CcBackend::with_config`]).
+    pub fn with_cc(cc: CcBackend) -> SyncBackend {
+        SyncBackend {
+            core: DeviceCore::with_cc(cc),
+        }
     }
 }
 

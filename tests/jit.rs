@@ -1,0 +1,124 @@
+//! The Rust-native entry point: configuration passed in as a value, one way to compile,
+//! link and run, errors for the silent mistakes of the seed-shaped API.
+
+mod common;
+
+use arrayjit::compile::CompilerConfig;
+use arrayjit::ir::*;
+use arrayjit::{Jit, JitConfig};
+use common::*;
+
+fn sum_rows(x: &Tnode, s: &Tnode) -> Assignments {
+    unop(
+        s,
+        Binop::Add,
+        true,
+        Unop::Identity,
+        x,
+        "ij->i",
+        &Bindings::empty(),
+    )
+}
+
+/// Two JITs with different compilers settings and caches, side by side in one process:
+/// nothing is read from the environment when a configuration is given.
+#[test]
+fn two_configurations_side_by_side() {
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let base = CompilerConfig::from_env().unwrap();
+    let jits: Vec<Jit> = dirs
+        .iter()
+        .zip(["0", "2"])
+        .map(|(d, level)| {
+            let mut c = base.clone();
+            c.cache_dir = Some(d.path().to_path_buf());
+            c.opt_level = level.to_string();
+            Jit::new(JitConfig {
+                compiler: Some(c),
+                ..JitConfig::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    for (k, jit) in jits.iter().enumerate() {
+        let x = input("x", &[2, 3], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+        let s = output("s", &[2], Prec::Single);
+        let code = jit
+            .compile("sums", &Bindings::empty(), &sum_rows(&x, &s))
+            .unwrap();
+        let dev = jit.device().unwrap();
+        let ctx = jit.context(&dev).unwrap();
+        let r = jit.link(&ctx, &code).unwrap();
+        jit.upload(r.context(), &x).unwrap();
+        r.schedule().unwrap();
+        jit.download(r.context(), &s).unwrap();
+        assert_eq!(s.host_values().unwrap(), vec![6., 15.], "jit {k}");
+        // Each JIT's cache directory holds its own entry.
+        let entries = std::fs::read_dir(dirs[k].path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".so"))
+            })
+            .count();
+        assert_eq!(entries, 1, "jit {k}");
+    }
+}
+
+#[test]
+fn transfers_of_tensors_not_hosted_or_not_in_the_context_are_errors() {
+    let jit = Jit::new(JitConfig::default()).unwrap();
+    let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+    let s = output("s", &[2], Prec::Single);
+    let code = jit
+        .compile("sums", &Bindings::empty(), &sum_rows(&x, &s))
+        .unwrap();
+    let dev = jit.device().unwrap();
+    let ctx = jit.context(&dev).unwrap();
+    // Before linking the context holds nothing.
+    let e = jit.upload(&ctx, &x).unwrap_err().to_string();
+    assert!(
+        e.contains("upload") && e.contains('x') && e.contains("does not hold"),
+        "{e}"
+    );
+    let r = jit.link(&ctx, &code).unwrap();
+    let stranger = temp("stranger", &[2], Prec::Single);
+    let e = jit
+        .download(r.context(), &stranger)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stranger") && e.contains("no host array"), "{e}");
+}
+
+#[test]
+fn batches_and_several_devices() {
+    let jit = Jit::new(JitConfig::default()).unwrap();
+    let x = input("x", &[3, 2], Prec::Double, &[1., 2., 3., 4., 5., 6.]);
+    let s = output("s", &[3], Prec::Double);
+    let t = output("t", &[3], Prec::Double);
+    let b = Bindings::empty();
+    let batch = jit
+        .compile_batch(
+            &["sums", "maxes"],
+            &b,
+            &[
+                sum_rows(&x, &s),
+                unop(&t, Binop::Max, true, Unop::Identity, &x, "ij->i", &b),
+            ],
+        )
+        .unwrap();
+    assert!(jit.compile_batch(&["one"], &b, &[]).is_err());
+    for dev in jit.devices(3).unwrap() {
+        let ctx = jit.context(&dev).unwrap();
+        let (ctx, routines) = jit.link_batch(&ctx, &batch).unwrap();
+        jit.upload(&ctx, &x).unwrap();
+        for r in routines.iter().flatten() {
+            r.schedule().unwrap();
+        }
+        jit.download(&ctx, &s).unwrap();
+        jit.download(&ctx, &t).unwrap();
+        assert_eq!(s.host_values().unwrap(), vec![3., 7., 11.]);
+        assert_eq!(t.host_values().unwrap(), vec![2., 4., 6.]);
+    }
+    assert!(jit.suggested_devices().unwrap() >= 1);
+}
