@@ -49,7 +49,7 @@ pub enum Error {
         seconds: u64,
     },
     /// Asking the compiler what it makes of the architecture flags (its predefined macros,
-    /// see [`crate::compile::Target::resolve`]) failed.
+    /// see `compile::Target::resolve`) failed.
     #[error("probing the C compiler's target failed (command: {command}):\n{output}")]
     TargetProbe {
         /// The probe's command line.

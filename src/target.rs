@@ -3,7 +3,7 @@
 //! blocking from it and the C writer spells vector operations with it.
 //!
 //! A [`VectorTarget`] is plain data. The compile stage resolves it from what the C compiler
-//! makes of the configured architecture flags ([`crate::compile::Target`]), so code is never
+//! makes of the configured architecture flags (the compile stage's `Target`), so code is never
 //! written for instructions the compiler was not told it may use.
 
 use crate::ir::Prec;

@@ -4,6 +4,7 @@
 use super::buffer::{Buffer, BufferPtr};
 use super::context::Context;
 use super::device::Device;
+pub use super::task::{MergeBuffer, Task};
 use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
@@ -27,28 +28,6 @@ pub enum Config {
     MostParallelDevices,
 }
 
-/// A merge buffer cell: which node's buffer a device's merge buffer currently holds.
-#[derive(Clone, Default)]
-pub struct MergeBuffer(Arc<Mutex<Option<(BufferPtr, Tnode)>>>);
-
-impl MergeBuffer {
-    /// An empty merge buffer.
-    pub fn new() -> MergeBuffer {
-        MergeBuffer::default()
-    }
-    /// Makes the merge buffer hold `tn`'s data in `buf`.
-    pub fn set(&self, buf: BufferPtr, tn: Tnode) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((buf, tn));
-    }
-    /// What the merge buffer holds.
-    pub fn get(&self) -> Option<(BufferPtr, Tnode)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-    /// Empties the merge buffer.
-    pub fn clear(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-}
 
 /// A compiled routine: the entry points of its parts, in order, and the libraries holding
 /// them (kept loaded as long as the routine lives).
@@ -95,35 +74,6 @@ struct BatchEntry {
     compiled: Arc<Compiled>,
 }
 
-/// A unit of work: a description (for error messages) and a closure.
-pub struct Task {
-    /// What the task does, e.g. `routine forward`.
-    pub description: String,
-    work: Box<dyn FnOnce() -> Result<()> + Send>,
-}
-
-impl Task {
-    /// A task from a closure.
-    pub fn new(
-        description: impl Into<String>,
-        work: impl FnOnce() -> Result<()> + Send + 'static,
-    ) -> Task {
-        Task {
-            description: description.into(),
-            work: Box::new(work),
-        }
-    }
-    /// Runs the task now, on this thread.
-    pub fn run(self) -> Result<()> {
-        (self.work)()
-    }
-}
-
-impl fmt::Debug for Task {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Task({})", self.description)
-    }
-}
 
 /// A routine linked into a context. Clones share the routine's bindings and scratch memory:
 /// a routine (and its clones) must not run concurrently with itself, which a device's queue

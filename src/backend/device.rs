@@ -12,7 +12,7 @@
 //! when it is parked.
 
 use super::buffer::BufferPtr;
-use super::cc::{MergeBuffer, Task};
+use super::task::{MergeBuffer, Task};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::fmt;

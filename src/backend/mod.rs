@@ -1,4 +1,4 @@
-//! Backends (SPEC section 7): the cc no-device backend, contexts, buffers and routines, and
+//! Backends: the cc no-device backend, contexts, buffers and routines, and
 //! the device layer (multicore and sync backends, transfers, merge buffers).
 
 pub mod buffer;
@@ -7,6 +7,7 @@ pub mod context;
 pub mod device;
 pub mod devices;
 pub mod sexp;
+pub mod task;
 
 pub use buffer::{Buffer, BufferPtr};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};

@@ -1,4 +1,4 @@
-//! C generation (SPEC section 5): one translation unit per routine or batch of routines.
+//! C generation: one translation unit per routine or batch of routines.
 //!
 //! Every routine becomes a readable function `static int NAME_routine(params...)` plus a fixed-signature
 //! entry point `int NAME_routine_entry(void *const *buffers, const int64_t *statics,
@@ -826,7 +826,7 @@ pub const PART_WEIGHT: usize = 256;
 const MAX_STACK_BYTES: usize = 16384;
 /// At most this many bytes of local arrays live on the stack per routine; beyond that they are
 /// scratch buffers, so a routine's frame stays far below any thread's stack (device workers
-/// get [`crate::backend::device::WORKER_STACK_BYTES`]).
+/// get 8 MiB stacks, see the backend).
 pub const MAX_FRAME_BYTES: usize = 65536;
 
 fn indent_text(s: &str, levels: usize) -> String {

@@ -1,4 +1,4 @@
-//! Assignments: the input IR (SPEC section 3), and its readable printer.
+//! Assignments: the input IR, and its readable printer.
 
 use super::indexing::{AxisIndex, Projections, StaticSymbol};
 use super::ops::{Binop, Unop};

@@ -1,4 +1,4 @@
-//! Einsum-style projection specs (SPEC section 2).
+//! Einsum-style projection specs.
 //!
 //! A spec such as `"ij,jk->ik"` describes how an operation's product space maps onto its
 //! arguments (the comma-separated terms left of `->`) and its result (the single term right of

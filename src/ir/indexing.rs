@@ -1,4 +1,4 @@
-//! Symbols, static indices, axis indices, projections and bindings (SPEC section 2).
+//! Symbols, static indices, axis indices, projections and bindings.
 
 use crate::error::{Error, Result};
 use std::fmt;

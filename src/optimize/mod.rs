@@ -1,4 +1,4 @@
-//! The optimizer (SPEC section 4): tracing, memory-mode inference, virtualization (inlining),
+//! The optimizer: tracing, memory-mode inference, virtualization (inlining),
 //! cleanup and simplification, turning lowered code into an [`Optimized`] routine body.
 
 mod gemm;

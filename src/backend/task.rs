@@ -1,0 +1,61 @@
+//! Units of work and merge-buffer cells: what the no-device backend and the devices share
+//! (kept apart from both, so that neither imports the other).
+
+use super::buffer::BufferPtr;
+use crate::error::Result;
+use crate::ir::Tnode;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// A merge buffer cell: which node's buffer a device's merge buffer currently holds.
+#[derive(Clone, Default)]
+pub struct MergeBuffer(Arc<Mutex<Option<(BufferPtr, Tnode)>>>);
+
+impl MergeBuffer {
+    /// An empty merge buffer.
+    pub fn new() -> MergeBuffer {
+        MergeBuffer::default()
+    }
+    /// Makes the merge buffer hold `tn`'s data in `buf`.
+    pub fn set(&self, buf: BufferPtr, tn: Tnode) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((buf, tn));
+    }
+    /// What the merge buffer holds.
+    pub fn get(&self) -> Option<(BufferPtr, Tnode)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    /// Empties the merge buffer.
+    pub fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// A unit of work: a description (for error messages) and a closure.
+pub struct Task {
+    /// What the task does, e.g. `routine forward`.
+    pub description: String,
+    work: Box<dyn FnOnce() -> Result<()> + Send>,
+}
+
+impl Task {
+    /// A task from a closure.
+    pub fn new(
+        description: impl Into<String>,
+        work: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Task {
+        Task {
+            description: description.into(),
+            work: Box::new(work),
+        }
+    }
+    /// Runs the task now, on this thread.
+    pub fn run(self) -> Result<()> {
+        (self.work)()
+    }
+}
+
+impl fmt::Debug for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Task({})", self.description)
+    }
+}
