@@ -114,6 +114,17 @@ pub enum Error {
         /// The exclusive upper bound.
         limit: usize,
     },
+    /// An optimizer pass produced loop IR that breaks its invariants (a bug in arrayjit;
+    /// checked between passes in debug builds).
+    #[error("internal error: after optimizer pass {pass}, routine {routine}: {msg}")]
+    Verifier {
+        /// The routine.
+        routine: String,
+        /// The pass after which the check failed.
+        pass: &'static str,
+        /// The violated invariant.
+        msg: String,
+    },
     /// A task scheduled on a device failed (returned an error or panicked).
     #[error("task {task:?} failed: {msg}")]
     Task {

@@ -28,7 +28,6 @@ pub enum Config {
     MostParallelDevices,
 }
 
-
 /// A compiled routine: the entry points of its parts, in order, and the libraries holding
 /// them (kept loaded as long as the routine lives).
 struct Compiled {
@@ -73,7 +72,6 @@ struct BatchEntry {
     optimized: Optimized,
     compiled: Arc<Compiled>,
 }
-
 
 /// A routine linked into a context. Clones share the routine's bindings and scratch memory:
 /// a routine (and its clones) must not run concurrently with itself, which a device's queue

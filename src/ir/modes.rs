@@ -21,7 +21,7 @@ pub enum HostedMode {
     Nonconstant,
 }
 
-/// Where a node lives: Abstract modes are refined by later decisions.
+/// Where a node lives. Abstract modes are refined by later decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemoryMode {
     /// Never materialized: inlined per scalar where it is used.

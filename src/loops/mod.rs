@@ -10,9 +10,11 @@
 //! target's vector instructions.
 
 mod print;
+mod verify;
 mod walk;
 
 pub use print::to_doc;
+pub use verify::verify;
 pub use walk::{
     map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_value,
     visit_value_indices, visit_values, visit_vectors,

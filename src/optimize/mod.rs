@@ -96,6 +96,17 @@ pub fn optimize_with(
     known: &MemoryModes,
 ) -> Result<Optimized> {
     let mut modes = known.clone();
+    let verify = |pass: &'static str, code: &Llc| -> Result<()> {
+        if cfg!(debug_assertions) {
+            crate::loops::verify(code).map_err(|msg| Error::Verifier {
+                routine: name.to_string(),
+                pass,
+                msg,
+            })?;
+        }
+        Ok(())
+    };
+    verify("lowering", &code)?;
     let unoptimized = code.clone();
     let traced_store = trace(&code, settings)?;
     // Reading two different nodes from the merge buffer is an error even if one read is dead.
@@ -118,9 +129,12 @@ pub fn optimize_with(
     let code = if settings.enabled {
         let code =
             virtualize::virtualize(code, &traced_store, settings.max_inline_work, &mut modes)?;
+        verify("virtualize", &code)?;
         let code = simplify(code);
+        verify("simplify", &code)?;
         if settings.loop_opts {
             let r = loops::optimize_loops(code, settings.target.as_ref());
+            verify("loop passes", &r.code)?;
             locals = r.locals;
             written_first = r.written_first;
             r.code

@@ -1,0 +1,254 @@
+//! A verifier for the loop IR, run between the optimizer's passes in debug builds (as
+//! cranelift's `verify_if`): it catches a pass that breaks the IR's invariants where the
+//! pass is, instead of as wrong values or a C compiler error later.
+//!
+//! Invariants checked:
+//! - a loop iterator is used only inside its loop, and no loop reuses an enclosing loop's
+//!   iterator;
+//! - every access has one index per axis of its tensor, and fixed indices are within the
+//!   axes;
+//! - vector loads and stores are of the tensor's own precision, and every vector variable
+//!   read is assigned somewhere;
+//! - a loop's bounds are not inverted beyond an empty range.
+
+use super::{Llc, Llv, Vlv};
+use crate::ir::{AxisIndex, Symbol, Tnode};
+use std::collections::HashSet;
+
+/// Checks the invariants above; `Err` describes the first violation.
+pub fn verify(code: &Llc) -> Result<(), String> {
+    let mut loop_syms = HashSet::new();
+    super::visit_llc(code, &mut |c| {
+        if let Llc::For { index, .. } = c {
+            loop_syms.insert(*index);
+        }
+    });
+    let mut v = Verifier {
+        loop_syms,
+        bound: vec![],
+        vset: HashSet::new(),
+    };
+    super::visit_llc(code, &mut |c| {
+        if let Llc::VSet(r, _) = c {
+            v.vset.insert(r.id);
+        }
+    });
+    v.stmt(code)
+}
+
+struct Verifier {
+    /// Every symbol that is some loop's iterator.
+    loop_syms: HashSet<Symbol>,
+    /// The iterators of the enclosing loops.
+    bound: Vec<Symbol>,
+    /// Vector variables assigned somewhere.
+    vset: HashSet<u32>,
+}
+
+impl Verifier {
+    fn index(&self, ix: &AxisIndex, what: &str) -> Result<(), String> {
+        for s in ix.symbols() {
+            if self.loop_syms.contains(&s) && !self.bound.contains(&s) {
+                return Err(format!(
+                    "{what}: iterator {s} is used outside its loop (index {ix})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn access(&self, tn: &Tnode, idcs: &[AxisIndex], what: &str) -> Result<(), String> {
+        let what = format!("{what} {}", tn.name());
+        if idcs.len() != tn.dims().len() {
+            return Err(format!(
+                "{what}: {} indices for {} axes",
+                idcs.len(),
+                tn.dims().len()
+            ));
+        }
+        for (ix, &d) in idcs.iter().zip(tn.dims()) {
+            if let AxisIndex::Fixed(k) = ix {
+                if *k >= d {
+                    return Err(format!("{what}: fixed index {k} on an axis of extent {d}"));
+                }
+            }
+            self.index(ix, &what)?;
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, c: &Llc) -> Result<(), String> {
+        match c {
+            Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => Ok(()),
+            Llc::Seq(v) => v.iter().try_for_each(|c| self.stmt(c)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                if self.bound.contains(index) {
+                    return Err(format!("loop over {index} nested in a loop over {index}"));
+                }
+                if *to < *from - 1 {
+                    return Err(format!("loop over {index} from {from} to {to}"));
+                }
+                self.bound.push(*index);
+                let r = self.stmt(body);
+                self.bound.pop();
+                r
+            }
+            Llc::Set { tn, idcs, value } => {
+                self.access(tn, idcs, "writing")?;
+                self.value(value)
+            }
+            Llc::SetLocal(_, value) => self.value(value),
+            Llc::VSet(_, v) => self.vector(v),
+            Llc::VStore { tn, idcs, value } => {
+                self.access(tn, idcs, "vector store to")?;
+                if value.ty().prec != tn.prec() {
+                    return Err(format!(
+                        "vector store of {} lanes into {} tensor {}",
+                        value.ty().prec,
+                        tn.prec(),
+                        tn.name()
+                    ));
+                }
+                self.vector(value)
+            }
+        }
+    }
+
+    fn value(&mut self, v: &Llv) -> Result<(), String> {
+        match v {
+            Llv::Get(tn, idcs) => self.access(tn, idcs, "reading"),
+            Llv::GetMergeBuffer(tn, idcs) => self.access(tn, idcs, "reading the merge buffer of"),
+            Llv::EmbedIndex(ix) => self.index(ix, "embedding an index"),
+            Llv::LocalScope {
+                body, orig_indices, ..
+            } => {
+                for ix in orig_indices {
+                    self.index(ix, "a local scope's indices")?;
+                }
+                self.stmt(body)
+            }
+            Llv::Binop(_, a, b) => {
+                self.value(a)?;
+                self.value(b)
+            }
+            Llv::Unop(_, a) => self.value(a),
+            Llv::GetLocal(_) | Llv::GetCFunction(_) | Llv::Constant(_) => Ok(()),
+        }
+    }
+
+    fn vector(&mut self, v: &Vlv) -> Result<(), String> {
+        match v {
+            Vlv::Reg(r) => {
+                if self.vset.contains(&r.id) {
+                    Ok(())
+                } else {
+                    Err(format!("vector variable {} is read but never set", r.id))
+                }
+            }
+            Vlv::Zero(_) => Ok(()),
+            Vlv::Splat(_, x) => self.value(x),
+            Vlv::Load(t, tn, idcs) => {
+                self.access(tn, idcs, "vector load from")?;
+                if t.prec != tn.prec() {
+                    return Err(format!(
+                        "vector load of {} lanes from {} tensor {}",
+                        t.prec,
+                        tn.prec(),
+                        tn.name()
+                    ));
+                }
+                Ok(())
+            }
+            Vlv::Fma(a, b, c) => {
+                self.vector(a)?;
+                self.vector(b)?;
+                self.vector(c)
+            }
+            Vlv::Binop(_, a, b) => {
+                self.vector(a)?;
+                self.vector(b)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::Prec;
+    use crate::loops::{VReg, VType};
+
+    fn for_(index: Symbol, to: i64, body: Llc) -> Llc {
+        Llc::For {
+            index,
+            from: 0,
+            to,
+            body: Box::new(body),
+            trace_it: true,
+        }
+    }
+
+    #[test]
+    fn catches_broken_invariants() {
+        let t = Tnode::new(&["t"], &[4], Prec::Single).unwrap();
+        let (i, j) = (Symbol::fresh(), Symbol::fresh());
+        let set = |ix: AxisIndex| Llc::Set {
+            tn: t.clone(),
+            idcs: vec![ix],
+            value: Llv::Constant(1.0),
+        };
+        assert!(verify(&for_(i, 3, set(AxisIndex::Iterator(i)))).is_ok());
+        // i used after its loop.
+        let bad = Llc::Seq(vec![for_(i, 3, Llc::Noop), set(AxisIndex::Iterator(i))]);
+        assert!(verify(&bad).unwrap_err().contains("outside its loop"));
+        // A loop nested in a loop over the same iterator.
+        let bad = for_(i, 3, for_(i, 3, set(AxisIndex::Iterator(i))));
+        assert!(verify(&bad).unwrap_err().contains("nested"));
+        // Wrong number of indices, fixed index out of range.
+        let bad = Llc::Set {
+            tn: t.clone(),
+            idcs: vec![AxisIndex::Fixed(0), AxisIndex::Fixed(0)],
+            value: Llv::Constant(0.0),
+        };
+        assert!(verify(&bad).unwrap_err().contains("2 indices for 1 axes"));
+        assert!(verify(&set(AxisIndex::Fixed(4)))
+            .unwrap_err()
+            .contains("fixed index 4"));
+        // A vector variable read but never set, and a vector of the wrong precision.
+        let ty = VType {
+            prec: Prec::Double,
+            lanes: 2,
+        };
+        let r = VReg { id: 7, ty };
+        let bad = for_(
+            j,
+            1,
+            Llc::VStore {
+                tn: t.clone(),
+                idcs: vec![AxisIndex::linear(&[(j, 2)], 0).unwrap()],
+                value: Vlv::Reg(r),
+            },
+        );
+        let e = verify(&bad).unwrap_err();
+        assert!(
+            e.contains("vector store of double lanes into single"),
+            "{e}"
+        );
+        let ok_ty = VType {
+            prec: Prec::Single,
+            lanes: 2,
+        };
+        let bad = Llc::VStore {
+            tn: t,
+            idcs: vec![AxisIndex::Fixed(0)],
+            value: Vlv::Reg(VReg { id: 8, ty: ok_ty }),
+        };
+        assert!(verify(&bad).unwrap_err().contains("never set"));
+    }
+}
