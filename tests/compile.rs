@@ -33,6 +33,7 @@ fn config(root: &Path) -> CompilerConfig {
         arch_flags: vec![],
         extra_flags: vec![],
         debug_dir: None,
+        trace_dir: None,
         timeout: Duration::from_secs(120),
         temp_root: Some(root.to_path_buf()),
         cache_dir: None,
@@ -178,6 +179,7 @@ fn debug_dir_keeps_files() {
     let dir = debug.path().join("nested/debug");
     let cfg = CompilerConfig {
         debug_dir: Some(dir.clone()),
+        trace_dir: None,
         ..config(root.path())
     };
     let extra = [DebugFile {
@@ -235,6 +237,7 @@ fn unwritable_debug_dir_is_an_io_error() {
     let dir = file.path().join("debug");
     let cfg = CompilerConfig {
         debug_dir: Some(dir.clone()),
+        trace_dir: None,
         ..config(root.path())
     };
     let e = compile_and_load(&cfg, DOUBLER, "k", &[]).unwrap_err();
@@ -251,6 +254,7 @@ fn reserved_debug_file_name_is_rejected() {
     let debug = tempfile::tempdir().unwrap();
     let cfg = CompilerConfig {
         debug_dir: Some(debug.path().to_path_buf()),
+        trace_dir: None,
         ..config(root.path())
     };
     let extra = [DebugFile {
@@ -727,6 +731,7 @@ fn invalid_cache_entries_are_recompiled() {
     replace(&tripler);
     let with_debug = CompilerConfig {
         debug_dir: Some(debug.path().to_path_buf()),
+        trace_dir: None,
         ..cfg.clone()
     };
     let lib = compile_and_load(&with_debug, DOUBLER, "d", &[]).unwrap();

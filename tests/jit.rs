@@ -122,3 +122,42 @@ fn batches_and_several_devices() {
     }
     assert!(jit.suggested_devices().unwrap() >= 1);
 }
+
+/// Trace logging: every run of a routine appends each value its assignments store, with
+/// the indices, to `<trace_dir>/<routine>.log`.
+#[test]
+fn trace_logs_every_stored_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = CompilerConfig::from_env().unwrap();
+    c.trace_dir = Some(dir.path().join("odd dir 'x'"));
+    std::fs::create_dir_all(c.trace_dir.as_ref().unwrap()).unwrap();
+    let jit = Jit::new(JitConfig {
+        compiler: Some(c),
+        ..JitConfig::default()
+    })
+    .unwrap();
+    let b = Bindings::empty();
+    let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+    let y = output("y", &[2, 2], Prec::Single);
+    let s = output("s", &[2], Prec::Single);
+    let code = Assignments::seq([
+        binop(&y, Binop::Arg2, false, Binop::Add, &x, &x, "ij,ij->ij", &b),
+        unop(&s, Binop::Add, true, Unop::Identity, &y, "ij->i", &b),
+    ]);
+    let code = jit.compile("traced", &b, &code).unwrap();
+    assert!(
+        code.source().contains("fprintf(aj_log"),
+        "{}",
+        code.source()
+    );
+    let dev = jit.device().unwrap();
+    let r = jit.link(&jit.context(&dev).unwrap(), &code).unwrap();
+    jit.upload(r.context(), &x).unwrap();
+    r.run().unwrap();
+    r.run().unwrap();
+    let log = std::fs::read_to_string(dir.path().join("odd dir 'x'/traced.log")).unwrap();
+    let one_run = "# run of routine traced\n\
+                   y[0, 0] = 2\ny[0, 1] = 4\ny[1, 0] = 6\ny[1, 1] = 8\n\
+                   s[0] = 2\ns[0] = 6\ns[1] = 6\ns[1] = 14\n";
+    assert_eq!(log, format!("{one_run}{one_run}"));
+}

@@ -139,8 +139,20 @@ impl Routine {
         self.device.as_ref()
     }
 
-    /// Runs the routine now, on this thread (bypassing any device queue).
+    /// Runs the routine now, on this thread. On a device, it first waits for everything
+    /// already scheduled there (transfers included), so that it sees their effects, and
+    /// reports an earlier failure on the device instead of running.
     pub fn run(&self) -> Result<()> {
+        if let Some(d) = &self.device {
+            d.await_idle()?;
+        }
+        self.run_with(&self.bindings.values())
+    }
+
+    /// Runs the routine now, on this thread, without waiting for its device: for use inside
+    /// a task running on the routine's own device (where [`Routine::run`] would wait for
+    /// itself).
+    pub fn run_in_task(&self) -> Result<()> {
         self.run_with(&self.bindings.values())
     }
 
@@ -352,10 +364,16 @@ impl CcBackend {
         name: &str,
         asgns: &Assignments,
         target: &VectorTarget,
+        traced: bool,
     ) -> Result<Optimized> {
         let code = lower::lower(asgns)?;
+        // Traced code stays scalar, so that every stored value is logged.
         let settings = Settings {
-            target: self.settings.target.or(Some(*target)),
+            target: if traced {
+                None
+            } else {
+                self.settings.target.or(Some(*target))
+            },
             ..self.settings.clone()
         };
         let known = self.lock_modes().clone();
@@ -404,8 +422,9 @@ impl CcBackend {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
         let (cfg, target) = self.resolve()?;
-        let optimized = self.optimize_one(&name, asgns, &target)?;
-        let generated = codegen::generate(&[(&optimized, bindings)], &target)?;
+        let trace = cfg.trace_dir.as_deref();
+        let optimized = self.optimize_one(&name, asgns, &target, trace.is_some())?;
+        let generated = codegen::generate(&[(&optimized, bindings)], &target, trace)?;
         let source = generated.source();
         let dumps = dumps(&optimized, asgns, 0);
         let state = if shared {
@@ -503,8 +522,14 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<String> {
         // Without a usable compiler, print portable code (GCC/Clang vector extensions).
-        let target = self.resolve().map(|(_, t)| t).unwrap_or_default();
-        Ok(self.prepare_batch(names, None, bindings, asgns, &target)?.1)
+        let (cfg, target) = match self.resolve() {
+            Ok((cfg, t)) => (Some(cfg), t),
+            Err(_) => (None, VectorTarget::default()),
+        };
+        let trace = cfg.as_ref().and_then(|c| c.trace_dir.as_deref());
+        Ok(self
+            .prepare_batch(names, None, bindings, asgns, &target, trace)?
+            .1)
     }
 
     #[allow(clippy::type_complexity)]
@@ -515,6 +540,7 @@ impl CcBackend {
         bindings: &Bindings,
         asgns: &[Assignments],
         target: &VectorTarget,
+        trace: Option<&std::path::Path>,
     ) -> Result<(
         Vec<Option<(String, Optimized)>>,
         String,
@@ -529,7 +555,7 @@ impl CcBackend {
                 entries.push(None);
                 continue;
             }
-            let o = self.optimize_one(&name, a, target)?;
+            let o = self.optimize_one(&name, a, target, trace.is_some())?;
             all_dumps.extend(dumps(&o, a, i));
             entries.push(Some((name, o)));
         }
@@ -538,7 +564,7 @@ impl CcBackend {
             .flatten()
             .map(|(_, o)| (o, bindings))
             .collect();
-        let generated = codegen::generate(&included, target)?;
+        let generated = codegen::generate(&included, target, trace)?;
         let source = generated.source();
         Ok((entries, source, generated, all_dumps))
     }
@@ -560,8 +586,14 @@ impl CcBackend {
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
         let (cfg, target) = self.resolve()?;
-        let (entries, source, generated, all_dumps) =
-            self.prepare_batch(names, occupancy, bindings, asgns, &target)?;
+        let (entries, source, generated, all_dumps) = self.prepare_batch(
+            names,
+            occupancy,
+            bindings,
+            asgns,
+            &target,
+            cfg.trace_dir.as_deref(),
+        )?;
         let mut compiled = Self::build(&generated, &all_dumps, &cfg)?.into_iter();
         let entries = entries
             .into_iter()

@@ -104,6 +104,8 @@ pub struct Generated {
     pub sigs: Vec<RoutineSignature>,
     /// How vectors are spelled.
     pub dialect: Dialect,
+    /// Whether the routines write trace logs.
+    pub traced: bool,
 }
 
 impl Generated {
@@ -137,6 +139,9 @@ impl Generated {
             names.join(", ")
         );
         out.push_str("#include \"arrayjit.h\"\n");
+        if self.traced {
+            out.push_str("#include <stdio.h>\n");
+        }
         if !vtypes.is_empty() {
             if let Some(inc) = self.dialect.include() {
                 let _ = writeln!(out, "{inc}");
@@ -167,18 +172,24 @@ pub fn write_file(
     routines: &[(&Optimized, &Bindings)],
     target: &VectorTarget,
 ) -> Result<(String, Vec<RoutineSignature>)> {
-    let g = generate(routines, target)?;
+    let g = generate(routines, target, None)?;
     Ok((g.source(), g.sigs))
 }
 
 /// Generates the C code of the given routines, split into parts, with vector operations
-/// spelled for `target`.
-pub fn generate(routines: &[(&Optimized, &Bindings)], target: &VectorTarget) -> Result<Generated> {
+/// spelled for `target`. With `trace_dir`, every run of a routine appends the values its
+/// assignments store, with their indices, to `<trace_dir>/<routine>.log`.
+pub fn generate(
+    routines: &[(&Optimized, &Bindings)],
+    target: &VectorTarget,
+    trace_dir: Option<&std::path::Path>,
+) -> Result<Generated> {
     let dialect = Dialect::new(*target);
     let mut w = Writer {
         out: String::new(),
         names: Names::default(),
         dialect,
+        trace_dir: trace_dir.map(|d| c_string_literal(&d.to_string_lossy())),
     };
     let mut parts = vec![];
     let mut sigs = vec![];
@@ -191,6 +202,7 @@ pub fn generate(routines: &[(&Optimized, &Bindings)], target: &VectorTarget) -> 
         parts,
         sigs,
         dialect,
+        traced: trace_dir.is_some(),
     })
 }
 
@@ -198,6 +210,22 @@ struct Writer {
     out: String,
     names: Names,
     dialect: Dialect,
+    /// The trace directory as the inside of a C string literal, when tracing.
+    trace_dir: Option<String>,
+}
+
+/// The inside of a C string literal spelling `s`: bytes other than `[A-Za-z0-9/._-]` become
+/// octal escapes, so no text can end the literal or mean anything else.
+fn c_string_literal(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"/._-".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("\\{b:03o}")
+            }
+        })
+        .collect()
 }
 
 fn float_literal(c: f64, in_float: bool) -> String {
@@ -410,6 +438,10 @@ impl Writer {
                     let _ = writeln!(out, "{pad}  {n}[{off}] = {};", store(tn.prec(), e));
                     let _ = writeln!(out, "{pad}}}");
                 }
+                if self.trace_dir.is_some() {
+                    let line = self.trace_line(tn, idcs, &n, &off);
+                    let _ = writeln!(out, "{pad}{line}");
+                }
             }
             Llc::SetLocal(id, value) => {
                 let mut pre = String::new();
@@ -443,6 +475,44 @@ impl Writer {
                 let n = self.names.node(tn);
                 let store = self.dialect.store(value.ty(), &format!("&{n}[{off}]"), &e);
                 self.emit_with_pre(out, &pad, &pre, &format!("{store};"));
+            }
+        }
+    }
+
+    /// The trace-log statement after a store into `tn` at `idcs` (element `name[off]`): the
+    /// node, the indices and the stored value.
+    fn trace_line(&mut self, tn: &Tnode, idcs: &[AxisIndex], name: &str, off: &str) -> String {
+        let mut fmt = format!("{}[", sanitize_ident(&tn.name()));
+        let mut args = vec![];
+        for (k, ix) in idcs.iter().enumerate() {
+            if k > 0 {
+                fmt.push_str(", ");
+            }
+            fmt.push_str("%lld");
+            args.push(format!("(long long)({})", self.axis_expr(ix)));
+        }
+        fmt.push_str("] = %.9g\\n");
+        let value = Self::convert(tn.prec().c_type(), false, format!("{name}[{off}]"));
+        args.push(value);
+        format!(
+            "if (aj_log) fprintf(aj_log, \"{fmt}\", {});",
+            args.join(", ")
+        )
+    }
+
+    /// The value of one axis index as a C integer expression.
+    fn axis_expr(&mut self, ix: &AxisIndex) -> String {
+        match ix {
+            AxisIndex::Fixed(k) => k.to_string(),
+            AxisIndex::Iterator(s) => self.names.symbol(*s),
+            AxisIndex::Linear(l) => {
+                let mut terms: Vec<String> = l
+                    .terms()
+                    .iter()
+                    .map(|&(s, c)| format!("{} * {c}", self.names.symbol(s)))
+                    .collect();
+                terms.push(l.offset.to_string());
+                terms.join(" + ")
             }
         }
     }
@@ -696,11 +766,29 @@ impl Writer {
             let n = self.names.vreg(r.id);
             let _ = writeln!(self.out, "  {} {n};", self.dialect.ty(r.ty));
         }
+        if let Some(dir) = &self.trace_dir {
+            let routine = title.strip_prefix("Routine: ").unwrap_or(title);
+            let routine = sanitize_comment(routine.split(", part ").next().unwrap_or(routine));
+            let _ = writeln!(
+                self.out,
+                "  FILE *aj_log = fopen(\"{dir}/{}.log\", \"a\");",
+                c_name.split("_routine").next().unwrap_or(c_name)
+            );
+            if !title.contains(", part ") || title.contains(", part 1 of") {
+                let _ = writeln!(
+                    self.out,
+                    "  if (aj_log) fprintf(aj_log, \"# run of routine {routine}\\n\");"
+                );
+            }
+        }
         let mut text = String::new();
         for c in body {
             self.stmt(c, 1, &mut text);
         }
         self.out.push_str(&text);
+        if self.trace_dir.is_some() {
+            self.out.push_str("  if (aj_log) fclose(aj_log);\n");
+        }
         self.out.push_str("  return 0;\n}\n");
         // The entry point with a fixed signature: statics and buffers are indexed by their
         // position among the routine's statics and buffers.

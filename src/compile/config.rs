@@ -93,6 +93,10 @@ pub struct CompilerConfig {
     pub extra_flags: Vec<String>,
     /// Where to keep the source, command line and compiler output of every compile, if anywhere.
     pub debug_dir: Option<PathBuf>,
+    /// Trace logging: generated routines append, on every run, each value their assignments
+    /// store (with its indices) to `<trace_dir>/<routine>.log`. For debugging tiny
+    /// computations: tracing code is scalar (no vector kernels) and slow.
+    pub trace_dir: Option<PathBuf>,
     /// How long the compiler may run before it (and every process it started) is killed.
     pub timeout: Duration,
     /// The directory in which private temporary directories are created;
@@ -309,6 +313,7 @@ impl CompilerConfig {
     /// - `ARRAYJIT_GCC_WORKAROUND`: a boolean (`1`/`on`/`true`/`yes`, `0`/`off`/`false`/`no`),
     ///   default on;
     /// - `ARRAYJIT_DEBUG_DIR`: a directory in which to keep sources, commands and logs;
+    /// - `ARRAYJIT_TRACE_DIR`: a directory for trace logs (see [`CompilerConfig::trace_dir`]);
     /// - `ARRAYJIT_COMPILE_TIMEOUT`: the compile timeout, a positive number of seconds
     ///   (default 300);
     /// - `ARRAYJIT_CACHE_DIR`: the compile cache (default `$XDG_CACHE_HOME/arrayjit`, else
@@ -358,6 +363,7 @@ impl CompilerConfig {
         let workaround_on = env.boolean("ARRAYJIT_GCC_WORKAROUND", true)?;
         let intrinsics = env.boolean("ARRAYJIT_INTRINSICS", false)?;
         let debug_dir = env.path("ARRAYJIT_DEBUG_DIR");
+        let trace_dir = env.path("ARRAYJIT_TRACE_DIR");
 
         let timeout_expected = "a positive number of seconds, such as 300 or 2.5";
         let timeout = match env.text("ARRAYJIT_COMPILE_TIMEOUT", timeout_expected)? {
@@ -415,6 +421,7 @@ impl CompilerConfig {
             arch_flags,
             extra_flags,
             debug_dir,
+            trace_dir,
             timeout,
             temp_root: None,
             cache_dir,

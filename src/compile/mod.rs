@@ -198,6 +198,7 @@ fn compiler_works(config: &CompilerConfig) -> bool {
     let check = CompilerConfig {
         cache_dir: None,
         debug_dir: None,
+        trace_dir: None,
         // A trivial library takes well under a second; do not wait long for a hung compiler.
         timeout: config.timeout.min(std::time::Duration::from_secs(30)),
         ..config.clone()

@@ -373,6 +373,7 @@ mod tests {
             arch_flags: vec![],
             extra_flags: flags.iter().map(|f| f.to_string()).collect(),
             debug_dir: None,
+            trace_dir: None,
             timeout: std::time::Duration::from_secs(60),
             temp_root: None,
             cache_dir: None,

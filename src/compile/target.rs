@@ -634,6 +634,7 @@ mod tests {
             arch_flags: vec!["-march=native".into()],
             extra_flags: vec![],
             debug_dir: None,
+            trace_dir: None,
             timeout: std::time::Duration::from_secs(1),
             temp_root: None,
             cache_dir: None,

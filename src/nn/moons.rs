@@ -368,7 +368,7 @@ impl Plan {
                     source.wait();
                     for (t, r) in work.iter() {
                         part(t.description(), t.run())?;
-                        part(r.name(), r.run())?;
+                        part(r.name(), r.run_in_task())?;
                     }
                     Ok(())
                 }),
