@@ -657,6 +657,13 @@ impl CcBackend {
         for tn in &compiled.sig.scratch {
             buffers.push(Buffer::new(tn.size_in_bytes())?);
         }
+        tracing::debug!(
+            target: "arrayjit::backend",
+            routine = name,
+            context = ctx.label(),
+            buffers = buffers.len(),
+            "linked"
+        );
         Ok(Routine {
             device: ctx.device().cloned(),
             context: ctx,
@@ -762,6 +769,7 @@ impl CcBackend {
 
     /// If the node is hosted and in the context, copies host → context and returns true.
     pub fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "from_host");
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host(|a| b.write_ndarray(a)) {
                 Some(r) => r.map(|_| true),
@@ -773,6 +781,7 @@ impl CcBackend {
 
     /// If the node is hosted and in the context, copies context → host and returns true.
     pub fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "to_host");
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host_mut(|a| b.read_ndarray(a)) {
                 Some(r) => r.map(|_| true),

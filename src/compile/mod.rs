@@ -156,6 +156,33 @@ pub fn compile_and_load(
     file_stem: &str,
     debug_files: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
+    let start = std::time::Instant::now();
+    let r = compile_and_load_uninstrumented(config, source, file_stem, debug_files);
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    match &r {
+        Ok(lib) if lib.from_cache() => {
+            tracing::debug!(target: "arrayjit::compile", stem = file_stem, ms, "cache hit")
+        }
+        Ok(_) => tracing::info!(
+            target: "arrayjit::compile",
+            stem = file_stem,
+            ms,
+            compiler = %config.compiler.display(),
+            "compiled (cache miss)"
+        ),
+        Err(e) => {
+            tracing::warn!(target: "arrayjit::compile", stem = file_stem, ms, error = %e, "compile failed")
+        }
+    }
+    r
+}
+
+fn compile_and_load_uninstrumented(
+    config: &CompilerConfig,
+    source: &str,
+    file_stem: &str,
+    debug_files: &[DebugFile],
+) -> Result<Arc<LoadedLibrary>> {
     let err = match compile_once(config, source, file_stem, debug_files) {
         Ok(lib) => return Ok(lib),
         Err(e) => e,
