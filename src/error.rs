@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in arrayjit, with enough context to find the cause.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A host array could not be created or filled.
     #[error("host array: {0}")]
@@ -114,6 +115,16 @@ pub enum Error {
         /// The exclusive upper bound.
         limit: usize,
     },
+    /// An error while optimizing, compiling or linking a routine, naming it (several names,
+    /// comma-separated, when the C compiler failed on a file holding several routines).
+    #[error("routine {routine}: {source}")]
+    InRoutine {
+        /// The routine's name (or names).
+        routine: String,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
     /// An optimizer pass produced loop IR that breaks its invariants (a bug in arrayjit;
     /// checked between passes in debug builds).
     #[error("internal error: after optimizer pass {pass}, routine {routine}: {msg}")]
@@ -157,6 +168,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// Wraps an error as coming from a routine (an error already naming one stays as is).
+    pub fn in_routine(routine: &str, e: Error) -> Error {
+        match e {
+            e @ (Error::InRoutine { .. }
+            | Error::BindingOutOfRange { .. }
+            | Error::MergeBufferMismatch { .. }) => e,
+            e => Error::InRoutine {
+                routine: routine.to_string(),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// The error under any [`Error::InRoutine`] wrapping.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::InRoutine { source, .. } => source.root(),
+            e => e,
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             what: what.into(),

@@ -30,7 +30,15 @@ fn compiler_errors_and_missing_compiler() {
     std::env::set_var("ARRAYJIT_CFLAGS", "-Dfor=@");
     let err = backend.compile(true, Some("r"), &b, &chain()).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, arrayjit::Error::Compile { .. }), "{msg}");
+    // It names the routine, around the compiler's error.
+    assert!(
+        matches!(&err, arrayjit::Error::InRoutine { routine, .. } if routine == "r"),
+        "{msg}"
+    );
+    assert!(
+        matches!(err.root(), arrayjit::Error::Compile { .. }),
+        "{msg}"
+    );
     assert!(msg.contains("stray") && msg.contains("-Dfor=@"), "{msg}");
 
     // With a debug directory the message points at the kept source and the dumps are there.

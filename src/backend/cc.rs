@@ -366,7 +366,7 @@ impl CcBackend {
         target: &VectorTarget,
         traced: bool,
     ) -> Result<Optimized> {
-        let code = lower::lower(asgns)?;
+        let code = lower::lower(asgns).map_err(|e| Error::in_routine(name, e))?;
         // Traced code stays scalar, so that every stored value is logged.
         let settings = Settings {
             target: if traced {
@@ -377,8 +377,11 @@ impl CcBackend {
             ..self.settings.clone()
         };
         let known = self.lock_modes().clone();
-        let o = optimize::optimize_with(name, code, &settings, &known)?;
-        self.lock_modes().merge(&o.modes)?;
+        let o = optimize::optimize_with(name, code, &settings, &known)
+            .map_err(|e| Error::in_routine(name, e))?;
+        self.lock_modes()
+            .merge(&o.modes)
+            .map_err(|e| Error::in_routine(name, e))?;
         Ok(o)
     }
 
@@ -479,7 +482,19 @@ impl CcBackend {
                 (generated.file(parts), stem)
             })
             .collect();
-        let libs = compile_files(cfg, &sources, dumps, jobs)?;
+        let libs = compile_files(cfg, &sources, dumps, jobs).map_err(|(k, e)| {
+            // Name the routines of the file the compiler failed on.
+            let mut names: Vec<&str> = vec![];
+            for &p in &files[k] {
+                let n = generated.parts[p].routine;
+                if let Some(sig) = generated.sigs.get(n) {
+                    if !names.contains(&sig.name.as_str()) {
+                        names.push(&sig.name);
+                    }
+                }
+            }
+            Error::in_routine(&names.join(", "), e)
+        })?;
         let mut lib_of_part = vec![0usize; generated.parts.len()];
         for (f, parts) in files.iter().enumerate() {
             for &p in parts {
@@ -702,6 +717,7 @@ impl CcBackend {
             from_prior_context,
             merge_buffer,
         )
+        .map_err(|e| Error::in_routine(&code.name, e))
     }
 
     /// Links every routine of a batch; the returned context is downstream of all of them.
@@ -726,7 +742,8 @@ impl CcBackend {
                         &ctx,
                         from_prior_context,
                         merge_buffer,
-                    )?;
+                    )
+                    .map_err(|err| Error::in_routine(&e.name, err))?;
                     ctx = r.context.clone();
                     out.push(Some(r));
                 }
@@ -828,18 +845,19 @@ fn compile_files(
     files: &[(String, String)],
     dumps: &[DebugFile],
     jobs: usize,
-) -> Result<Vec<Arc<LoadedLibrary>>> {
+) -> std::result::Result<Vec<Arc<LoadedLibrary>>, (usize, Error)> {
     use std::sync::atomic::AtomicUsize;
     let compile_one = |k: usize| {
         let (src, stem) = &files[k];
         let dumps: &[DebugFile] = if k == 0 { dumps } else { &[] };
-        compile::compile_and_load(cfg, src, stem, dumps)
+        compile::compile_and_load(cfg, src, stem, dumps).map_err(|e| (k, e))
     };
     if files.len() <= 1 || jobs <= 1 {
         return (0..files.len()).map(compile_one).collect();
     }
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Arc<LoadedLibrary>>>>> =
+    type Compiled = std::result::Result<Arc<LoadedLibrary>, (usize, Error)>;
+    let results: Mutex<Vec<Option<Compiled>>> =
         Mutex::new((0..files.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..jobs.min(files.len()) {
@@ -866,8 +884,9 @@ fn compile_files(
         match r {
             Some(r) => out.push(r?),
             None => {
-                return Err(Error::Usage(
-                    "a compile job was skipped after another failed".into(),
+                return Err((
+                    0,
+                    Error::Usage("a compile job was skipped after another failed".into()),
                 ))
             }
         }

@@ -23,6 +23,7 @@ pub enum HostedMode {
 
 /// Where a node lives. Abstract modes are refined by later decisions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MemoryMode {
     /// Never materialized: inlined per scalar where it is used.
     Virtual,

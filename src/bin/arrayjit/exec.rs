@@ -8,7 +8,6 @@ use arrayjit::backend::{
     backend_by_name, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
     Routine,
 };
-use arrayjit::ir::Assignments;
 use std::collections::HashSet;
 use std::time::Instant;
 
@@ -22,34 +21,22 @@ fn backend() -> CcBackend {
     be
 }
 
-/// Names the routine a batch-level library error comes from.
-///
-/// A batch is optimized routine by routine; when it fails, each routine is generated alone
-/// and the first one failing with the same message is named. (The process exits right after,
-/// so the memory-mode decisions this records on the nodes do not matter.) When no single
-/// routine reproduces the error (e.g. a C compiler failure), every routine is named.
-fn attribute(be: &CcBackend, built: &Built, err: arrayjit::Error, what: &str) -> ProgramError {
-    let msg = err.to_string();
-    for (i, (name, a)) in built
-        .routine_names
-        .iter()
-        .zip(&built.assignments)
-        .enumerate()
-    {
-        let alone = be.generate_batch_source(
-            Some(std::slice::from_ref(name)),
-            &built.bindings,
-            std::slice::from_ref::<Assignments>(a),
-        );
-        if let Err(e) = alone {
-            if e.to_string() == msg {
-                return ProgramError::at(json_path!["routines", i], format!("while {what}: {msg}"));
-            }
+/// Points a library error at the routine it names ([`arrayjit::Error::InRoutine`]); errors
+/// naming several routines (a C compiler failure on a file holding them) are reported
+/// without a place in the file, and errors naming none (a missing compiler) list every
+/// routine.
+fn attribute(built: &Built, err: arrayjit::Error, what: &str) -> ProgramError {
+    if let arrayjit::Error::InRoutine { routine, source } = &err {
+        if let Some(i) = built.routine_names.iter().position(|n| n == routine) {
+            return ProgramError::at(json_path!["routines", i], format!("while {what}: {source}"));
         }
+    }
+    if matches!(err, arrayjit::Error::InRoutine { .. }) {
+        return ProgramError::nowhere(format!("while {what}: {err}"));
     }
     let names: Vec<String> = built.routine_names.iter().map(|n| quote(n)).collect();
     ProgramError::nowhere(format!(
-        "while {what} (routines {}): {msg}",
+        "while {what} (routines {}): {err}",
         names.join(", ")
     ))
 }
@@ -62,7 +49,7 @@ pub fn emit_c(built: &Built) -> Result<String, ProgramError> {
         &built.bindings,
         &built.assignments,
     )
-    .map_err(|e| attribute(&be, built, e, "generating the C"))
+    .map_err(|e| attribute(built, e, "generating the C"))
 }
 
 fn set_bindings(r: &Routine, bindings: &[(String, i64)]) -> arrayjit::Result<()> {
@@ -357,7 +344,7 @@ fn prepare_devices(built: &Built, n: usize) -> Result<Devices<'_>, ProgramError>
                 &built.bindings,
                 &built.assignments,
             )
-            .map_err(|e| attribute(be.core().cc(), built, e, "compiling"))?,
+            .map_err(|e| attribute(built, e, "compiling"))?,
         )
     };
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -468,7 +455,7 @@ fn prepare_single(built: &Built) -> Result<(CcBackend, Context, Vec<Routine>, f6
                 &built.bindings,
                 &built.assignments,
             )
-            .map_err(|e| attribute(&be, built, e, "compiling"))?;
+            .map_err(|e| attribute(built, e, "compiling"))?;
         compile_ms = start.elapsed().as_secs_f64() * 1e3;
         let (ctx, linked) = be
             .link_batch(&[], &MergeBuffer::new(), &ctx, &batch)
