@@ -683,7 +683,11 @@ impl CcBackend {
             device: ctx.device().cloned(),
             context: ctx,
             name: name.to_string(),
-            bindings: RoutineBindings::new(bindings),
+            bindings: RoutineBindings::for_routine(
+                bindings,
+                name,
+                compiled.sig.static_limits.clone(),
+            ),
             compiled,
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),

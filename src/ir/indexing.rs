@@ -303,6 +303,9 @@ impl Bindings {
 #[derive(Clone, Debug, Default)]
 pub struct RoutineBindings {
     entries: Arc<Vec<(StaticSymbol, AtomicI64)>>,
+    /// The routine they belong to and, per static index, the exclusive bound on its value
+    /// (its range and the extent of every axis it indexes), when known.
+    checks: Option<Arc<(String, Vec<Option<usize>>)>>,
 }
 
 impl RoutineBindings {
@@ -316,6 +319,44 @@ impl RoutineBindings {
                     .map(|s| (s.clone(), AtomicI64::new(0)))
                     .collect(),
             ),
+            checks: None,
+        }
+    }
+
+    /// Cells for a linked routine's static indices, all 0: setting a value outside
+    /// `0..limits[k]` is [`Error::BindingOutOfRange`] at once, naming the routine.
+    pub fn for_routine(
+        bindings: &Bindings,
+        routine: &str,
+        limits: Vec<Option<usize>>,
+    ) -> RoutineBindings {
+        RoutineBindings {
+            checks: Some(Arc::new((routine.to_string(), limits))),
+            ..RoutineBindings::new(bindings)
+        }
+    }
+
+    fn check(&self, k: usize, value: i64) -> Result<()> {
+        let Some(checks) = &self.checks else {
+            return Ok(());
+        };
+        let (routine, limits) = &**checks;
+        let sym = &self.entries[k].0;
+        let limit = limits.get(k).copied().flatten().or(sym.range);
+        match limit {
+            Some(l) if value < 0 || value as u64 >= l as u64 => Err(Error::BindingOutOfRange {
+                routine: routine.clone(),
+                index: sym.name.clone(),
+                value,
+                limit: l,
+            }),
+            None if value < 0 => Err(Error::BindingOutOfRange {
+                routine: routine.clone(),
+                index: sym.name.clone(),
+                value,
+                limit: i64::MAX as usize,
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -326,27 +367,29 @@ impl RoutineBindings {
 
     /// Sets the value of the static index named `name`.
     pub fn set(&self, name: &str, value: i64) -> Result<()> {
-        let (_, cell) = self
+        let k = self
             .entries
             .iter()
-            .find(|(s, _)| s.name == name)
+            .position(|(s, _)| s.name == name)
             .ok_or_else(|| {
                 Error::Usage(format!("no static index named {name:?} in these bindings"))
             })?;
-        cell.store(value, Ordering::SeqCst);
+        self.check(k, value)?;
+        self.entries[k].1.store(value, Ordering::SeqCst);
         Ok(())
     }
 
     /// Sets the value of a static index by symbol.
     pub fn set_symbol(&self, sym: &StaticSymbol, value: i64) -> Result<()> {
-        let (_, cell) = self
+        let k = self
             .entries
             .iter()
-            .find(|(s, _)| s.symbol == sym.symbol)
+            .position(|(s, _)| s.symbol == sym.symbol)
             .ok_or_else(|| {
                 Error::Usage(format!("static index {:?} is not bound here", sym.name))
             })?;
-        cell.store(value, Ordering::SeqCst);
+        self.check(k, value)?;
+        self.entries[k].1.store(value, Ordering::SeqCst);
         Ok(())
     }
 
