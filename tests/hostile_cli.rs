@@ -844,4 +844,18 @@ fn other_hostile_inputs_get_clear_errors() {
     let f = d.path("binary.json");
     std::fs::write(&f, [b'{', 0xFF, b'}']).unwrap();
     assert_has(&err(&["run", s(&f)]), &["not UTF-8", "offset 1"]);
+    // Blocks nested beyond the reader's depth limit: one short line that names the place
+    // without listing every block.
+    let deep = format!(
+        r#"{{"tensors": [{{"name": "x", "dims": [1]}}], "routines": [{{"name": "f", "code": [{}{{"fetch": "x", "constant": 1}}{}]}}]}}"#,
+        r#"{"comment": "c", "code": ["#.repeat(300),
+        "]}".repeat(300)
+    );
+    let f = d.write("deep.json", &deep);
+    let e = err(&["run", s(&f)]);
+    assert_has(
+        &e,
+        &["routine #1", "recursion limit exceeded", "more blocks"],
+    );
+    assert!(e.len() < 400, "{e}");
 }

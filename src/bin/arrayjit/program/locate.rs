@@ -343,8 +343,21 @@ pub fn describe(path: &[Seg], root: Option<&Value>) -> String {
                 out.push_str(&format!(", statement {}", j + 1));
                 if !blocks.is_empty() {
                     blocks.reverse();
-                    let inner: Vec<String> =
-                        blocks.iter().map(|b| format!("in block {b}")).collect();
+                    let named = |bs: &[String]| -> Vec<String> {
+                        bs.iter().map(|b| format!("in block {b}")).collect()
+                    };
+                    // A deep nest names its innermost and outermost blocks only.
+                    let inner = if blocks.len() > 6 {
+                        let (first, rest) = blocks.split_at(3);
+                        let last = &rest[rest.len() - 3..];
+                        let skipped = blocks.len() - 6;
+                        let mut v = named(first);
+                        v.push(format!("... {skipped} more blocks"));
+                        v.extend(named(last));
+                        v
+                    } else {
+                        named(&blocks)
+                    };
                     out.push_str(&format!(" ({})", inner.join(", ")));
                 }
             }
