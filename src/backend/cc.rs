@@ -464,7 +464,8 @@ impl CcBackend {
         cfg: &CompilerConfig,
     ) -> Result<Vec<Compiled>> {
         let jobs = cfg.compile_jobs;
-        let files = plan_files(generated, jobs);
+        let weights: Vec<usize> = generated.parts.iter().map(|p| p.weight).collect();
+        let files = plan_files(&weights, jobs);
         let sources: Vec<(String, String)> = files
             .iter()
             .enumerate()
@@ -818,24 +819,27 @@ impl CcBackend {
 /// compiler run grows with the program.
 const FILE_WEIGHT: usize = 16 * codegen::PART_WEIGHT;
 
-/// Deals the parts out to files: contiguous runs of similar weight, at least one file per
-/// compile job (when there are enough parts) and at most [`FILE_WEIGHT`] per file (unless a
-/// part alone is heavier). Deterministic, so that unchanged code hits the compile cache.
-fn plan_files(generated: &Generated, jobs: usize) -> Vec<Vec<usize>> {
-    let n = generated.parts.len();
-    let total: usize = generated
-        .parts
-        .iter()
-        .map(|p| p.weight)
-        .sum::<usize>()
+/// Deals the parts out to files: contiguous runs of similar weight, at most [`FILE_WEIGHT`]
+/// per file (unless a part alone is heavier), and a whole multiple of the compile jobs (when
+/// there are enough parts), so that the jobs finish together: 3 files on 2 jobs would take
+/// two rounds of the compiler, 4 smaller ones take two rounds of half the size.
+/// Deterministic, so that unchanged code hits the compile cache.
+fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
+    let n = weights.len();
+    let total: usize = weights.iter().sum::<usize>().max(1);
+    let jobs = jobs.max(1);
+    let count = total
+        .div_ceil(FILE_WEIGHT)
+        .div_ceil(jobs)
+        .saturating_mul(jobs)
+        .min(n)
         .max(1);
-    let count = total.div_ceil(FILE_WEIGHT).max(jobs.min(n)).min(n).max(1);
     let mut files: Vec<Vec<usize>> = vec![vec![]; count];
     let mut before = 0usize;
-    for (i, p) in generated.parts.iter().enumerate() {
+    for (i, &w) in weights.iter().enumerate() {
         let k = (before.saturating_mul(count) / total).min(count - 1);
         files[k].push(i);
-        before += p.weight;
+        before += w;
     }
     files.retain(|f| !f.is_empty());
     files
@@ -951,5 +955,33 @@ impl fmt::Debug for Code {
 impl fmt::Debug for CodeBatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "CodeBatch({:?})", self.names())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{plan_files, FILE_WEIGHT};
+
+    #[test]
+    fn files_are_a_multiple_of_the_jobs_and_bounded_in_weight() {
+        let w = crate::codegen::PART_WEIGHT;
+        // 40 full parts need 3 files of FILE_WEIGHT; on 2 jobs they become 4.
+        let files = plan_files(&vec![w; 40], 2);
+        assert_eq!(files.len(), 4);
+        assert!(files.iter().all(|f| f.len() == 10), "{files:?}");
+        // Every part once, in order.
+        let flat: Vec<usize> = files.concat();
+        assert_eq!(flat, (0..40).collect::<Vec<_>>());
+        for jobs in 1..=5 {
+            let files = plan_files(&vec![w; 40], jobs);
+            assert_eq!(files.len() % jobs, 0, "{jobs} jobs: {} files", files.len());
+            for f in &files {
+                assert!(f.len() * w <= FILE_WEIGHT, "{jobs} jobs: {files:?}");
+            }
+        }
+        // Fewer parts than jobs: one file a part; nothing: nothing.
+        assert_eq!(plan_files(&[4, 4], 8), vec![vec![0], vec![1]]);
+        assert!(plan_files(&[], 2).is_empty());
+        assert_eq!(plan_files(&[5], 0), vec![vec![0]]);
     }
 }
