@@ -14,6 +14,7 @@
 //! `[A-Za-z0-9_]` and always carry a suffix, so they never collide with keywords, libc/libm
 //! names or each other; comments keep printable ASCII other than `/`, `\`, `?` and `#`.
 
+mod collapse;
 mod names;
 mod vector;
 
@@ -783,7 +784,12 @@ impl Writer {
         }
         let mut text = String::new();
         for c in body {
-            self.stmt(c, 1, &mut text);
+            if self.trace_dir.is_some() {
+                // Trace lines print every index as the loop IR has it.
+                self.stmt(c, 1, &mut text);
+            } else {
+                self.stmt(&collapse::nests(c.clone()), 1, &mut text);
+            }
         }
         self.out.push_str(&text);
         if self.trace_dir.is_some() {
