@@ -491,9 +491,34 @@ def table(args):
         print(f"jax: missing ({reason('jax.err')})")
 
 
+def chain_program(args):
+    """The N-statement chain of issue 10: N statements over 64x64 f32 tensors, each reading the
+    previous one (add, mul or sub with a constant matrix `a`), every 50th a matmul by `a`.
+    Every intermediate is on the device (materialized: one loop nest per statement)."""
+    n = args.n
+    tensors = [{"name": "a", "dims": [64, 64], "init": {"uniform": {"seed": 1}}},
+               {"name": "t0", "dims": [64, 64], "init": {"uniform": {"seed": 2}}}]
+    code = []
+    for i in range(1, n + 1):
+        t = {"name": f"t{i}", "dims": [64, 64]}
+        if i < n:
+            t["memory"] = "on_device"
+        tensors.append(t)
+        if i % 50 == 0:
+            code.append({"assign": f"t{i}", "accum": "add", "init_neutral": True, "op": "mul",
+                         "args": [f"t{i - 1}", "a"], "logic": "ij,jk->ik"})
+        else:
+            code.append({"assign": f"t{i}", "op": ("add", "mul", "sub")[i % 3],
+                         "args": [f"t{i - 1}", "a"]})
+    return {"tensors": tensors, "routines": [{"name": "chain", "code": code}],
+            "run": [{"routine": "chain"}], "print": [f"t{n}"]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["numpy", "tinygrad", "jax-small", "time-cmd", "moons-line", "table"])
+    p.add_argument("what", choices=["numpy", "tinygrad", "jax-small", "time-cmd", "moons-line",
+                                     "chain", "table"])
+    p.add_argument("--n", type=int, default=100, help="chain: the number of statements")
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--results", default=".")
@@ -505,7 +530,7 @@ def main():
         table(args)
         return
     run = {"numpy": run_numpy, "tinygrad": run_tinygrad, "jax-small": run_jax_small,
-           "time-cmd": time_cmd, "moons-line": moons_line}[args.what]
+           "time-cmd": time_cmd, "moons-line": moons_line, "chain": chain_program}[args.what]
     json.dump(run(args), sys.stdout)
     print()
 
