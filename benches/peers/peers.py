@@ -466,6 +466,19 @@ def table(args):
         print(f"  (compiler command: {comp['gcc_cmd']})")
     print()
 
+    # --- compile scaling ----------------------------------------------------------------
+    chain = load_lines("chain.jsonl")
+    if chain:
+        print("compile scaling: a routine of N chained statements over 64x64 f32 (a matmul every "
+              "50; peers.py chain), cold compile (fresh ARRAYJIT_CACHE_DIR), "
+              f"{meta.get('compile_jobs', '?')} compiler jobs:")
+        per = {r["n"]: r["compile_ms"] / r["n"] for r in chain}
+        base = per.get(100)
+        rows = [[str(r["n"]), fmt(r["compile_ms"], ".0f"), fmt(per[r["n"]], ".2f"),
+                 fmt(per[r["n"]] / base, ".2f") + "x" if base else "-"] for r in chain]
+        print_table(["N", "cold ms", "ms per statement", "per statement vs N=100"], rows)
+        print()
+
     # --- versions -----------------------------------------------------------------------
     for k in ("date", "cpu", "cc", "rustc", "clang (tinygrad)"):
         if meta.get(k):

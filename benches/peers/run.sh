@@ -16,6 +16,8 @@
 # 3. Compile latency of one small kernel: arrayjit cold (fresh cache directory) and cached,
 #    the C compiler alone on the same C with arrayjit's exact command, and the first call of
 #    the same kernel in tinygrad and JAX.
+# 4. Compile scaling: the cold compile of a routine of N chained statements over 64x64
+#    tensors (a matmul every 50; peers.py chain), N in CHAIN_NS (default 10 100 1000 3000).
 #
 #   bash benches/peers/run.sh            (from the repo root or anywhere)
 #
@@ -210,6 +212,22 @@ nums = lambda s: [float(x) for x in s.split()]
 print(json.dumps({"arrayjit_cold_ms": nums(sys.argv[2]), "arrayjit_cache_off_ms": nums(sys.argv[3]),
                   "arrayjit_cached_ms": nums(sys.argv[4]), "gcc_ms": gcc["ms"], "gcc_cmd": gcc["cmd"]}))
 EOF
+
+# --- compile scaling: the N-statement chain ----------------------------------------------
+# `peers.py chain --n N` (64x64 f32 statements, a matmul every 50), compiled cold with a
+# fresh cache directory; CHAIN_NS (default "10 100 1000 3000") lists the sizes.
+say "compile scaling (the N-statement chain, cold)"
+: >"$results/chain.jsonl"
+for n in ${CHAIN_NS:-10 100 1000 3000}; do
+    "$py" "$here/peers.py" chain --n "$n" >"$tmp/chain-$n.json"
+    if line=$(ARRAYJIT_CACHE_DIR=$tmp/chain-cache-$n "$aj" bench "$tmp/chain-$n.json" \
+        --warmup 0 --runs 1 2>"$results/chain-$n.err"); then
+        echo "{\"n\": $n, \"compile_ms\": $(field "$line" compile)}" >>"$results/chain.jsonl"
+        say "  N=$n: $(field "$line" compile) ms"
+    else
+        say "  N=$n failed: $(last_line "$results/chain-$n.err")"
+    fi
+done
 
 # --- moons: arrayjit and JAX, interleaved -------------------------------------------------
 big=(--hidden 256 --batch 2048 --epochs 3 --points 24576 --no-plot)

@@ -1,7 +1,8 @@
 //! Finding a C compiler when neither `ARRAYJIT_CC` nor `CC` names one: the `cc` crate's
-//! choice for the target the crate was built for.
+//! choice for the target the crate was built for (on Unix, `cc` from `PATH`, found without
+//! running it; otherwise the crate is asked).
 //!
-//! The detection runs the compiler (tens of milliseconds), so its answer is kept for the
+//! The crate's detection runs the compiler, so the answer is kept for the
 //! process and, with a cache directory, in a file `detected-cc-<hash>` there (the hash covers
 //! the target and `PATH`). The file has a fixed, validated format:
 //!
@@ -24,7 +25,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
-use super::config::{program_identity, TARGET};
+use super::config::{find_in_path, program_identity, TARGET};
 use super::{hash_hex, write_atomically};
 use crate::{Error, Result};
 
@@ -162,8 +163,28 @@ fn write_memo_file(file: &Path, compiler: &Path) {
     );
 }
 
-/// Asks the `cc` crate now.
+/// Detects the compiler now: the `cc` crate's default on Unix targets, `cc` from `PATH`, is
+/// looked up without running anything (the crate would run the compiler twice to learn its
+/// family, about 9 ms); the crate decides when one of its own variables is set or `cc` is not
+/// on `PATH`.
 fn detect_now() -> Result<PathBuf> {
+    let crate_vars = [
+        format!("CC_{TARGET}"),
+        format!("CC_{}", TARGET.replace('-', "_")),
+        "TARGET_CC".to_string(),
+        "HOST_CC".to_string(),
+    ];
+    if cfg!(unix)
+        && !crate_vars.iter().any(|v| std::env::var_os(v).is_some())
+        && find_in_path(std::ffi::OsStr::new("cc")).is_some()
+    {
+        return Ok(PathBuf::from("cc"));
+    }
+    detect_with_the_cc_crate()
+}
+
+/// Asks the `cc` crate.
+fn detect_with_the_cc_crate() -> Result<PathBuf> {
     let tool = cc::Build::new()
         .target(TARGET)
         .host(TARGET)
