@@ -160,6 +160,17 @@ pub enum Llv {
 }
 
 impl Llc {
+    /// `for index in from..=to { body }`, walked by tracing.
+    pub fn for_loop(index: Symbol, from: i64, to: i64, body: Llc) -> Llc {
+        Llc::For {
+            index,
+            from,
+            to,
+            body: Box::new(body),
+            trace_it: true,
+        }
+    }
+
     /// Flattens nested sequences and drops no-ops.
     pub fn flatten(self) -> Vec<Llc> {
         let mut out = vec![];

@@ -185,13 +185,7 @@ mod tests {
     use crate::loops::{VReg, VType};
 
     fn for_(index: Symbol, to: i64, body: Llc) -> Llc {
-        Llc::For {
-            index,
-            from: 0,
-            to,
-            body: Box::new(body),
-            trace_it: true,
-        }
+        Llc::for_loop(index, 0, to, body)
     }
 
     #[test]

@@ -285,16 +285,6 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     })
 }
 
-fn for_(index: Symbol, from: i64, to: i64, body: Llc) -> Llc {
-    Llc::For {
-        index,
-        from,
-        to,
-        body: Box::new(body),
-        trace_it: true,
-    }
-}
-
 /// `Σ coef·symbol + offset` as an index.
 fn lin(terms: &[(Symbol, usize)], offset: usize) -> Option<AxisIndex> {
     AxisIndex::linear(terms, offset)
@@ -437,7 +427,7 @@ fn build(
             0,
         )?);
         if b.nk > 1 {
-            stmts.push(for_(
+            stmts.push(Llc::for_loop(
                 kc,
                 1,
                 b.nk as i64 - 1,
@@ -445,7 +435,7 @@ fn build(
             ));
         }
     } else {
-        stmts.push(for_(
+        stmts.push(Llc::for_loop(
             kc,
             0,
             b.nk as i64 - 1,
@@ -520,38 +510,38 @@ fn pack(
             ))
         };
         if !blocked {
-            return Some(for_(
+            return Some(Llc::for_loop(
                 kx,
                 0,
                 k as i64 - 1,
-                for_(j, 0, cols as i64 - 1, at(AxisIndex::Iterator(kx))?),
+                Llc::for_loop(j, 0, cols as i64 - 1, at(AxisIndex::Iterator(kx))?),
             ));
         }
         let (kb, full_kb, rest) = (Symbol::fresh(), k / KB, k % KB);
-        let mut out = vec![for_(
+        let mut out = vec![Llc::for_loop(
             kb,
             0,
             full_kb as i64 - 1,
-            for_(
+            Llc::for_loop(
                 j,
                 0,
                 cols as i64 - 1,
-                for_(kx, 0, KB as i64 - 1, at(lin(&[(kb, KB), (kx, 1)], 0)?)?),
+                Llc::for_loop(kx, 0, KB as i64 - 1, at(lin(&[(kb, KB), (kx, 1)], 0)?)?),
             ),
         )];
         if rest > 0 {
-            out.push(for_(
+            out.push(Llc::for_loop(
                 j,
                 0,
                 cols as i64 - 1,
-                for_(kx, 0, rest as i64 - 1, at(lin(&[(kx, 1)], full_kb * KB)?)?),
+                Llc::for_loop(kx, 0, rest as i64 - 1, at(lin(&[(kx, 1)], full_kb * KB)?)?),
             ));
         }
         Some(Llc::Seq(out))
     };
     let mut out = vec![];
     if full > 0 {
-        out.push(for_(
+        out.push(Llc::for_loop(
             panel,
             0,
             full as i64 - 1,
@@ -560,11 +550,11 @@ fn pack(
     }
     if edge > 0 {
         out.push(data(AxisIndex::Fixed(full), edge)?);
-        out.push(for_(
+        out.push(Llc::for_loop(
             kx,
             0,
             k as i64 - 1,
-            for_(
+            Llc::for_loop(
                 j,
                 edge as i64,
                 width as i64 - 1,
@@ -577,15 +567,15 @@ fn pack(
         ));
     }
     if kp > k {
-        out.push(for_(
+        out.push(Llc::for_loop(
             panel,
             0,
             panels as i64 - 1,
-            for_(
+            Llc::for_loop(
                 kx,
                 k as i64,
                 kp as i64 - 1,
-                for_(
+                Llc::for_loop(
                     j,
                     0,
                     width as i64 - 1,
@@ -631,7 +621,7 @@ fn tiles(con: &Contraction, b: &Blocking, bufs: &Buffers, kc: Symbol, mode: Mode
     if blocks > 0 {
         let jc = Symbol::fresh();
         let body = row_panels(con, b, bufs, kc, mode, Cols::Block { jc })?;
-        out.push(for_(jc, 0, blocks as i64 - 1, body));
+        out.push(Llc::for_loop(jc, 0, blocks as i64 - 1, body));
     }
     if rest < full || edge_cols > 0 {
         out.push(row_panels(
@@ -666,7 +656,7 @@ fn row_panels(
     if full > 0 {
         let ir = Symbol::fresh();
         let body = col_panels(con, b, bufs, kc, mode, cols, AxisIndex::Iterator(ir), b.mr)?;
-        out.push(for_(ir, 0, full as i64 - 1, body));
+        out.push(Llc::for_loop(ir, 0, full as i64 - 1, body));
     }
     if edge_rows > 0 {
         out.push(col_panels(
@@ -701,7 +691,7 @@ fn col_panels(
         Cols::Block { jc } => {
             let jr = lin(&[(jc, b.ncp), (jj, 1)], 0)?;
             let t = kernel(con, b, bufs, kc, mode, panel, jr, rows, b.nr)?;
-            out.push(for_(jj, 0, b.ncp as i64 - 1, t));
+            out.push(Llc::for_loop(jj, 0, b.ncp as i64 - 1, t));
         }
         Cols::Rest {
             start,
@@ -711,7 +701,7 @@ fn col_panels(
             if full_end > start {
                 let jr = lin(&[(jj, 1)], start)?;
                 let t = kernel(con, b, bufs, kc, mode, panel, jr, rows, b.nr)?;
-                out.push(for_(jj, 0, (full_end - start) as i64 - 1, t));
+                out.push(Llc::for_loop(jj, 0, (full_end - start) as i64 - 1, t));
             }
             if edge_cols > 0 {
                 out.push(kernel(
@@ -807,7 +797,7 @@ fn kernel(
             ));
         }
     }
-    stmts.push(for_(kx, 0, b.kc as i64 - 1, Llc::Seq(step)));
+    stmts.push(Llc::for_loop(kx, 0, b.kc as i64 - 1, Llc::Seq(step)));
     // The result's cell of tile element (row, col): m = panel*mr + row, n = jr*nr + col.
     let cell =
         |row: AxisIndex, col: AxisIndex| subst_idcs(&con.pc, &[(con.m.0, row), (con.n.0, col)]);
@@ -857,11 +847,11 @@ fn kernel(
             ),
             Mode::Store => Llv::Binop(Binop::Add, Box::new(t), Box::new(Llv::Constant(0.0))),
         };
-        stmts.push(for_(
+        stmts.push(Llc::for_loop(
             rr,
             0,
             rows as i64 - 1,
-            for_(
+            Llc::for_loop(
                 cc,
                 0,
                 cols as i64 - 1,
