@@ -60,6 +60,9 @@ const RESERVED_EXTENSIONS: [&str; 3] = ["c", "cmd", "log"];
 /// Added (once) when the compiler produced assembly its own assembler rejects.
 const AVX512_FALLBACK_FLAG: &str = "-mno-avx512f";
 
+/// Added to the flags of every compile whose target has AVX512-FP16 (see `without_fp16`).
+pub const NO_FP16_FLAG: &str = "-mno-avx512fp16";
+
 /// Extra human-readable files to keep in the debug directory next to the .c file (e.g.
 /// `("assignments.txt", text)`); written as `<stem>.<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,12 +180,33 @@ pub fn compile_and_load(
     r
 }
 
+/// `config`, with [`NO_FP16_FLAG`] added when its target has AVX512-FP16. Generated code
+/// never needs half-precision instructions (half arrays are bit patterns converted by integer
+/// code, see `runtime_c/arrayjit.h`), and compilers have been wrong with them enabled: GCC 12
+/// dropped roundings in vectorized half reductions, and Clang 14 crashes ("Cannot select ...
+/// X86ISD::VZEXT_MOVL") on the integer conversions of some half programs. When the probe
+/// fails, `config` is used as it is (the compile reports the problem).
+fn without_fp16(config: &CompilerConfig) -> Cow<'_, CompilerConfig> {
+    if config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
+        return Cow::Borrowed(config);
+    }
+    match Target::resolve(config) {
+        Ok(t) if t.features.avx512fp16 => {
+            let mut c = config.clone();
+            c.extra_flags.push(NO_FP16_FLAG.to_string());
+            Cow::Owned(c)
+        }
+        _ => Cow::Borrowed(config),
+    }
+}
+
 fn compile_and_load_uninstrumented(
     config: &CompilerConfig,
     source: &str,
     file_stem: &str,
     debug_files: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
+    let config = &*without_fp16(config);
     let err = match compile_once(config, source, file_stem, debug_files) {
         Ok(lib) => return Ok(lib),
         Err(e) => e,
