@@ -185,18 +185,20 @@ pub fn compile_and_load(
 /// code, see `runtime_c/arrayjit.h`), and compilers have been wrong with them enabled: GCC 12
 /// dropped roundings in vectorized half reductions, and Clang 14 crashes ("Cannot select ...
 /// X86ISD::VZEXT_MOVL") on the integer conversions of some half programs. When the probe
-/// fails, `config` is used as it is (the compile reports the problem).
-fn without_fp16(config: &CompilerConfig) -> Cow<'_, CompilerConfig> {
+/// fails, `config` is used as it is (the compile reports the problem), except when it timed
+/// out: the compiler hangs, and the compile would only wait as long again.
+fn without_fp16(config: &CompilerConfig) -> Result<Cow<'_, CompilerConfig>> {
     if config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
-        return Cow::Borrowed(config);
+        return Ok(Cow::Borrowed(config));
     }
     match Target::resolve(config) {
         Ok(t) if t.features.avx512fp16 => {
             let mut c = config.clone();
             c.extra_flags.push(NO_FP16_FLAG.to_string());
-            Cow::Owned(c)
+            Ok(Cow::Owned(c))
         }
-        _ => Cow::Borrowed(config),
+        Err(e @ Error::CompileTimeout { .. }) => Err(e),
+        _ => Ok(Cow::Borrowed(config)),
     }
 }
 
@@ -206,7 +208,6 @@ fn compile_and_load_uninstrumented(
     file_stem: &str,
     debug_files: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
-    let config = &*without_fp16(config);
     let err = match compile_once(config, source, file_stem, debug_files) {
         Ok(lib) => return Ok(lib),
         Err(e) => e,
@@ -305,6 +306,7 @@ fn compile_once(
     file_stem: &str,
     debug_files_in: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
+    let config = &*without_fp16(config)?;
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files_in)?;
     // Before anything is compiled or loaded: loading a library instrumented for a sanitizer
