@@ -8,7 +8,10 @@ pub use super::task::{MergeBuffer, Task};
 use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
 use crate::error::{Error, Result};
-use crate::ir::{Assignments, Bindings, MemoryMode, MemoryModes, Ndarray, RoutineBindings, Tnode};
+use crate::ir::{
+    check_static_value, Assignments, Bindings, MemoryMode, MemoryModes, Ndarray, RoutineBindings,
+    Tnode,
+};
 use crate::optimize::{self, Optimized, Settings};
 use crate::target::VectorTarget;
 use crate::{loops, lower};
@@ -159,15 +162,7 @@ impl Routine {
     fn run_with(&self, values: &[i64]) -> Result<()> {
         let sig = &self.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
-            let lim = limit.unwrap_or(i64::MAX as usize);
-            if v < 0 || v as u64 >= lim as u64 {
-                return Err(Error::BindingOutOfRange {
-                    routine: self.name.clone(),
-                    index: s.name.clone(),
-                    value: v,
-                    limit: lim,
-                });
-            }
+            check_static_value(&self.name, s, v, *limit)?;
         }
         let merge = match &sig.merge_node {
             None => None,

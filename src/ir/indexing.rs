@@ -303,9 +303,37 @@ impl Bindings {
 #[derive(Clone, Debug, Default)]
 pub struct RoutineBindings {
     entries: Arc<Vec<(StaticSymbol, AtomicI64)>>,
-    /// The routine they belong to and, per static index, the exclusive bound on its value
-    /// (its range and the extent of every axis it indexes), when known.
-    checks: Option<Arc<(String, Vec<Option<usize>>)>>,
+    /// The routine they belong to and its limits, when known.
+    checks: Option<Arc<Limits>>,
+}
+
+/// A linked routine's name and, per static index, the exclusive bound on its value (its
+/// range and the extent of every axis it indexes), when there is one.
+#[derive(Debug)]
+struct Limits {
+    routine: String,
+    limits: Vec<Option<usize>>,
+}
+
+/// Checks a value of the static index `sym` of `routine` against its exclusive bound
+/// `limit` (`None`: any value below `i64::MAX`): [`Error::BindingOutOfRange`] if it is
+/// negative or not below it.
+pub fn check_static_value(
+    routine: &str,
+    sym: &StaticSymbol,
+    value: i64,
+    limit: Option<usize>,
+) -> Result<()> {
+    let limit = limit.unwrap_or(i64::MAX as usize);
+    if value < 0 || value as u64 >= limit as u64 {
+        return Err(Error::BindingOutOfRange {
+            routine: routine.to_string(),
+            index: sym.name.clone(),
+            value,
+            limit,
+        });
+    }
+    Ok(())
 }
 
 impl RoutineBindings {
@@ -331,32 +359,23 @@ impl RoutineBindings {
         limits: Vec<Option<usize>>,
     ) -> RoutineBindings {
         RoutineBindings {
-            checks: Some(Arc::new((routine.to_string(), limits))),
+            checks: Some(Arc::new(Limits {
+                routine: routine.to_string(),
+                limits,
+            })),
             ..RoutineBindings::new(bindings)
         }
     }
 
     fn check(&self, k: usize, value: i64) -> Result<()> {
-        let Some(checks) = &self.checks else {
-            return Ok(());
-        };
-        let (routine, limits) = &**checks;
-        let sym = &self.entries[k].0;
-        let limit = limits.get(k).copied().flatten().or(sym.range);
-        match limit {
-            Some(l) if value < 0 || value as u64 >= l as u64 => Err(Error::BindingOutOfRange {
-                routine: routine.clone(),
-                index: sym.name.clone(),
+        match &self.checks {
+            Some(c) => check_static_value(
+                &c.routine,
+                &self.entries[k].0,
                 value,
-                limit: l,
-            }),
-            None if value < 0 => Err(Error::BindingOutOfRange {
-                routine: routine.clone(),
-                index: sym.name.clone(),
-                value,
-                limit: i64::MAX as usize,
-            }),
-            _ => Ok(()),
+                c.limits.get(k).copied().flatten(),
+            ),
+            None => Ok(()),
         }
     }
 

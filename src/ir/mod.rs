@@ -12,7 +12,8 @@ pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
 pub use indexing::{
-    AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings, StaticSymbol, Symbol,
+    check_static_value, AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings,
+    StaticSymbol, Symbol,
 };
 pub use modes::{HostedMode, MemoryMode, MemoryModes};
 pub use ndarray::{InitOp, Ndarray};
