@@ -804,8 +804,7 @@ fn targets_with_avx512fp16_compile_without_it() {
         lib.entry("case_routine_entry").unwrap();
         let cmd = fs::read_to_string(debug.path().join("fp16_crash.cmd")).unwrap();
         assert!(cmd.contains(NO_FP16_FLAG), "{cc}: {cmd}");
-        // The target of the final flags is derived, without a second probe: no FP16, and a
-        // fingerprint (cache key) of its own.
+        // What the compiler makes of the final flags: no FP16, and a fingerprint of its own.
         let with_flag = CompilerConfig {
             extra_flags: vec![NO_FP16_FLAG.into()],
             ..cfg.clone()

@@ -60,7 +60,7 @@ const RESERVED_EXTENSIONS: [&str; 3] = ["c", "cmd", "log"];
 /// Added (once) when the compiler produced assembly its own assembler rejects.
 const AVX512_FALLBACK_FLAG: &str = "-mno-avx512f";
 
-/// Added to the flags of every compile whose target has AVX512-FP16 (see `without_fp16`).
+/// Added to the flags of every compile whose target has AVX512-FP16 (see `target_and_flags`).
 pub const NO_FP16_FLAG: &str = "-mno-avx512fp16";
 
 /// Extra human-readable files to keep in the debug directory next to the .c file (e.g.
@@ -180,26 +180,30 @@ pub fn compile_and_load(
     r
 }
 
-/// `config`, with [`NO_FP16_FLAG`] added when its target has AVX512-FP16. Generated code
-/// never needs half-precision instructions (half arrays are bit patterns converted by integer
-/// code, see `runtime_c/arrayjit.h`), and compilers have been wrong with them enabled: GCC 12
-/// dropped roundings in vectorized half reductions, and Clang 14 crashes ("Cannot select ...
-/// X86ISD::VZEXT_MOVL") on the integer conversions of some half programs. When the probe
-/// fails, `config` is used as it is (the compile reports the problem), except when it timed
-/// out: the compiler hangs, and the compile would only wait as long again.
-fn without_fp16(config: &CompilerConfig) -> Result<Cow<'_, CompilerConfig>> {
-    if config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
-        return Ok(Cow::Borrowed(config));
-    }
-    match Target::resolve(config) {
-        Ok(t) if t.features.avx512fp16 => {
-            let mut c = config.clone();
-            c.extra_flags.push(NO_FP16_FLAG.to_string());
-            Ok(Cow::Owned(c))
-        }
-        Err(e @ Error::CompileTimeout { .. }) => Err(e),
-        _ => Ok(Cow::Borrowed(config)),
-    }
+/// What `config`'s flags mean, and the configuration to compile with: `config`, with
+/// [`NO_FP16_FLAG`] added when its target has AVX512-FP16. Generated code never needs
+/// half-precision instructions (half arrays are bit patterns converted by integer code, see
+/// `runtime_c/arrayjit.h`), and compilers have been wrong with them enabled: GCC 12 dropped
+/// roundings in vectorized half reductions, and Clang 14 crashes ("Cannot select ...
+/// X86ISD::VZEXT_MOVL") on the integer conversions of some half programs. The target is the
+/// probe of `config` itself (the flag is in the compile command, which the cache key holds
+/// too). A probe that timed out is the error at once (the compiler hangs, and the compile
+/// would only wait as long again); other probe failures are returned for the caller to
+/// report if it needs the target.
+fn target_and_flags(config: &CompilerConfig) -> Result<(Result<Target>, Cow<'_, CompilerConfig>)> {
+    let target = match Target::resolve(config) {
+        Err(e @ Error::CompileTimeout { .. }) => return Err(e),
+        t => t,
+    };
+    let has_fp16 = target.as_ref().is_ok_and(|t| t.features.avx512fp16);
+    let config = if has_fp16 && !config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
+        let mut c = config.clone();
+        c.extra_flags.push(NO_FP16_FLAG.to_string());
+        Cow::Owned(c)
+    } else {
+        Cow::Borrowed(config)
+    };
+    Ok((target, config))
 }
 
 fn compile_and_load_uninstrumented(
@@ -306,7 +310,8 @@ fn compile_once(
     file_stem: &str,
     debug_files_in: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
-    let config = &*without_fp16(config)?;
+    let (target, config) = target_and_flags(config)?;
+    let config = &*config;
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files_in)?;
     // Before anything is compiled or loaded: loading a library instrumented for a sanitizer
@@ -332,10 +337,7 @@ fn compile_once(
     // The compile cache (see the `cache` module): needs the target, resolved once per
     // process (or read from the cache directory).
     let entry = match &config.cache_dir {
-        Some(dir) => {
-            let target = Target::resolve(config)?;
-            CacheEntry::new(dir, config, source, &command, &target)
-        }
+        Some(dir) => CacheEntry::new(dir, config, source, &command, &target?),
         None => None,
     };
     let mut cache_note = None;

@@ -150,14 +150,6 @@ impl Target {
     /// macros (e.g. for an unknown `-march`), [`Error::Io`] if no temporary directory can be
     /// created.
     pub fn resolve(config: &CompilerConfig) -> Result<Target> {
-        // The flag that turns half-precision instructions off, last (as the compile stage
-        // adds it): the same target without them, derived from the probe of the other flags
-        // rather than probed again.
-        if config.extra_flags.last().map(String::as_str) == Some(super::NO_FP16_FLAG) {
-            let mut base = config.clone();
-            base.extra_flags.pop();
-            return Ok(Target::resolve(&base)?.without_fp16());
-        }
         static MEMO: LazyLock<Mutex<HashMap<String, Target>>> =
             LazyLock::new(|| Mutex::new(HashMap::new()));
         let identity = program_identity(&config.compiler);
@@ -200,19 +192,6 @@ impl Target {
                 .insert(key, target.clone());
         }
         Ok(target)
-    }
-
-    /// The same target with AVX512-FP16 turned off (as `-mno-avx512fp16` does): the feature
-    /// and its macro are dropped, and the fingerprint changes.
-    fn without_fp16(mut self) -> Target {
-        if self.features.avx512fp16 {
-            self.features.avx512fp16 = false;
-            let mut macros = (*self.macros).clone();
-            macros.remove("__AVX512FP16__");
-            self.macros = Arc::new(macros);
-            self.fingerprint = hash_hex(&[b"without avx512fp16", self.fingerprint.as_bytes()]);
-        }
-        self
     }
 
     /// A target from the output of `cc -E -dM` (lines `#define NAME VALUE`), with this
