@@ -18,27 +18,14 @@ use crate::loops::{map_indices, visit_llc, visit_values, visit_vectors, Llc, Llv
 pub fn nests(c: Llc) -> Llc {
     match c {
         Llc::Seq(v) => Llc::Seq(v.into_iter().map(nests).collect()),
-        c @ Llc::For { .. } => {
-            let mut c = c;
+        mut c @ Llc::For { .. } => {
             while let Some(merged) = collapse_pair(&c) {
                 c = merged;
             }
-            match c {
-                Llc::For {
-                    index,
-                    from,
-                    to,
-                    body,
-                    trace_it,
-                } => Llc::For {
-                    index,
-                    from,
-                    to,
-                    body: Box::new(nests(*body)),
-                    trace_it,
-                },
-                c => c,
+            if let Llc::For { body, .. } = &mut c {
+                **body = nests(std::mem::replace(&mut **body, Llc::Noop));
             }
+            c
         }
         c => c,
     }
