@@ -5,11 +5,18 @@ use crate::ir::Ndarray;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// A block of device memory. Generated code reads and writes it through raw pointers;
-/// synchronizing those accesses is the caller's job (as in the seed API: await a device before
-/// reading what it wrote).
+/// A block of device memory, shared by contexts, routines and transfers.
+///
+/// Every access to the bytes holds the buffer's reader-writer lock: the copies here take it
+/// themselves, and a routine run takes the locks of all its buffers at once ([`lock_all`]),
+/// shared for the buffers it only reads and exclusive for those it writes. So safe code can
+/// never race on a buffer: a program whose devices are not synchronized (a copy scheduled
+/// while another device still writes the source) gets some interleaving of whole operations,
+/// never a torn one. Ordering the operations is still the caller's job (as in the seed API:
+/// await a device, or wait for its event, before reading what it wrote); the locks are
+/// uncontended when it is done.
 pub struct Buffer {
     /// The allocation as returned by the allocator.
     raw: NonNull<u8>,
@@ -17,16 +24,19 @@ pub struct Buffer {
     ptr: NonNull<u8>,
     size: usize,
     layout: Layout,
+    /// Held (shared or exclusive) by every access to the bytes.
+    access: RwLock<()>,
 }
 
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
 const ALIGN: usize = 64;
 
-// SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving or sharing the handle
-// between threads is sound. Concurrent access to the bytes goes through raw pointers whose
-// synchronization is the documented responsibility of the caller (device awaits).
+// SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving the handle between
+// threads is sound.
 unsafe impl Send for Buffer {}
-// SAFETY: see Send; no method hands out references into the bytes.
+// SAFETY: every access to the bytes (the copies below, and routine runs through `lock_all`)
+// holds `access`: shared to read, exclusive to write, so no two threads race on them. No
+// method hands out references into the bytes.
 unsafe impl Sync for Buffer {}
 
 /// A shared handle to a buffer.
@@ -72,6 +82,7 @@ impl Buffer {
             ptr,
             size,
             layout,
+            access: RwLock::new(()),
         }))
     }
 
@@ -80,9 +91,18 @@ impl Buffer {
         self.size
     }
 
-    /// The start of the memory, for generated code.
+    /// The start of the memory, for generated code. Reading or writing through it is
+    /// sound only while holding the buffer's lock ([`lock_all`]).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    fn read_lock(&self) -> RwLockReadGuard<'_, ()> {
+        self.access.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_lock(&self) -> RwLockWriteGuard<'_, ()> {
+        self.access.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Copies `bytes` into the start of the buffer.
@@ -94,8 +114,10 @@ impl Buffer {
                 self.size
             )));
         }
+        let _guard = self.write_lock();
         // SAFETY: the destination has at least bytes.len() bytes (checked above) and cannot
-        // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out).
+        // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out);
+        // the exclusive lock keeps every other access out.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr(), bytes.len()) };
         Ok(())
     }
@@ -109,8 +131,9 @@ impl Buffer {
                 self.size
             )));
         }
+        let _guard = self.read_lock();
         // SAFETY: the source has at least bytes.len() bytes (checked above); the destination
-        // is a distinct Rust slice.
+        // is a distinct Rust slice; the shared lock keeps writers out.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), bytes.as_mut_ptr(), bytes.len())
         };
@@ -128,8 +151,10 @@ impl Buffer {
         if std::ptr::eq(self, src) {
             return Ok(());
         }
+        let _guards = lock_all(&mut [(src, false), (self, true)]);
         // SAFETY: both regions have at least len bytes (checked) and belong to distinct
-        // allocations (checked above), so they do not overlap.
+        // allocations (checked above), so they do not overlap; the locks keep writers of the
+        // source and every other access to the destination out.
         unsafe { std::ptr::copy_nonoverlapping(src.ptr.as_ptr(), self.ptr.as_ptr(), len) };
         Ok(())
     }
@@ -143,6 +168,43 @@ impl Buffer {
     pub fn read_ndarray(&self, a: &mut Ndarray) -> Result<()> {
         self.read_bytes(a.as_bytes_mut())
     }
+}
+
+/// The held locks of a set of buffers (released when dropped).
+#[must_use = "the buffers are unlocked when this is dropped"]
+pub struct Access<'a> {
+    _guards: Vec<Guard<'a>>,
+}
+
+/// A held lock: never read, only dropped (which releases it).
+#[allow(dead_code)]
+enum Guard<'a> {
+    Read(RwLockReadGuard<'a, ()>),
+    Write(RwLockWriteGuard<'a, ()>),
+}
+
+/// Locks every buffer of `buffers` (`true`: exclusively, to write; `false`: shared, to read),
+/// in address order so that two threads locking overlapping sets cannot deadlock. A buffer
+/// listed more than once is locked once, exclusively if any entry asks for it. Blocks while
+/// another thread holds a conflicting lock.
+pub fn lock_all<'a>(buffers: &mut [(&'a Buffer, bool)]) -> Access<'a> {
+    buffers.sort_by_key(|(b, _)| b.ptr.as_ptr() as usize);
+    let mut guards = Vec::with_capacity(buffers.len());
+    let mut i = 0;
+    while i < buffers.len() {
+        let (b, mut write) = buffers[i];
+        while i + 1 < buffers.len() && std::ptr::eq(buffers[i + 1].0, b) {
+            i += 1;
+            write |= buffers[i].1;
+        }
+        guards.push(if write {
+            Guard::Write(b.write_lock())
+        } else {
+            Guard::Read(b.read_lock())
+        });
+        i += 1;
+    }
+    Access { _guards: guards }
 }
 
 impl Drop for Buffer {

@@ -1,7 +1,7 @@
 //! The cc no-device backend: compiles with the system C compiler and runs routines
 //! synchronously on the calling thread.
 
-use super::buffer::{Buffer, BufferPtr};
+use super::buffer::{lock_all, Buffer, BufferPtr};
 use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
@@ -185,6 +185,19 @@ impl Routine {
                 }
             },
         };
+        // Every buffer the code touches is locked for the whole run: exclusively where it
+        // writes (context buffers it stores to, and its scratch), shared where it only reads.
+        let n_ctx = sig.buffers.len();
+        let mut locks: Vec<(&Buffer, bool)> = self
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (&**b, i >= n_ctx || sig.writes[i]))
+            .collect();
+        if let Some(m) = &merge {
+            locks.push((&**m, false));
+        }
+        let _access = lock_all(&mut locks);
         let ptrs: Vec<*mut u8> = self.buffers.iter().map(|b| b.as_ptr()).collect();
         let merge_ptr = merge
             .as_ref()
