@@ -406,12 +406,18 @@ fn batches_postponed_code_contexts_and_merge_buffer() {
         rm.run(),
         Err(arrayjit::Error::MergeBufferMismatch { .. })
     ));
-    // from_prior_context names the missing node.
-    let err = backend
+    // from_prior_context: as in the seed's verify_prior_context, only nodes the code uses
+    // are checked. `other` does not use sum, so listing it is fine; it uses g, which a fresh
+    // context lacks, so listing g is an error naming it (and g is not added).
+    assert!(backend
         .link(std::slice::from_ref(&sum), &mb, &ctx_b, &other)
+        .is_ok());
+    let fresh = backend.init("fresh").unwrap();
+    let err = backend
+        .link(std::slice::from_ref(&g), &mb, &fresh, &other)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("sum"), "{err}");
+    assert!(err.contains("lacks tensor g"), "{err}");
     // to_buffer / buffer_to_host.
     let buf = backend.alloc_buffer(None, 12).unwrap();
     backend.to_buffer(&g, &buf, &ctx2).unwrap();

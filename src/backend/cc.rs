@@ -122,9 +122,11 @@ impl Routine {
             .as_ref()
             .map(|d| format!(" on {}", d.name()))
             .unwrap_or_default();
+        let ctx = self.context.clone();
         Task::new(format!("routine {}{on}", self.name), move || {
             r.run_with(&values)
         })
+        .with_precondition(move || ctx.check_live())
     }
 
     /// Schedules the routine with the binding values current now: on a device, enqueues it
@@ -160,6 +162,7 @@ impl Routine {
     }
 
     fn run_with(&self, values: &[i64]) -> Result<()> {
+        self.context.check_live()?;
         let sig = &self.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
             check_static_value(&self.name, s, v, *limit)?;
@@ -349,7 +352,8 @@ impl CcBackend {
         Ok(Context::root(label, None))
     }
 
-    /// Finalizes (just) the context.
+    /// Finalizes the context: releases its buffers; later uses of it fail (see
+    /// [`Context::finalize`]).
     pub fn finalize(&self, ctx: &Context) {
         ctx.finalize()
     }
@@ -742,6 +746,7 @@ impl CcBackend {
         batch: &CodeBatch,
     ) -> Result<(Context, Vec<Option<Routine>>)> {
         self.check_initialized()?;
+        let start = ctx;
         let mut ctx = ctx.clone();
         let mut out = vec![];
         for e in &batch.entries {
@@ -762,6 +767,9 @@ impl CcBackend {
                 }
             }
         }
+        // As in the seed: the context downstream of the batch expects what the context
+        // linked into expected.
+        let ctx = ctx.with_expected_merge_node(start.expected_merge_node().cloned())?;
         Ok((ctx, out))
     }
 
@@ -800,6 +808,7 @@ impl CcBackend {
     /// If the node is hosted and in the context, copies host → context and returns true.
     pub fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "from_host");
+        ctx.check_live()?;
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host(|a| b.write_ndarray(a)) {
                 Some(r) => r.map(|_| true),
@@ -812,6 +821,7 @@ impl CcBackend {
     /// If the node is hosted and in the context, copies context → host and returns true.
     pub fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "to_host");
+        ctx.check_live()?;
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host_mut(|a| b.read_ndarray(a)) {
                 Some(r) => r.map(|_| true),

@@ -410,6 +410,7 @@ impl Device {
     pub fn schedule(&self, task: Task) -> Result<()> {
         let sh = &self.0.shared;
         sh.take_error()?;
+        task.check()?;
         if !self.0.threaded {
             sh.scheduled.fetch_add(1, Ordering::SeqCst);
             let r = run_captured(task);
@@ -470,6 +471,13 @@ impl Device {
     /// Blocks until every scheduled task has finished (spinning briefly, then parking), then
     /// returns the first failure since the last report, if any.
     pub fn await_idle(&self) -> Result<()> {
+        self.wait_idle();
+        self.0.shared.take_error()
+    }
+
+    /// Blocks until every scheduled task has finished, leaving any failure to be reported by
+    /// the next await or schedule.
+    pub(crate) fn wait_idle(&self) {
         let sh = &self.0.shared;
         loop {
             let s = sh.scheduled.load(Ordering::Acquire);
@@ -478,7 +486,6 @@ impl Device {
                 break;
             }
         }
-        sh.take_error()
     }
 
     /// Whether the device has no scheduled task left.

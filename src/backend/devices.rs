@@ -188,8 +188,14 @@ pub trait Backend: Send + Sync {
         self.core().cc.init("")?;
         Ok(Context::root(&device.name(), Some(device.clone())))
     }
-    /// Finalizes (just) the context.
+    /// Finalizes the context: waits until its device is idle (a failure stays to be
+    /// reported by the next await or schedule), then releases the context's buffers. Later
+    /// links into it, copies to or from it, and runs or schedules of routines linked into it
+    /// fail with [`Error::ContextFinalized`].
     fn finalize(&self, ctx: &Context) {
+        if let Some(d) = ctx.device() {
+            d.wait_idle();
+        }
         ctx.finalize()
     }
     /// The device of a context.
@@ -309,6 +315,7 @@ pub trait Backend: Send + Sync {
     /// host's data is overwritten.
     #[allow(clippy::wrong_self_convention)] // the seed API's name
     fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        ctx.check_live()?;
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);
         };
@@ -323,6 +330,7 @@ pub trait Backend: Send + Sync {
     /// returns true, otherwise returns false. The caller must synchronize the device before the
     /// host's data is read.
     fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        ctx.check_live()?;
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);
         };
@@ -343,9 +351,12 @@ pub trait Backend: Send + Sync {
     /// - `Copy`: schedules a copy from `src` into `dst`'s device merge buffer (grown as
     ///   needed).
     ///
-    /// If `dst` has routines that read a different node from the merge buffer, the call fails
-    /// at once naming both nodes. The caller must synchronize `src` first: await it, or make
-    /// `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
+    /// Into a merge buffer (`Streaming`, `Copy`), `dst` must be the context of a routine that
+    /// reads `tn` from the merge buffer (the one returned by linking it): otherwise the call
+    /// fails at once with [`Error::MergeNodeMismatch`] naming the expected node (or none) and
+    /// `tn`, as in the seed. Either context being finalized is an error
+    /// ([`Error::ContextFinalized`]). The caller must synchronize `src` first: await it, or
+    /// make `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
     fn device_to_device(
         &self,
         tn: &Tnode,
@@ -371,6 +382,8 @@ pub trait Backend: Send + Sync {
         dst: &Context,
         src: &Context,
     ) -> Result<Option<Transfer>> {
+        src.check_live()?;
+        dst.check_live()?;
         let Some(src_buf) = src.get_buffer(tn) else {
             if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
                 return Err(Error::Usage(format!(
@@ -390,15 +403,12 @@ pub trait Backend: Send + Sync {
                 Some(dst_buf)
             }
             _ => {
-                let expected = dst.merge_nodes();
-                if !expected.is_empty() && !expected.contains(tn) {
-                    let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
-                    return Err(Error::Usage(format!(
-                        "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
-                        tn.name(),
-                        dst.label(),
-                        names.join(", ")
-                    )));
+                if dst.expected_merge_node() != Some(tn) {
+                    return Err(Error::MergeNodeMismatch {
+                        context: dst.label().to_string(),
+                        expected: dst.expected_merge_node().map(Tnode::name),
+                        actual: tn.name(),
+                    });
                 }
                 None
             }
