@@ -489,3 +489,57 @@ fn compiling_twice_gives_the_same_code_and_never_changes_nodes() {
     }
     assert!(first.optimized().memory_mode(&out).is_some());
 }
+
+/// `compile_batch(shared = false)` postpones the C compiler to the first `link_batch` (as the
+/// seed allows): with a compiler that always fails, the batch compiles and the link reports
+/// the compile failure; with a real one, the postponed batch links into two contexts (one
+/// compile) and computes the right values.
+#[test]
+fn postponed_batches_compile_at_the_first_link() {
+    let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+    let y = output("y", &[3], Prec::Single);
+    let b = Bindings::empty();
+    let neg = unop(&y, Binop::Arg2, false, Unop::Neg, &x, "i->i", &b);
+    let names = vec!["neg".to_string()];
+    let mut broken = arrayjit::compile::CompilerConfig::from_env().unwrap();
+    broken.compiler = "/bin/false".into();
+    broken.cache_dir = None;
+    let backend = CcBackend::with_config(broken, Default::default());
+    backend.initialize(Config::default());
+    let batch = backend
+        .compile_batch(false, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .expect("nothing is compiled yet");
+    let err = backend
+        .link_batch(
+            &[],
+            &MergeBuffer::new(),
+            &backend.init("a").unwrap(),
+            &batch,
+        )
+        .err()
+        .expect("the link runs the compiler");
+    assert!(
+        matches!(err.root(), arrayjit::Error::Compile { .. }),
+        "{err}"
+    );
+    assert!(backend
+        .compile_batch(true, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .is_err());
+
+    let backend = CcBackend::new();
+    backend.initialize(Config::default());
+    let batch = backend
+        .compile_batch(false, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .unwrap();
+    for label in ["first", "second"] {
+        let ctx = backend.init(label).unwrap();
+        let (_, rs) = backend
+            .link_batch(&[], &MergeBuffer::new(), &ctx, &batch)
+            .unwrap();
+        let r = rs[0].clone().unwrap();
+        assert!(backend.from_host(r.context(), &x).unwrap());
+        r.run().unwrap();
+        assert!(backend.to_host(r.context(), &y).unwrap());
+        assert_eq!(y.host_values().unwrap(), vec![-1., -2., -3.]);
+    }
+}

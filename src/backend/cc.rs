@@ -67,13 +67,16 @@ pub struct CodeBatch {
     source: String,
     bindings: Bindings,
     entries: Vec<Option<BatchEntry>>,
+    /// One compiled routine per included entry, in order; filled by `compile_batch` with
+    /// `shared: true`, else by the first `link_batch` (from `postponed`).
+    compiled: Mutex<Option<Vec<Arc<Compiled>>>>,
+    postponed: Option<Box<Postponed>>,
 }
 
-/// One compiled routine of a batch.
+/// One routine of a batch.
 struct BatchEntry {
     name: String,
     optimized: Optimized,
-    compiled: Arc<Compiled>,
 }
 
 /// A routine linked into a context. Clones share the routine's bindings and scratch memory:
@@ -604,9 +607,13 @@ impl CcBackend {
     /// of similar size compiled by up to `ARRAYJIT_COMPILE_JOBS` parallel compiler processes
     /// (default: the machine's available parallelism). [`CodeBatch::source`] shows the whole
     /// batch as one file.
+    ///
+    /// With `shared: true` the C is compiled now; with `shared: false` (as the seed allows)
+    /// compiling is postponed to the first `link_batch`, whose compiled routines later links
+    /// reuse. Lowering and optimizing happen now either way, so their errors come from here.
     pub fn compile_batch(
         &self,
-        _shared: bool,
+        shared: bool,
         names: Option<&[String]>,
         occupancy: Option<Occupancy<'_>>,
         bindings: &Bindings,
@@ -622,24 +629,46 @@ impl CcBackend {
             &target,
             cfg.trace_dir.as_deref(),
         )?;
-        let mut compiled = Self::build(&generated, &all_dumps, &cfg)?.into_iter();
         let entries = entries
             .into_iter()
-            .map(|e| {
-                let (name, optimized) = e?;
-                let compiled = Arc::new(compiled.next()?);
-                Some(BatchEntry {
-                    name,
-                    optimized,
-                    compiled,
-                })
-            })
+            .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
             .collect();
+        let (compiled, postponed) = if shared {
+            let compiled = Self::build(&generated, &all_dumps, &cfg)?;
+            (Some(compiled.into_iter().map(Arc::new).collect()), None)
+        } else {
+            let p = Postponed {
+                generated,
+                dumps: all_dumps,
+            };
+            (None, Some(Box::new(p)))
+        };
         Ok(CodeBatch {
             source,
             bindings: bindings.clone(),
             entries,
+            compiled: Mutex::new(compiled),
+            postponed,
         })
+    }
+
+    /// The compiled routines of a batch (one per included entry): compiles a postponed batch
+    /// on first use.
+    fn batch_compiled(&self, batch: &CodeBatch) -> Result<Vec<Arc<Compiled>>> {
+        let mut slot = batch.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        let p = batch.postponed.as_ref().ok_or_else(|| {
+            Error::Usage("internal error: a batch with neither code nor compiled code".into())
+        })?;
+        let compiled: Vec<Arc<Compiled>> =
+            Self::build(&p.generated, &p.dumps, &self.compiler_config()?)?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+        *slot = Some(compiled.clone());
+        Ok(compiled)
     }
 
     /// The node a compiled routine reads from the merge buffer, if any.
@@ -746,6 +775,7 @@ impl CcBackend {
         batch: &CodeBatch,
     ) -> Result<(Context, Vec<Option<Routine>>)> {
         self.check_initialized()?;
+        let mut compiled = self.batch_compiled(batch)?.into_iter();
         let start = ctx;
         let mut ctx = ctx.clone();
         let mut out = vec![];
@@ -753,10 +783,13 @@ impl CcBackend {
             match e {
                 None => out.push(None),
                 Some(e) => {
+                    let c = compiled.next().ok_or_else(|| {
+                        Error::Usage("internal error: a batch entry was not compiled".into())
+                    })?;
                     let r = Self::make_routine(
                         &e.name,
                         &batch.bindings,
-                        e.compiled.clone(),
+                        c,
                         &ctx,
                         from_prior_context,
                         merge_buffer,
