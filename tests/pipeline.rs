@@ -516,8 +516,7 @@ fn postponed_batches_compile_at_the_first_link() {
             &backend.init("a").unwrap(),
             &batch,
         )
-        .err()
-        .expect("the link runs the compiler");
+        .expect_err("the link runs the compiler");
     assert!(
         matches!(err.root(), arrayjit::Error::Compile { .. }),
         "{err}"
