@@ -530,6 +530,79 @@ fn finalize_awaits_the_device_releases_the_context_and_rejects_later_use() {
     });
 }
 
+/// As in the seed's multicore backend, a physical device runs one thing at a time: its
+/// virtual devices share one worker thread and queue (tasks run in scheduling order across
+/// them), while each keeps its own merge buffer, subordinal and failures. A device waiting
+/// for another's event on the same queue does not deadlock.
+#[test]
+fn virtual_devices_of_a_core_share_its_worker() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        b.initialize(Config::default());
+        let phys = b.get_device(0).unwrap();
+        let devs: Vec<Device> = (0..8)
+            .map(|_| b.new_virtual_device(&phys).unwrap())
+            .collect();
+        let subs: Vec<usize> = devs.iter().map(|d| b.to_subordinal(d)).collect();
+        assert_eq!(subs, (0..8).collect::<Vec<_>>());
+        let t = on_device("t", &[2], Prec::Single);
+        devs[0]
+            .merge_buffer()
+            .set(arrayjit::backend::Buffer::new(8).unwrap(), t.clone());
+        assert!(devs[0].merge_buffer().get().is_some());
+        assert!(
+            devs[1].merge_buffer().get().is_none(),
+            "merge buffers are shared"
+        );
+        let log = Arc::new(std::sync::Mutex::new(vec![]));
+        for round in 0..3 {
+            for (i, d) in devs.iter().enumerate() {
+                let log = log.clone();
+                b.schedule(
+                    d,
+                    Task::new(format!("t{round}.{i}"), move || {
+                        log.lock()
+                            .unwrap()
+                            .push((round * 8 + i, std::thread::current().id()));
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+            }
+        }
+        // Device 0 waits for device 7's event: 7's tasks were scheduled first on the queue.
+        let ev = b.record_event(&devs[7]);
+        b.wait_for_event(&devs[0], &ev).unwrap();
+        b.await_device(&devs[0]).unwrap();
+        let log = log.lock().unwrap().clone();
+        let order: Vec<usize> = log.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            order,
+            (0..24).collect::<Vec<_>>(),
+            "not in scheduling order"
+        );
+        assert!(
+            log.iter().all(|(_, t)| *t == log[0].1),
+            "more than one thread"
+        );
+        assert_ne!(log[0].1, std::thread::current().id());
+        // A failure is reported on its own device only.
+        b.schedule(
+            &devs[3],
+            Task::new("fails", || Err(arrayjit::Error::Usage("boom".into()))),
+        )
+        .unwrap();
+        b.await_device(&devs[3]).map(|_| ()).unwrap_err();
+        for (i, d) in devs.iter().enumerate() {
+            assert!(
+                b.await_device(d).is_ok(),
+                "device {i} got device 3's failure"
+            );
+        }
+        b.unsafe_cleanup();
+    });
+}
+
 #[test]
 fn device_counts_follow_config() {
     let m = MulticoreBackend::new();

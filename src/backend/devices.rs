@@ -136,7 +136,8 @@ pub trait Backend: Send + Sync {
     /// The optimal number of virtual devices for the given physical device to follow the
     /// [`Config`] strategy passed to [`Backend::initialize`].
     fn suggested_num_virtual_devices(&self, device: &PhysicalDevice) -> usize;
-    /// Creates the device object (a worker thread, or none); used by `new_virtual_device`.
+    /// Creates the device object (a worker thread, or none); used by `new_virtual_device` for
+    /// the first virtual device of a physical device (later ones share its worker and queue).
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device>;
 
     /// Initializes the backend before first use or after `unsafe_cleanup`. Does nothing if the
@@ -169,7 +170,11 @@ pub trait Backend: Send + Sync {
             ordinal,
         })
     }
-    /// A new virtual device on the physical device.
+    /// A new virtual device on the physical device: its own merge buffer and subordinal; on
+    /// the multicore backend, the first one starts the physical device's worker thread and
+    /// later ones share it, so their tasks run one at a time in the order they were
+    /// scheduled (an event or await of one of them covers what was scheduled before on the
+    /// others too).
     fn new_virtual_device(&self, physical: &PhysicalDevice) -> Result<Device> {
         if !self.is_initialized() {
             return Err(Error::Usage(format!(
@@ -179,7 +184,17 @@ pub trait Backend: Send + Sync {
         }
         let mut devices = self.core().devices();
         let sub = devices.iter().filter(|d| d.physical() == physical).count();
-        let d = self.spawn_device(physical, sub)?;
+        // Virtual devices of one physical device share its worker thread and queue (one
+        // thread per core, as in the seed's multicore backend); each keeps its own merge
+        // buffer and subordinal.
+        let sibling = devices
+            .iter()
+            .find(|d| d.physical() == physical && d.has_worker())
+            .and_then(|d| d.on_same_queue(sub));
+        let d = match sibling {
+            Some(d) => d,
+            None => self.spawn_device(physical, sub)?,
+        };
         devices.push(d.clone());
         Ok(d)
     }
