@@ -1,6 +1,6 @@
 //! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
 //! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
-//! thread and FIFO queue per virtual device) and [`SyncBackend`] (everything runs on the
+//! thread and FIFO queue per physical device, shared by its virtual devices) and [`SyncBackend`] (everything runs on the
 //! caller's thread; for debugging and tests).
 
 use super::buffer::BufferPtr;
@@ -471,8 +471,8 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// One worker thread and one FIFO queue per virtual device; each core of the machine is a
-/// physical device.
+/// One worker thread and one FIFO queue per physical device (each core of the machine),
+/// shared by the virtual devices created on it.
 #[derive(Default)]
 pub struct MulticoreBackend {
     core: DeviceCore,
