@@ -3,7 +3,7 @@
 //! whole operations in some order, never a torn or lost one.
 
 mod common;
-use arrayjit::backend::{Backend, Buffer, CcBackend, MulticoreBackend};
+use arrayjit::backend::{Backend, CcBackend, DeviceBuffer, MulticoreBackend};
 use arrayjit::ir::*;
 use common::*;
 use std::sync::Arc;
@@ -56,8 +56,8 @@ fn concurrent_runs_of_one_routine_do_not_lose_updates() {
 fn concurrent_writes_and_copies_are_never_torn() {
     with_watchdog(120, || {
         let size = 1 << 20;
-        let a = Buffer::new(size).unwrap();
-        let b = Buffer::new(size).unwrap();
+        let a = DeviceBuffer::new(size).unwrap();
+        let b = DeviceBuffer::new(size).unwrap();
         let writer = {
             let a = a.clone();
             std::thread::spawn(move || {
@@ -87,8 +87,8 @@ fn concurrent_writes_and_copies_are_never_torn() {
 fn crossing_copies_do_not_deadlock() {
     with_watchdog(60, || {
         let size = 1 << 16;
-        let a = Buffer::new(size).unwrap();
-        let b = Buffer::new(size).unwrap();
+        let a = DeviceBuffer::new(size).unwrap();
+        let b = DeviceBuffer::new(size).unwrap();
         a.write_bytes(&vec![1; size]).unwrap();
         b.write_bytes(&vec![2; size]).unwrap();
         let t = {

@@ -548,7 +548,7 @@ fn virtual_devices_of_a_core_share_its_worker() {
         let t = on_device("t", &[2], Prec::Single);
         devs[0]
             .merge_buffer()
-            .set(arrayjit::backend::Buffer::new(8).unwrap(), t.clone());
+            .set(arrayjit::backend::DeviceBuffer::new(8).unwrap(), t.clone());
         assert!(devs[0].merge_buffer().get().is_some());
         assert!(
             devs[1].merge_buffer().get().is_none(),

@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// never a torn one. Ordering the operations is still the caller's job (as in the seed API:
 /// await a device, or wait for its event, before reading what it wrote); the locks are
 /// uncontended when it is done.
-pub struct Buffer {
+pub struct DeviceBuffer {
     /// The allocation as returned by the allocator.
     raw: NonNull<u8>,
     /// `raw` rounded up to a multiple of [`ALIGN`].
@@ -31,22 +31,22 @@ pub struct Buffer {
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
 const ALIGN: usize = 64;
 
-// SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving the handle between
+// SAFETY: a DeviceBuffer is a plain heap allocation owned by the DeviceBuffer; moving the handle between
 // threads is sound.
-unsafe impl Send for Buffer {}
+unsafe impl Send for DeviceBuffer {}
 // SAFETY: every access to the bytes (the copies below, and routine runs through `lock_all`)
 // holds `access`: shared to read, exclusive to write, so no two threads race on them. No
 // method hands out references into the bytes.
-unsafe impl Sync for Buffer {}
+unsafe impl Sync for DeviceBuffer {}
 
 /// A shared handle to a buffer.
-pub type BufferPtr = Arc<Buffer>;
+pub type BufferPtr = Arc<DeviceBuffer>;
 
-impl Buffer {
+impl DeviceBuffer {
     /// A zero-filled buffer of `size` bytes; [`Error::OutOfMemory`] when it cannot be
     /// allocated.
     pub fn new(size: usize) -> Result<BufferPtr> {
-        Buffer::new_for(size, || "a device buffer".to_string())
+        DeviceBuffer::new_for(size, || "a device buffer".to_string())
     }
 
     /// A zero-filled buffer of `size` bytes; when it cannot be allocated (or `size` is beyond
@@ -77,7 +77,7 @@ impl Buffer {
         // SAFETY: offset < ALIGN, and the allocation has size + ALIGN bytes, so the aligned
         // start and the `size` bytes after it stay inside the allocation.
         let ptr = unsafe { NonNull::new_unchecked(raw.as_ptr().add(offset)) };
-        Ok(Arc::new(Buffer {
+        Ok(Arc::new(DeviceBuffer {
             raw,
             ptr,
             size,
@@ -141,7 +141,7 @@ impl Buffer {
     }
 
     /// Copies the first `len` bytes of `src` into this buffer.
-    pub fn copy_from(&self, src: &Buffer, len: usize) -> Result<()> {
+    pub fn copy_from(&self, src: &DeviceBuffer, len: usize) -> Result<()> {
         if len > self.size || len > src.size {
             return Err(Error::Usage(format!(
                 "copying {len} bytes between buffers of {} and {} bytes",
@@ -187,7 +187,7 @@ enum Guard<'a> {
 /// in address order so that two threads locking overlapping sets cannot deadlock. A buffer
 /// listed more than once is locked once, exclusively if any entry asks for it. Blocks while
 /// another thread holds a conflicting lock.
-pub fn lock_all<'a>(buffers: &mut [(&'a Buffer, bool)]) -> Access<'a> {
+pub fn lock_all<'a>(buffers: &mut [(&'a DeviceBuffer, bool)]) -> Access<'a> {
     buffers.sort_by_key(|(b, _)| b.ptr.as_ptr() as usize);
     let mut guards = Vec::with_capacity(buffers.len());
     let mut i = 0;
@@ -207,15 +207,15 @@ pub fn lock_all<'a>(buffers: &mut [(&'a Buffer, bool)]) -> Access<'a> {
     Access { _guards: guards }
 }
 
-impl Drop for Buffer {
+impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: raw was allocated with exactly this layout in Buffer::new and is freed once.
+        // SAFETY: raw was allocated with exactly this layout in DeviceBuffer::new and is freed once.
         unsafe { dealloc(self.raw.as_ptr(), self.layout) }
     }
 }
 
-impl fmt::Debug for Buffer {
+impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Buffer({} bytes)", self.size)
+        write!(f, "DeviceBuffer({} bytes)", self.size)
     }
 }

@@ -1,7 +1,7 @@
 //! The cc no-device backend: compiles with the system C compiler and runs routines
 //! synchronously on the calling thread.
 
-use super::buffer::{lock_all, Buffer, BufferPtr};
+use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
@@ -194,7 +194,7 @@ impl Routine {
         // Every buffer the code touches is locked for the whole run: exclusively where it
         // writes (context buffers it stores to, and its scratch), shared where it only reads.
         let n_ctx = sig.buffers.len();
-        let mut locks: Vec<(&Buffer, bool)> = self
+        let mut locks: Vec<(&DeviceBuffer, bool)> = self
             .buffers
             .iter()
             .enumerate()
@@ -370,7 +370,7 @@ impl CcBackend {
     ) -> Result<BufferPtr> {
         match old_buffer {
             Some((b, old_size)) if old_size >= size_in_bytes && b.size() >= size_in_bytes => Ok(b),
-            _ => Buffer::new(size_in_bytes),
+            _ => DeviceBuffer::new(size_in_bytes),
         }
     }
 
@@ -712,7 +712,7 @@ impl CcBackend {
         // Large local arrays: scratch owned by this routine, allocated once here.
         let mut buffers = buffers;
         for tn in &compiled.sig.scratch {
-            buffers.push(Buffer::new(tn.size_in_bytes())?);
+            buffers.push(DeviceBuffer::new(tn.size_in_bytes())?);
         }
         tracing::debug!(
             target: "arrayjit::backend",

@@ -1,6 +1,6 @@
 //! Contexts: maps from nodes to buffers, related by descent.
 
-use super::buffer::{Buffer, BufferPtr};
+use super::buffer::{BufferPtr, DeviceBuffer};
 use super::device::Device;
 use crate::error::{Error, Result};
 use crate::ir::Tnode;
@@ -73,7 +73,7 @@ impl Context {
         for tn in nodes {
             if !buffers.contains_key(tn) {
                 let what = || format!("the device buffer of tensor {}", tn.name());
-                buffers.insert(tn.clone(), Buffer::new_for(tn.size_in_bytes(), what)?);
+                buffers.insert(tn.clone(), DeviceBuffer::new_for(tn.size_in_bytes(), what)?);
             }
         }
         Ok(self.child(buffers, merge_node.cloned()))

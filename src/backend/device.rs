@@ -594,7 +594,7 @@ impl Device {
         match &*st {
             Some(b) if b.size() >= size => Ok(b.clone()),
             _ => {
-                let b = super::buffer::Buffer::new(size)?;
+                let b = super::buffer::DeviceBuffer::new(size)?;
                 *st = Some(b.clone());
                 Ok(b)
             }
