@@ -405,6 +405,16 @@ fn cleanup_then_initialize_again() {
             assert!(b.get_device(0).is_err());
             assert!(r.schedule().is_err(), "a released device must refuse work");
             b.initialize(Config::PhysicalDevicesOnly);
+            // Devices and contexts from before the cleanup stay invalid after initializing
+            // again: init, link and runs on them fail, naming the device.
+            let stale = |e: arrayjit::Error| {
+                let m = e.to_string();
+                assert!(m.contains("released by unsafe_cleanup"), "{m}");
+            };
+            stale(b.init(&devs[1]).unwrap_err());
+            stale(b.link(&[], r.context(), &code).unwrap_err());
+            stale(r.run().unwrap_err());
+            stale(b.from_host(r.context(), &x).unwrap_err());
             let d = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
             assert_eq!(b.to_subordinal(&d), 0);
             let code = b

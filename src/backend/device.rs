@@ -546,6 +546,17 @@ impl Device {
         }
     }
 
+    /// Fails if the device was released by `unsafe_cleanup` (its worker is gone).
+    pub fn check_live(&self) -> Result<()> {
+        if self.shared().invalid.load(Ordering::Acquire) {
+            return Err(Error::Usage(format!(
+                "device {} was released by unsafe_cleanup",
+                self.name()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the device has no scheduled task left.
     pub fn is_idle(&self) -> bool {
         self.pending() == 0

@@ -113,13 +113,16 @@ impl DeviceCore {
     }
 }
 
+/// The context's device, checked to be live (not released by `unsafe_cleanup`).
 fn ctx_device(ctx: &Context) -> Result<Device> {
-    ctx.device().cloned().ok_or_else(|| {
+    let d = ctx.device().cloned().ok_or_else(|| {
         Error::Usage(format!(
             "context {} does not belong to a device (it comes from the no-device backend)",
             ctx.label()
         ))
-    })
+    })?;
+    d.check_live()?;
+    Ok(d)
 }
 
 /// The user-facing backend: compiling, linking and running routines on devices. Names follow
@@ -201,6 +204,7 @@ pub trait Backend: Send + Sync {
     /// A new root context on the device.
     fn init(&self, device: &Device) -> Result<Context> {
         self.core().cc.init("")?;
+        device.check_live()?;
         Ok(Context::root(&device.name(), Some(device.clone())))
     }
     /// Finalizes the context: waits until its device is idle (a failure stays to be
