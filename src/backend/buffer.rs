@@ -5,6 +5,7 @@ use crate::ir::Ndarray;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A block of device memory, shared by contexts, routines and transfers.
@@ -26,6 +27,8 @@ pub struct DeviceBuffer {
     layout: Layout,
     /// Held (shared or exclusive) by every access to the bytes.
     access: RwLock<()>,
+    /// Whether anything wrote the buffer since it was allocated (zero-filled).
+    written: AtomicBool,
 }
 
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
@@ -83,6 +86,7 @@ impl DeviceBuffer {
             size,
             layout,
             access: RwLock::new(()),
+            written: AtomicBool::new(false),
         }))
     }
 
@@ -95,6 +99,19 @@ impl DeviceBuffer {
     /// sound only while holding the buffer's lock ([`lock_all`]).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    /// Whether anything (a host copy, a buffer copy, a routine storing to it) wrote the
+    /// buffer since it was allocated zero-filled.
+    pub fn was_written(&self) -> bool {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// Records that the buffer was written.
+    pub(crate) fn mark_written(&self) {
+        if !self.written.load(Ordering::Relaxed) {
+            self.written.store(true, Ordering::Relaxed);
+        }
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, ()> {
@@ -115,6 +132,7 @@ impl DeviceBuffer {
             )));
         }
         let _guard = self.write_lock();
+        self.mark_written();
         // SAFETY: the destination has at least bytes.len() bytes (checked above) and cannot
         // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out);
         // the exclusive lock keeps every other access out.
@@ -152,6 +170,7 @@ impl DeviceBuffer {
             return Ok(());
         }
         let _guards = lock_all(&mut [(src, false), (self, true)]);
+        self.mark_written();
         // SAFETY: both regions have at least len bytes (checked) and belong to distinct
         // allocations (checked above), so they do not overlap; the locks keep writers of the
         // source and every other access to the destination out.

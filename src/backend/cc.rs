@@ -91,6 +91,8 @@ pub struct Routine {
     buffers: Arc<Vec<BufferPtr>>,
     merge_buffer: MergeBuffer,
     device: Option<Device>,
+    /// Whether the check for reads of never-written tensors ran (it warns once).
+    warned_unwritten: Arc<AtomicBool>,
 }
 
 impl Routine {
@@ -204,6 +206,9 @@ impl Routine {
             locks.push((&**m, false));
         }
         let _access = lock_all(&mut locks);
+        if !self.warned_unwritten.load(Ordering::Relaxed) {
+            self.warn_unwritten_reads();
+        }
         let ptrs: Vec<*mut u8> = self.buffers.iter().map(|b| b.as_ptr()).collect();
         let merge_ptr = merge
             .as_ref()
@@ -225,7 +230,40 @@ impl Routine {
                 )));
             }
         }
+        for (b, &w) in self.buffers.iter().zip(&sig.writes) {
+            if w {
+                b.mark_written();
+            }
+        }
         Ok(())
+    }
+
+    /// Warns (once per linked routine, through `tracing`) about the tensors the routine
+    /// reads that nothing has written in its context: they read as zeros, which usually
+    /// means a producer routine was not run first, or a tensor meant as an input is neither
+    /// hosted nor computed.
+    fn warn_unwritten_reads(&self) {
+        let sig = &self.compiled.sig;
+        let unwritten: Vec<String> = sig
+            .buffers
+            .iter()
+            .zip(&sig.writes)
+            .zip(self.buffers.iter())
+            .filter(|((_, &w), b)| !w && !b.was_written())
+            .map(|((tn, _), _)| tn.name())
+            .collect();
+        if !unwritten.is_empty() {
+            tracing::warn!(
+                target: "arrayjit::backend",
+                routine = %self.name,
+                tensors = %unwritten.join(", "),
+                "routine {} reads {} that nothing has written in its context (all zeros): \
+                 run the routine computing them first, or copy them from the host",
+                self.name,
+                unwritten.join(", ")
+            );
+        }
+        self.warned_unwritten.store(true, Ordering::Relaxed);
     }
 }
 
@@ -733,6 +771,7 @@ impl CcBackend {
             compiled,
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),
+            warned_unwritten: Arc::default(),
         })
     }
 
