@@ -156,10 +156,9 @@ pub trait Backend: Send + Sync {
     /// The physical device with the given ordinal.
     fn get_device(&self, ordinal: usize) -> Result<PhysicalDevice> {
         if !self.is_initialized() {
-            return Err(Error::Usage(format!(
-                "backend {} is not initialized",
-                self.name()
-            )));
+            return Err(Error::NotInitialized {
+                backend: self.name().to_string(),
+            });
         }
         let n = self.num_physical_devices();
         if ordinal >= n {
@@ -180,10 +179,9 @@ pub trait Backend: Send + Sync {
     /// others too).
     fn new_virtual_device(&self, physical: &PhysicalDevice) -> Result<Device> {
         if !self.is_initialized() {
-            return Err(Error::Usage(format!(
-                "backend {} is not initialized",
-                self.name()
-            )));
+            return Err(Error::NotInitialized {
+                backend: self.name().to_string(),
+            });
         }
         let mut devices = self.core().devices();
         let sub = devices.iter().filter(|d| d.physical() == physical).count();
