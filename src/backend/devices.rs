@@ -1,7 +1,7 @@
-//! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
-//! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
-//! thread and FIFO queue per physical device, shared by its virtual devices) and [`SyncBackend`] (everything runs on the
-//! caller's thread; for debugging and tests).
+//! The user-facing `Backend` layer (the seed's device backends): everything of the no-device
+//! backend plus devices, queues and transfers, on two implementations: [`MulticoreBackend`]
+//! (a worker thread and FIFO queue per physical device, shared by its virtual devices) and
+//! [`SyncBackend`] (everything runs on the caller's thread; for debugging and tests).
 
 use super::buffer::BufferPtr;
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
