@@ -6,7 +6,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A block of device memory, shared by contexts, routines and transfers.
@@ -26,13 +26,27 @@ pub struct DeviceBuffer {
     ptr: NonNull<u8>,
     size: usize,
     layout: Layout,
-    /// Held (shared or exclusive) by every access to the bytes.
-    access: RwLock<()>,
+    /// Held (shared or exclusive) by every access to the bytes. On a cache line of its own:
+    /// the thread running a routine writes it, while the scheduling thread reads `tracking`.
+    access: CacheLine<RwLock<()>>,
     /// Whether anything wrote the buffer since it was allocated (zero-filled).
     written: AtomicBool,
-    /// The device layer's record of the tasks scheduled to access the buffer (hazard
-    /// tracking, see `device`); opaque here, so that buffers do not depend on devices.
+    /// What the device layer's hazard tracking keeps (used by the scheduling thread).
+    tracking: CacheLine<Tracking>,
+}
+
+/// A value alone on its cache line(s), so that threads writing neighbouring data do not
+/// slow down its readers.
+#[repr(align(64))]
+struct CacheLine<T>(T);
+
+struct Tracking {
+    /// The record of the tasks scheduled to access the buffer (see `device`); opaque here,
+    /// so that buffers do not depend on devices.
     hazards: Mutex<Option<Box<dyn Any + Send>>>,
+    /// The fast path: the id of the one device queue that has accessed the buffer (0: none
+    /// yet; `usize::MAX`: several, see `hazards`).
+    owner: AtomicUsize,
 }
 
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
@@ -89,9 +103,12 @@ impl DeviceBuffer {
             ptr,
             size,
             layout,
-            access: RwLock::new(()),
+            access: CacheLine(RwLock::new(())),
             written: AtomicBool::new(false),
-            hazards: Mutex::new(None),
+            tracking: CacheLine(Tracking {
+                hazards: Mutex::new(None),
+                owner: AtomicUsize::new(0),
+            }),
         }))
     }
 
@@ -119,17 +136,27 @@ impl DeviceBuffer {
         }
     }
 
-    /// The device layer's hazard record (see the field).
+    /// The device layer's hazard record (see `Tracking`).
     pub(crate) fn hazards(&self) -> MutexGuard<'_, Option<Box<dyn Any + Send>>> {
-        self.hazards.lock().unwrap_or_else(|p| p.into_inner())
+        self.tracking
+            .0
+            .hazards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id of the one device queue that has accessed the buffer (0: none yet;
+    /// `usize::MAX`: several), for the device layer's hazard tracking.
+    pub(crate) fn owner(&self) -> &AtomicUsize {
+        &self.tracking.0.owner
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, ()> {
-        self.access.read().unwrap_or_else(|p| p.into_inner())
+        self.access.0.read().unwrap_or_else(|p| p.into_inner())
     }
 
     fn write_lock(&self) -> RwLockWriteGuard<'_, ()> {
-        self.access.write().unwrap_or_else(|p| p.into_inner())
+        self.access.0.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Copies `bytes` into the start of the buffer.

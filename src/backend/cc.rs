@@ -93,6 +93,8 @@ pub struct Routine {
     device: Option<Device>,
     /// Whether the check for reads of never-written tensors ran (it warns once).
     warned_unwritten: Arc<AtomicBool>,
+    /// The context buffers with whether the code writes them (see `Routine::accesses`).
+    accesses: Arc<[(BufferPtr, bool)]>,
 }
 
 impl Routine {
@@ -164,20 +166,15 @@ impl Routine {
     /// The context buffers a run reads (`false`) and writes (`true`), and on a device whose
     /// merge buffer a streaming merge points at another device's buffer, that buffer (read),
     /// for the device layer's hazard tracking.
-    fn accesses(&self) -> Vec<(BufferPtr, bool)> {
-        let sig = &self.compiled.sig;
-        let mut out: Vec<(BufferPtr, bool)> = self
-            .buffers
-            .iter()
-            .zip(&sig.writes)
-            .map(|(b, &w)| (b.clone(), w))
-            .collect();
-        if sig.merge_node.is_some() {
+    fn accesses(&self) -> Arc<[(BufferPtr, bool)]> {
+        if self.compiled.sig.merge_node.is_some() {
             if let Some(src) = self.device.as_ref().and_then(Device::streamed) {
-                out.push((src, false));
+                let mut v = self.accesses.to_vec();
+                v.push((src, false));
+                return v.into();
             }
         }
-        out
+        self.accesses.clone()
     }
 
     /// Runs the routine now, on this thread, without waiting for its device: for use inside
@@ -774,6 +771,11 @@ impl CcBackend {
         for tn in &compiled.sig.scratch {
             buffers.push(DeviceBuffer::new(tn.size_in_bytes())?);
         }
+        let accesses: Arc<[(BufferPtr, bool)]> = buffers
+            .iter()
+            .zip(&compiled.sig.writes)
+            .map(|(b, &w)| (b.clone(), w))
+            .collect();
         tracing::debug!(
             target: "arrayjit::backend",
             routine = name,
@@ -794,6 +796,7 @@ impl CcBackend {
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),
             warned_unwritten: Arc::default(),
+            accesses,
         })
     }
 

@@ -43,6 +43,10 @@ pub const WORK_SPIN: Duration = Duration::from_micros(50);
 pub const DONE_SPIN: Duration = Duration::from_micros(50);
 
 pub(crate) static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
+static NEXT_QUEUE: AtomicUsize = AtomicUsize::new(1);
+
+/// `DeviceBuffer::owner` of a buffer accessed by several queues.
+const SHARED_OWNER: usize = usize::MAX;
 
 /// Waits for `ready()` without parking for at most `budget`, yielding the core between checks:
 /// a thread that wants the core (perhaps the one we wait for, when there are more threads
@@ -115,13 +119,31 @@ impl Failures {
     }
 }
 
-/// Hazard tracking: the tasks scheduled to access one buffer, as events of their queues.
+/// A point in a queue: complete once its `completed` count reaches `target` (0: nothing to
+/// wait for).
+struct Mark {
+    queue: Arc<Shared>,
+    target: u64,
+}
+
+impl Mark {
+    fn pending_on_other(&self, me: &Arc<Shared>) -> bool {
+        self.target != 0 && !Arc::ptr_eq(&self.queue, me) && !self.queue.is_complete(self.target)
+    }
+}
+
+/// Hazard tracking: the tasks scheduled to access one buffer, as points in their queues.
+/// Entries are updated in place (no allocation or reference counting once a buffer's
+/// accessors are known), and marks reset to 0 rather than removed.
 #[derive(Default)]
 struct Hazards {
-    /// The event after the last task scheduled to write the buffer.
-    writer: Option<Event>,
-    /// The events after tasks scheduled to read it since (the latest per queue).
-    readers: Vec<Event>,
+    /// After the last task scheduled to write the buffer.
+    writer: Option<Mark>,
+    /// After the tasks scheduled to read it since that write (one mark per queue).
+    readers: Vec<Mark>,
+    /// The queue that owned the buffer alone (see `DeviceBuffer::owner`), until a second
+    /// one accesses it.
+    first: Option<Arc<Shared>>,
 }
 
 /// Runs `f` on the buffer's hazard record.
@@ -151,6 +173,8 @@ struct Pending {
 /// The part of a device its worker thread and its events share (not the whole device, so that
 /// dropping the last handle ends the worker).
 struct Shared {
+    /// Unique among queues (never 0 or `usize::MAX`): the hazard tracking's owner id.
+    id: usize,
     name: String,
     pending: Mutex<Pending>,
     /// The worker parks here when there is no work.
@@ -174,6 +198,7 @@ struct Shared {
 impl Shared {
     fn new(name: String) -> Shared {
         Shared {
+            id: NEXT_QUEUE.fetch_add(1, Ordering::Relaxed),
             name,
             pending: Mutex::new(Pending::default()),
             work: Condvar::new(),
@@ -503,9 +528,16 @@ impl Device {
             sh.complete(1);
             return r;
         }
-        let accesses = std::mem::take(&mut task.accesses);
-        for ev in self.hazard_waits(&accesses) {
-            self.wait_for(&ev)?;
+        let accesses = task.accesses.take();
+        if let Some(acc) = &accesses {
+            for (queue, target) in self.hazard_waits(acc) {
+                self.wait_for(&Event {
+                    device: queue.name.as_str().into(),
+                    shared: queue,
+                    failures: Arc::default(),
+                    target,
+                })?;
+            }
         }
         // Back-pressure: wait for room.
         let s = sh.scheduled.load(Ordering::Relaxed);
@@ -526,41 +558,55 @@ impl Device {
         if wake {
             sh.work.notify_one();
         }
-        if !accesses.is_empty() {
-            self.record_accesses(&accesses, &self.event_at(after));
+        if let Some(acc) = &accesses {
+            self.record_accesses(acc, after);
         }
         Ok(())
     }
 
-    fn event_at(&self, target: u64) -> Event {
-        Event {
-            shared: self.shared().clone(),
-            failures: self.0.failures.clone(),
-            target,
-            device: self.0.name.clone(),
-        }
-    }
-
-    /// The events of other queues that a task accessing `accesses` must wait for: the last
-    /// writer of each buffer, and for a buffer written, its readers since (the latest event
+    /// The points in other queues that a task accessing `accesses` must wait for: the last
+    /// writer of each buffer, and for a buffer written, its readers since (the latest point
     /// per queue; complete ones left out).
-    fn hazard_waits(&self, accesses: &[(BufferPtr, bool)]) -> Vec<Event> {
-        let mut waits: Vec<Event> = vec![];
-        let mut add = |ev: &Event| {
-            if Arc::ptr_eq(&ev.shared, self.shared()) || ev.is_complete() {
+    fn hazard_waits(&self, accesses: &[(BufferPtr, bool)]) -> Vec<(Arc<Shared>, u64)> {
+        let me = self.shared();
+        let mut waits: Vec<(Arc<Shared>, u64)> = vec![];
+        let mut add = |m: &Mark| {
+            if !m.pending_on_other(me) {
                 return;
             }
-            match waits
-                .iter_mut()
-                .find(|w| Arc::ptr_eq(&w.shared, &ev.shared))
-            {
-                Some(w) if ev.target > w.target => *w = ev.clone(),
-                Some(_) => {}
-                None => waits.push(ev.clone()),
+            match waits.iter_mut().find(|(q, _)| Arc::ptr_eq(q, &m.queue)) {
+                Some((_, t)) => *t = (*t).max(m.target),
+                None => waits.push((m.queue.clone(), m.target)),
             }
         };
         for (buf, write) in accesses {
+            // Fast path: a buffer only this queue has accessed needs no tracking.
+            if buf.owner().load(Ordering::Acquire) == me.id {
+                continue;
+            }
             with_hazards(buf, |h| {
+                let owner = buf.owner().load(Ordering::Acquire);
+                if owner == me.id {
+                    return;
+                }
+                if owner == 0 {
+                    // The first queue to access it owns it.
+                    h.first = Some(me.clone());
+                    buf.owner().store(me.id, Ordering::Release);
+                    return;
+                }
+                if owner != SHARED_OWNER {
+                    // A second queue: its owner's accesses were not recorded, so everything
+                    // the owner has scheduled so far counts as a write.
+                    if let Some(first) = h.first.take() {
+                        let target = first.scheduled.load(Ordering::Acquire);
+                        h.writer = Some(Mark {
+                            queue: first,
+                            target,
+                        });
+                    }
+                    buf.owner().store(SHARED_OWNER, Ordering::Release);
+                }
                 if let Some(w) = &h.writer {
                     add(w);
                 }
@@ -572,18 +618,38 @@ impl Device {
         waits
     }
 
-    /// Records that the task ending at `after` accesses `accesses`.
-    fn record_accesses(&self, accesses: &[(BufferPtr, bool)], after: &Event) {
+    /// Records that the task ending at position `after` of this device's queue accesses
+    /// `accesses`.
+    fn record_accesses(&self, accesses: &[(BufferPtr, bool)], after: u64) {
+        let me = self.shared();
+        let mark = |slot: &mut Mark| {
+            if Arc::ptr_eq(&slot.queue, me) {
+                slot.target = after;
+                true
+            } else {
+                false
+            }
+        };
         for (buf, write) in accesses {
+            if buf.owner().load(Ordering::Acquire) != SHARED_OWNER {
+                continue;
+            }
             with_hazards(buf, |h| {
                 if *write {
-                    // Every earlier reader is waited for (other queues) or runs before (this one).
-                    h.writer = Some(after.clone());
-                    h.readers.clear();
-                } else {
-                    h.readers
-                        .retain(|r| !r.is_complete() && !Arc::ptr_eq(&r.shared, &after.shared));
-                    h.readers.push(after.clone());
+                    // Every earlier reader is waited for (other queues) or runs before (this
+                    // one), and later accesses wait for this write.
+                    h.readers.iter_mut().for_each(|r| r.target = 0);
+                    if !h.writer.as_mut().is_some_and(mark) {
+                        h.writer = Some(Mark {
+                            queue: me.clone(),
+                            target: after,
+                        });
+                    }
+                } else if !h.readers.iter_mut().any(mark) {
+                    h.readers.push(Mark {
+                        queue: me.clone(),
+                        target: after,
+                    });
                 }
             });
         }
@@ -592,8 +658,8 @@ impl Device {
     /// Blocks until the tasks of any device that a run accessing `accesses` now, on this
     /// thread, must wait for (see [`Device::schedule`]) have finished.
     pub(crate) fn wait_for_hazards(&self, accesses: &[(BufferPtr, bool)]) {
-        for ev in self.hazard_waits(accesses) {
-            ev.wait();
+        for (queue, target) in self.hazard_waits(accesses) {
+            queue.wait_until(target);
         }
     }
 
@@ -611,7 +677,12 @@ impl Device {
     /// An event marking the current end of the queue: complete once every task scheduled so
     /// far has finished.
     pub fn event(&self) -> Event {
-        self.event_at(self.shared().scheduled.load(Ordering::Acquire))
+        Event {
+            shared: self.shared().clone(),
+            failures: self.0.failures.clone(),
+            target: self.shared().scheduled.load(Ordering::Acquire),
+            device: self.0.name.clone(),
+        }
     }
 
     /// Makes the tasks scheduled on this device from now on wait until `event` (usually of

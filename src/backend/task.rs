@@ -40,7 +40,7 @@ pub struct Task {
     precondition: Option<Box<dyn Fn() -> Result<()> + Send>>,
     /// The buffers the task reads (`false`) and writes (`true`), for the device layer's
     /// hazard tracking; empty for tasks that declare nothing.
-    pub(crate) accesses: Vec<(BufferPtr, bool)>,
+    pub(crate) accesses: Option<Arc<[(BufferPtr, bool)]>>,
 }
 
 impl Task {
@@ -53,15 +53,16 @@ impl Task {
             description: description.into(),
             work: Box::new(work),
             precondition: None,
-            accesses: vec![],
+            accesses: None,
         }
     }
     /// The task, declaring the buffers it reads (`false`) and writes (`true`): scheduling it
     /// on a device first makes the device wait for tasks of other devices that write them
     /// (or, for the ones it writes, read them) and were scheduled before (see
     /// `Device::schedule`).
-    pub fn with_accesses(mut self, accesses: Vec<(BufferPtr, bool)>) -> Task {
-        self.accesses = accesses;
+    pub fn with_accesses(mut self, accesses: impl Into<Arc<[(BufferPtr, bool)]>>) -> Task {
+        let accesses = accesses.into();
+        self.accesses = (!accesses.is_empty()).then_some(accesses);
         self
     }
     /// The task with a check that scheduling it runs first (and fails with).
