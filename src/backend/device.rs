@@ -325,6 +325,8 @@ struct Inner {
     shared: Arc<Shared>,
     /// Whether tasks run on a worker thread (false: at once, on the scheduling thread).
     threaded: bool,
+    /// The device belongs to another process (an MPI rank): its tasks are dropped unrun.
+    remote: bool,
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -374,7 +376,23 @@ fn run_captured(mut task: Task) -> Result<()> {
 impl Device {
     /// A device whose tasks run on a dedicated worker thread.
     pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
-        let dev = Device::new(physical, subordinal, true);
+        let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
+        Device::named_worker(physical, subordinal, name)
+    }
+
+    /// A device whose tasks run on a dedicated worker thread, with a name of its own (the
+    /// thread's name too).
+    pub(crate) fn named_worker(
+        physical: PhysicalDevice,
+        subordinal: usize,
+        name: String,
+    ) -> Result<Device> {
+        let mut dev = Device::new(physical, subordinal, true);
+        if let Some(inner) = Arc::get_mut(&mut dev.0) {
+            if let Some(sh) = Arc::get_mut(&mut inner.shared) {
+                sh.name = name;
+            }
+        }
         let shared = dev.0.shared.clone();
         let handle = std::thread::Builder::new()
             .name(dev.name())
@@ -390,6 +408,20 @@ impl Device {
         Device::new(physical, subordinal, false)
     }
 
+    /// A stand-in for a device that another process owns (SPMD backends: another MPI rank
+    /// runs its work). Every rank creates every device, so that all ranks make the same calls
+    /// in the same order; on the ranks that do not own it, the device drops the tasks
+    /// scheduled on it without running them, is always idle, and its events are always
+    /// complete.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn remote(physical: PhysicalDevice, subordinal: usize) -> Device {
+        let mut d = Device::new(physical, subordinal, false);
+        if let Some(inner) = Arc::get_mut(&mut d.0) {
+            inner.remote = true;
+        }
+        d
+    }
+
     fn new(physical: PhysicalDevice, subordinal: usize, threaded: bool) -> Device {
         let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
         Device(Arc::new(Inner {
@@ -400,6 +432,7 @@ impl Device {
             merge_storage: Mutex::new(None),
             shared: Arc::new(Shared::new(name)),
             threaded,
+            remote: false,
             worker: Mutex::new(None),
         }))
     }
@@ -410,6 +443,11 @@ impl Device {
     pub fn schedule(&self, task: Task) -> Result<()> {
         let sh = &self.0.shared;
         sh.take_error()?;
+        if self.0.remote {
+            // Another process runs this device's work.
+            drop(task);
+            return Ok(());
+        }
         if !self.0.threaded {
             sh.scheduled.fetch_add(1, Ordering::SeqCst);
             let r = run_captured(task);
@@ -539,6 +577,12 @@ impl Device {
     /// The current size of the `Copy` merge storage, if allocated.
     pub fn merge_storage_size(&self) -> Option<usize> {
         lock(&self.0.merge_storage).as_ref().map(|b| b.size())
+    }
+
+    /// Whether the device belongs to another process (an MPI rank other than this one): work
+    /// scheduled on it is skipped here, and runs in the owning process.
+    pub fn is_remote(&self) -> bool {
+        self.0.remote
     }
 
     /// Whether the device runs tasks on a worker thread.

@@ -7,6 +7,7 @@ use super::buffer::BufferPtr;
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
 use super::context::Context;
 use super::device::{Device, Event, PhysicalDevice};
+use super::reduce;
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, Tnode};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -371,52 +372,82 @@ pub trait Backend: Send + Sync {
         dst: &Context,
         src: &Context,
     ) -> Result<Option<Transfer>> {
-        let Some(src_buf) = src.get_buffer(tn) else {
-            if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
-                return Err(Error::Usage(format!(
-                    "device_to_device: tensor {} is not in the source context {}",
-                    tn.name(),
-                    src.label()
-                )));
-            }
-            return Ok(None);
-        };
-        let device = ctx_device(dst)?;
-        let dst_buf = match into_merge_buffer {
-            MergeBufferUse::No => {
-                let Some(dst_buf) = dst.get_buffer(tn) else {
-                    return Ok(None);
-                };
-                Some(dst_buf)
-            }
-            _ => {
-                let expected = dst.merge_nodes();
-                if !expected.is_empty() && !expected.contains(tn) {
-                    let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
-                    return Err(Error::Usage(format!(
-                        "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
-                        tn.name(),
-                        dst.label(),
-                        names.join(", ")
-                    )));
+        prepare_transfer_in_process(tn, into_merge_buffer, dst, src)
+    }
+    /// Sums tensor `tn` over the given contexts (on distinct devices) and leaves the sum in
+    /// every one of them: the data-parallel merge of a gradient. Like a transfer it is
+    /// scheduled, not done now: it reads each buffer after the work already scheduled on
+    /// its device, and the work scheduled on those devices afterwards sees the sum.
+    ///
+    /// The sum is in the tensor's precision (halves are summed in `f32` and rounded once;
+    /// bytes wrap modulo 256). This default, for the in-process backends, is a task on the
+    /// first context's device that waits for the others, sums the buffers in the order given
+    /// and writes the sum back; the other devices wait for it. [`MpiBackend`] sums each
+    /// rank's local contexts first and then across ranks with `MPI_Allreduce`; there every
+    /// rank must make the call, with the same contexts, in the same order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AllReduce`] naming the tensor and the context when no context is given, one
+    /// is not on a device, two are on the same device, or one lacks the tensor; an earlier
+    /// failure on one of the devices.
+    ///
+    /// [`MpiBackend`]: super::mpi::MpiBackend
+    fn all_reduce(&self, tn: &Tnode, ctxs: &[Context]) -> Result<()> {
+        let parts = reduce::participants(tn, ctxs)?;
+        let (first, _) = parts[0].clone();
+        let events: Vec<Event> = parts[1..].iter().map(|(d, _)| d.event()).collect();
+        let bufs: Vec<BufferPtr> = parts.iter().map(|(_, b)| b.clone()).collect();
+        let (prec, n, name) = (tn.prec(), reduce::elements(tn), tn.name());
+        first.schedule(Task::new(
+            format!("all_reduce {name} over {} devices", parts.len()),
+            move || {
+                for e in &events {
+                    e.wait();
                 }
-                None
-            }
-        };
-        Ok(Some(Transfer(Arc::new(TransferInner {
-            description: format!(
-                "device_to_device {} {:?} {} -> {}",
-                tn.name(),
-                into_merge_buffer,
-                src.label(),
-                dst.label()
-            ),
-            tn: tn.clone(),
-            mode: into_merge_buffer,
-            device,
-            src_buf,
-            dst_buf,
-        }))))
+                let mut acc = reduce::Acc::zeros(prec, n, &format!("the all_reduce of {name}"))?;
+                for b in &bufs {
+                    // SAFETY: every device taking part is past the work scheduled before the
+                    // all-reduce (the events above, and this task runs on the first device)
+                    // and its later work waits for this task, so nothing writes the buffers.
+                    unsafe { acc.add(prec, b) };
+                }
+                for b in &bufs {
+                    // SAFETY: as above; nothing else reads or writes them meanwhile.
+                    unsafe { acc.store(prec, b) };
+                }
+                Ok(())
+            },
+        ))?;
+        let done = first.event();
+        for (d, _) in &parts[1..] {
+            d.wait_for(&done)?;
+        }
+        Ok(())
+    }
+    /// The number of processes the backend's devices are spread over: the world size of
+    /// [`MpiBackend`](super::mpi::MpiBackend), 1 for the in-process backends.
+    fn num_ranks(&self) -> usize {
+        1
+    }
+    /// This process's rank among [`Backend::num_ranks`] (0 for the in-process backends).
+    fn rank(&self) -> usize {
+        0
+    }
+    /// The physical device that virtual device `index` of `total` goes on, for programs
+    /// that spread `total` devices evenly: `index mod P` on the in-process backends (round
+    /// robin over the cores); on [`MpiBackend`](super::mpi::MpiBackend) the rank
+    /// `index / (total / ranks)`, so that each rank holds a consecutive block.
+    fn placement(&self, index: usize, total: usize) -> usize {
+        let _ = total;
+        index % self.num_physical_devices().max(1)
+    }
+    /// Ends the whole job after an unrecoverable error on this process: on
+    /// [`MpiBackend`](super::mpi::MpiBackend) it prints nothing and calls `MPI_Abort`, which
+    /// stops every rank (without it, the other ranks would wait for this one forever); on the
+    /// in-process backends it does nothing and returns.
+    fn abort_job(&self, code: i32) {
+        let _ = code;
     }
     /// Copies `tn`'s buffer in `src` into `dst` (now, on this thread).
     fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
@@ -446,6 +477,61 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// [`Backend::prepare_transfer`] between two contexts of this process (the default, and the
+/// MPI backend's within a rank).
+pub(crate) fn prepare_transfer_in_process(
+    tn: &Tnode,
+    into_merge_buffer: MergeBufferUse,
+    dst: &Context,
+    src: &Context,
+) -> Result<Option<Transfer>> {
+    let Some(src_buf) = src.get_buffer(tn) else {
+        if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
+            return Err(Error::Usage(format!(
+                "device_to_device: tensor {} is not in the source context {}",
+                tn.name(),
+                src.label()
+            )));
+        }
+        return Ok(None);
+    };
+    let device = ctx_device(dst)?;
+    let dst_buf = match into_merge_buffer {
+        MergeBufferUse::No => {
+            let Some(dst_buf) = dst.get_buffer(tn) else {
+                return Ok(None);
+            };
+            Some(dst_buf)
+        }
+        _ => {
+            let expected = dst.merge_nodes();
+            if !expected.is_empty() && !expected.contains(tn) {
+                let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
+                return Err(Error::Usage(format!(
+                    "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
+                    tn.name(),
+                    dst.label(),
+                    names.join(", ")
+                )));
+            }
+            None
+        }
+    };
+    Ok(Some(Transfer(Arc::new(TransferInner {
+        description: format!(
+            "device_to_device {} {:?} {} -> {}",
+            tn.name(),
+            into_merge_buffer,
+            src.label(),
+            dst.label()
+        ),
+        tn: tn.clone(),
+        mode: into_merge_buffer,
+        device,
+        src_buf,
+        dst_buf,
+    }))))
+}
 /// One worker thread and one FIFO queue per virtual device; each core of the machine is a
 /// physical device.
 #[derive(Default)]
@@ -537,13 +623,20 @@ impl Backend for SyncBackend {
     }
 }
 
-/// A backend chosen by name: `multicore` or `sync`.
+/// A backend chosen by name: `multicore`, `sync`, or `mpi` ([`MpiBackend`], which
+/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]).
+///
+/// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
 pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
     match name {
         "multicore" => Ok(Box::new(MulticoreBackend::new())),
         "sync" => Ok(Box::new(SyncBackend::new())),
+        #[cfg(feature = "mpi")]
+        "mpi" => Ok(Box::new(super::mpi::MpiBackend::new()?)),
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => Err(Error::MpiNotBuilt),
         other => Err(Error::Usage(format!(
-            "unknown backend {other:?}: expected multicore or sync"
+            "unknown backend {other:?}: expected multicore, sync or mpi"
         ))),
     }
 }
