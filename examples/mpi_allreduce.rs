@@ -100,7 +100,7 @@ fn run(be: &MpiBackend, a: &Args) -> Result<(), String> {
         be.from_host(&ctxs[i], &g).map_err(e)?;
         be.await_device(&devices[i]).map_err(e)?;
     }
-    be.all_reduce(&g, &ctxs).map_err(e)?;
+    be.all_reduce(std::slice::from_ref(&g), &ctxs).map_err(e)?;
     let expected = a.prec.round((total * (total + 1) / 2) as f64);
     let expected = if a.prec == Prec::Byte {
         ((total * (total + 1) / 2) % 256) as f64
@@ -122,7 +122,7 @@ fn run(be: &MpiBackend, a: &Args) -> Result<(), String> {
     let mut times = vec![];
     for _ in 0..a.runs {
         let t = Instant::now();
-        be.all_reduce(&g, &ctxs).map_err(e)?;
+        be.all_reduce(std::slice::from_ref(&g), &ctxs).map_err(e)?;
         for &i in &local {
             be.await_device(&devices[i]).map_err(e)?;
         }

@@ -374,17 +374,17 @@ pub trait Backend: Send + Sync {
     ) -> Result<Option<Transfer>> {
         prepare_transfer_in_process(tn, into_merge_buffer, dst, src)
     }
-    /// Sums tensor `tn` over the given contexts (on distinct devices) and leaves the sum in
-    /// every one of them: the data-parallel merge of a gradient. Like a transfer it is
+    /// Sums each tensor of `tns` over the given contexts (on distinct devices) and leaves the
+    /// sum in every one of them: the data-parallel merge of gradients. Like a transfer it is
     /// scheduled, not done now: it reads each buffer after the work already scheduled on
-    /// its device, and the work scheduled on those devices afterwards sees the sum.
+    /// its device, and the work scheduled on those devices afterwards sees the sums.
     ///
     /// The sum is in the tensor's precision (halves are summed in `f32` and rounded once;
     /// bytes wrap modulo 256). This default, for the in-process backends, is a task on the
     /// first context's device that waits for the others, sums the buffers in the order given
-    /// and writes the sum back; the other devices wait for it. [`MpiBackend`] sums each
+    /// and writes the sums back; the other devices wait for it. [`MpiBackend`] sums each
     /// rank's local contexts first and then across ranks with `MPI_Allreduce`; there every
-    /// rank must make the call, with the same contexts, in the same order.
+    /// rank must make the call, with the same tensors and contexts, in the same order.
     ///
     /// # Errors
     ///
@@ -392,35 +392,51 @@ pub trait Backend: Send + Sync {
     /// is not on a device, two are on the same device, or one lacks the tensor; an earlier
     /// failure on one of the devices.
     ///
-    /// [`MpiBackend`]: super::mpi::MpiBackend
-    fn all_reduce(&self, tn: &Tnode, ctxs: &[Context]) -> Result<()> {
-        let parts = reduce::participants(tn, ctxs)?;
-        let (first, _) = parts[0].clone();
-        let events: Vec<Event> = parts[1..].iter().map(|(d, _)| d.event()).collect();
-        let bufs: Vec<BufferPtr> = parts.iter().map(|(_, b)| b.clone()).collect();
-        let (prec, n, name) = (tn.prec(), reduce::elements(tn), tn.name());
+    /// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
+    fn all_reduce(&self, tns: &[Tnode], ctxs: &[Context]) -> Result<()> {
+        let mut jobs = vec![];
+        let mut devices: Vec<Device> = vec![];
+        for tn in tns {
+            let parts = reduce::participants(tn, ctxs)?;
+            devices = parts.iter().map(|(d, _)| d.clone()).collect();
+            let bufs: Vec<BufferPtr> = parts.into_iter().map(|(_, b)| b).collect();
+            jobs.push((tn.prec(), reduce::elements(tn), tn.name(), bufs));
+        }
+        let Some(first) = devices.first().cloned() else {
+            return Ok(());
+        };
+        let events: Vec<Event> = devices[1..].iter().map(|d| d.event()).collect();
+        let names: Vec<&str> = jobs.iter().map(|j| j.2.as_str()).collect();
         first.schedule(Task::new(
-            format!("all_reduce {name} over {} devices", parts.len()),
+            format!(
+                "all_reduce {} over {} devices",
+                names.join(", "),
+                devices.len()
+            ),
             move || {
                 for e in &events {
                     e.wait();
                 }
-                let mut acc = reduce::Acc::zeros(prec, n, &format!("the all_reduce of {name}"))?;
-                for b in &bufs {
-                    // SAFETY: every device taking part is past the work scheduled before the
-                    // all-reduce (the events above, and this task runs on the first device)
-                    // and its later work waits for this task, so nothing writes the buffers.
-                    unsafe { acc.add(prec, b) };
-                }
-                for b in &bufs {
-                    // SAFETY: as above; nothing else reads or writes them meanwhile.
-                    unsafe { acc.store(prec, b) };
+                for (prec, n, name, bufs) in &jobs {
+                    let what = format!("the all_reduce of {name}");
+                    let mut acc = reduce::Acc::zeros(*prec, *n, &what)?;
+                    for b in bufs {
+                        // SAFETY: every device taking part is past the work scheduled before
+                        // the all-reduce (the events above, and this task runs on the first
+                        // device) and its later work waits for this task, so nothing writes
+                        // the buffers.
+                        unsafe { acc.add(*prec, b) };
+                    }
+                    for b in bufs {
+                        // SAFETY: as above; nothing else reads or writes them meanwhile.
+                        unsafe { acc.store(*prec, b) };
+                    }
                 }
                 Ok(())
             },
         ))?;
         let done = first.event();
-        for (d, _) in &parts[1..] {
+        for d in &devices[1..] {
             d.wait_for(&done)?;
         }
         Ok(())

@@ -503,29 +503,39 @@ impl MpiBackend {
         Ok(true)
     }
 
-    fn all_reduce_inner(&self, tn: &Tnode, ctxs: &[Context]) -> Result<()> {
-        let parts = reduce::participants(tn, ctxs)?;
-        let local: Vec<(Device, BufferPtr)> =
-            parts.into_iter().filter(|(d, _)| !d.is_remote()).collect();
-        for (d, _) in &local {
+    fn all_reduce_inner(&self, tns: &[Tnode], ctxs: &[Context]) -> Result<()> {
+        let mut jobs = vec![];
+        let mut local: Vec<Device> = vec![];
+        for tn in tns {
+            let parts = reduce::participants(tn, ctxs)?;
+            let (devs, bufs): (Vec<Device>, Vec<BufferPtr>) =
+                parts.into_iter().filter(|(d, _)| !d.is_remote()).unzip();
+            local = devs;
+            jobs.push((tn.prec(), reduce::elements(tn), tn.name(), bufs));
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        for d in &local {
             self.comm.wait_for(&d.event())?;
         }
-        let (prec, n, name) = (tn.prec(), reduce::elements(tn), tn.name());
+        let names: Vec<&str> = jobs.iter().map(|j| j.2.as_str()).collect();
+        let what = format!("all_reduce {} across {} ranks", names.join(", "), self.size);
         let scratch = self.scratch.clone();
-        let bufs: Vec<BufferPtr> = local.iter().map(|(_, b)| b.clone()).collect();
-        let ranks = self.size;
         let failure: Arc<OnceLock<String>> = Arc::default();
         let failed = failure.clone();
-        let what = format!("all_reduce {name} across {ranks} ranks");
         self.comm.schedule(Task::new(what.clone(), move || {
-            let r = reduce_here(prec, n, &name, &bufs, &scratch);
-            if let Err(e) = &r {
-                let _ = failed.set(e.to_string());
+            for (prec, n, name, bufs) in &jobs {
+                let r = reduce_here(*prec, *n, name, bufs, &scratch);
+                if let Err(e) = r {
+                    let _ = failed.set(e.to_string());
+                    return Err(e);
+                }
             }
-            r
+            Ok(())
         }))?;
         let done = self.comm.event();
-        for (d, _) in &local {
+        for d in &local {
             let (done, failure, what) = (done.clone(), failure.clone(), what.clone());
             let rank = self.rank;
             d.schedule(Task::new(format!("wait for {what}"), move || {
@@ -771,8 +781,8 @@ impl Backend for MpiBackend {
         let r = super::devices::prepare_transfer_in_process(tn, into_merge_buffer, dst, src);
         self.note(r)
     }
-    fn all_reduce(&self, tn: &Tnode, ctxs: &[Context]) -> Result<()> {
-        let r = self.all_reduce_inner(tn, ctxs);
+    fn all_reduce(&self, tns: &[Tnode], ctxs: &[Context]) -> Result<()> {
+        let r = self.all_reduce_inner(tns, ctxs);
         self.note(r)
     }
 }
