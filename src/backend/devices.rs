@@ -458,6 +458,15 @@ pub trait Backend: Send + Sync {
         let _ = total;
         index % self.num_physical_devices().max(1)
     }
+    /// Checks that every rank passes the same `bytes` (e.g. the program it runs); `what` names
+    /// them in the error. Always `Ok` on the in-process backends; on
+    /// [`MpiBackend`](super::mpi::MpiBackend) an all-gather of BLAKE3 hashes that every rank
+    /// must call in the same order, failing with [`Error::RankMismatch`] naming the ranks
+    /// that differ from rank 0.
+    fn check_ranks_agree(&self, what: &str, bytes: &[u8]) -> Result<()> {
+        let _ = (what, bytes);
+        Ok(())
+    }
     /// Ends the whole job after an unrecoverable error on this process: on
     /// [`MpiBackend`](super::mpi::MpiBackend) it prints nothing and calls `MPI_Abort`, which
     /// stops every rank (without it, the other ranks would wait for this one forever); on the

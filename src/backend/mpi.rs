@@ -670,6 +670,9 @@ impl Backend for MpiBackend {
     fn placement(&self, index: usize, total: usize) -> usize {
         (index * self.size / total.max(1)).min(self.size - 1)
     }
+    fn check_ranks_agree(&self, what: &str, bytes: &[u8]) -> Result<()> {
+        self.check_same(what, bytes)
+    }
     fn abort_job(&self, code: i32) {
         self.failed.store(true, Ordering::SeqCst);
         SimpleCommunicator::world().abort(code)
