@@ -124,20 +124,24 @@ pub struct Job {
 }
 
 impl Job {
-    /// The backend of `built` (none for a single-device program). Under MPI the ranks check
-    /// that they run the same program file (`text`).
-    pub fn new(built: &Built, text: &str) -> Result<Job, ProgramError> {
+    /// The backend of `built` (none for a single-device program).
+    pub fn new(built: &Built) -> Result<Job, ProgramError> {
         if built.devices.is_none() {
             return Ok(Job { be: None });
         }
         let be = backend_by_name(&built.backend)
             .map_err(|e| ProgramError::nowhere(format!("choosing the backend: {e}")))?;
-        let job = Job { be: Some(be) };
-        if let Some(be) = &job.be {
-            be.check_ranks_agree("the program file", text.as_bytes())
-                .map_err(|e| ProgramError::nowhere(e.to_string()))?;
+        Ok(Job { be: Some(be) })
+    }
+
+    /// Under MPI, checks that every rank runs the same program file (`text`).
+    pub fn check_same_program(&self, text: &str) -> Result<(), ProgramError> {
+        match &self.be {
+            Some(be) => be
+                .check_ranks_agree("the program file", text.as_bytes())
+                .map_err(|e| ProgramError::nowhere(e.to_string())),
+            None => Ok(()),
         }
-        Ok(job)
     }
 
     /// No backend: a single-device program, or one the interpreter simulates.

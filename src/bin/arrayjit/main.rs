@@ -227,7 +227,9 @@ fn execute(cmd: &Command) -> Result<String, String> {
         }
         Command::Bench { file, warmup, runs } => {
             let (built, text) = program::load(file)?;
-            let job = exec::Job::new(&built, &text).map_err(|e| render(file, &text, &e))?;
+            let job = exec::Job::new(&built).map_err(|e| render(file, &text, &e))?;
+            job.check_same_program(&text)
+                .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
             let result = exec::bench(&built, &job, *warmup, *runs)
                 .map_err(|e| render(file, &text, &e))
                 .map_err(|msg| stop_job(&job, msg))?;
@@ -247,8 +249,10 @@ fn execute(cmd: &Command) -> Result<String, String> {
             let job = if *interpret {
                 exec::Job::none()
             } else {
-                exec::Job::new(&built, &text).map_err(|e| render(file, &text, &e))?
+                exec::Job::new(&built).map_err(|e| render(file, &text, &e))?
             };
+            job.check_same_program(&text)
+                .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
             let result = if *interpret {
                 interpret::run(&built)
             } else {
