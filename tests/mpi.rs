@@ -202,7 +202,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn all_reduce_program_on_1_2_and_4_ranks_matches_hand_values_and_multicore() {
     let _serial = serial();
-    let file = manifest().join("examples/programs/all_reduce_mpi.json");
+    let file = manifest().join("examples/programs/mpi/all_reduce.json");
     // By hand: the batch's column sums [18, 22, 26] times w = [1, 2, 3]; w -= g/8; twice.
     let expected = serde_json::json!({
         "g": {"dims": [3], "prec": "single", "values": [-22.5, -77, -175.5]},
@@ -309,7 +309,7 @@ fn every_precision_reduces_and_copies_across_ranks_as_on_multicore() {
 #[test]
 fn devices_that_do_not_split_over_the_ranks_are_an_error() {
     let _serial = serial();
-    let file = manifest().join("examples/programs/all_reduce_mpi.json");
+    let file = manifest().join("examples/programs/mpi/all_reduce.json");
     let o = mpirun(3, &[cli(), "run", file.to_str().unwrap()], PROGRAM_LIMIT);
     assert_eq!(o.code, Some(1), "{}", o.stderr);
     assert!(
@@ -326,7 +326,7 @@ fn ranks_running_different_programs_are_detected() {
     let _serial = serial();
     // MPMD: rank 0 and rank 1 run different files; the ranks compare hashes at start.
     let dir = tempfile::tempdir().unwrap();
-    let file = manifest().join("examples/programs/all_reduce_mpi.json");
+    let file = manifest().join("examples/programs/mpi/all_reduce.json");
     let text = std::fs::read_to_string(&file).unwrap();
     let other = dir.path().join("other.json");
     std::fs::write(

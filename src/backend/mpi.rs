@@ -256,6 +256,17 @@ unsafe fn elems_mut<T>(buf: &BufferPtr, n: usize) -> &mut [T] {
     unsafe { std::slice::from_raw_parts_mut(buf.as_ptr().cast::<T>(), n) }
 }
 
+/// Copies `src` into the buffer's first elements.
+///
+/// # Safety
+///
+/// Nothing else may read or write `buf` meanwhile; `T` is a plain number type of the
+/// buffer's precision.
+unsafe fn store_slice<T: Copy>(src: &[T], buf: &BufferPtr) {
+    // SAFETY: exclusive access (the caller's contract).
+    unsafe { elems_mut::<T>(buf, src.len()) }.copy_from_slice(src);
+}
+
 /// Grows `v` to at least `n` elements (fallibly) and returns its first `n`.
 fn grown<'a, T: Clone + Default>(v: &'a mut Vec<T>, n: usize, what: &str) -> Result<&'a mut [T]> {
     if v.len() < n {
@@ -586,17 +597,17 @@ fn reduce_here(
                 Prec::Byte => {
                     let recv = grown(&mut s.u8s, n, &what)?;
                     all_reduce_chunks(&world, elems::<u8>(buf, n), recv);
-                    Acc::store_slice(prec, recv, buf);
+                    store_slice(recv, buf);
                 }
                 Prec::Single => {
                     let recv = grown(&mut s.f32s, n, &what)?;
                     all_reduce_chunks(&world, elems::<f32>(buf, n), recv);
-                    Acc::store_slice(prec, recv, buf);
+                    store_slice(recv, buf);
                 }
                 Prec::Double | Prec::Half => {
                     let recv = grown(&mut s.f64s, n, &what)?;
                     all_reduce_chunks(&world, elems::<f64>(buf, n), recv);
-                    Acc::store_slice(prec, recv, buf);
+                    store_slice(recv, buf);
                 }
             }
         }

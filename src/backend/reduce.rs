@@ -134,18 +134,6 @@ impl Acc {
     }
 }
 
-impl Acc {
-    /// Copies `src` into the buffer's first elements (`T` of the precision's storage type).
-    ///
-    /// # Safety
-    ///
-    /// Nothing else may read or write `buf` meanwhile; `T` is a plain number type.
-    pub(crate) unsafe fn store_slice<T: Copy>(_prec: Prec, src: &[T], buf: &Buffer) {
-        // SAFETY: exclusive access (the caller's contract).
-        unsafe { view_mut::<T>(buf, src.len()) }.copy_from_slice(src);
-    }
-}
-
 /// The devices and buffers of an all-reduce's contexts, checked: at least one context, each
 /// on a device, on distinct devices, each holding the tensor.
 pub(crate) fn participants(
