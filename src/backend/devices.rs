@@ -442,7 +442,7 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     /// The number of processes the backend's devices are spread over: the world size of
-    /// [`MpiBackend`](super::mpi::MpiBackend), 1 for the in-process backends.
+    /// `MpiBackend` (feature `mpi`), 1 for the in-process backends.
     fn num_ranks(&self) -> usize {
         1
     }
@@ -452,7 +452,7 @@ pub trait Backend: Send + Sync {
     }
     /// The physical device that virtual device `index` of `total` goes on, for programs
     /// that spread `total` devices evenly: `index mod P` on the in-process backends (round
-    /// robin over the cores); on [`MpiBackend`](super::mpi::MpiBackend) the rank
+    /// robin over the cores); on `MpiBackend` (feature `mpi`) the rank
     /// `index / (total / ranks)`, so that each rank holds a consecutive block.
     fn placement(&self, index: usize, total: usize) -> usize {
         let _ = total;
@@ -460,7 +460,7 @@ pub trait Backend: Send + Sync {
     }
     /// Checks that every rank passes the same `bytes` (e.g. the program it runs); `what` names
     /// them in the error. Always `Ok` on the in-process backends; on
-    /// [`MpiBackend`](super::mpi::MpiBackend) an all-gather of BLAKE3 hashes that every rank
+    /// `MpiBackend` (feature `mpi`) an all-gather of BLAKE3 hashes that every rank
     /// must call in the same order, failing with [`Error::RankMismatch`] naming the ranks
     /// that differ from rank 0.
     fn check_ranks_agree(&self, what: &str, bytes: &[u8]) -> Result<()> {
@@ -468,7 +468,7 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
     /// Ends the whole job after an unrecoverable error on this process: on
-    /// [`MpiBackend`](super::mpi::MpiBackend) it prints nothing and calls `MPI_Abort`, which
+    /// `MpiBackend` (feature `mpi`) it prints nothing and calls `MPI_Abort`, which
     /// stops every rank (without it, the other ranks would wait for this one forever); on the
     /// in-process backends it does nothing and returns.
     fn abort_job(&self, code: i32) {

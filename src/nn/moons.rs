@@ -13,6 +13,14 @@
 //!    by the static index `step`) and records the step's loss;
 //! 4. the parameters are copied from device 0 to the other devices.
 //!
+//! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
+//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
+//! each rank's block into its first device (the rank's *leader*), the leaders then all-reduce
+//! the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every leader applies
+//! the same SGD update (so the parameters stay identical on every rank) and copies the
+//! parameters to the other devices of its block: the Horovod pattern. With one rank this is
+//! exactly the steps above.
+//!
 //! The host never waits for a device inside a step: it schedules the steps of an epoch and
 //! the devices order their work among themselves with events ([`Backend::record_event`],
 //! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
