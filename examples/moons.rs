@@ -342,7 +342,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) if backend.num_ranks() > 1 => {
             // The other ranks would wait for this one: stop the whole job.
-            eprintln!("rank {}: error: {msg}", backend.rank());
+            // One write, so that the lines of ranks failing at once do not interleave.
+            let line = format!("rank {}: error: {msg}\n", backend.rank());
+            eprint!("{line}");
             backend.abort_job(1);
             ExitCode::FAILURE
         }

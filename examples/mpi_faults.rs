@@ -99,7 +99,9 @@ fn main() -> ExitCode {
         }
     };
     if let Err(m) = run(&be, mode, faulty, rounds) {
-        eprintln!("rank {}: error: {m}", be.rank());
+        // One write, so that the lines of ranks failing at once do not interleave.
+        let line = format!("rank {}: error: {m}\n", be.rank());
+        eprint!("{line}");
         be.abort_job(1);
         return ExitCode::FAILURE;
     }

@@ -135,7 +135,9 @@ fn install_panic_hook(rank: usize) {
             if thread.name().is_some_and(|n| n.starts_with("mpi:")) {
                 return;
             }
-            eprintln!("rank {rank}: panicked (above); aborting the MPI job");
+            // One write, so that the lines of ranks failing at once do not interleave.
+            let line = format!("rank {rank}: panicked (above); aborting the MPI job\n");
+            eprint!("{line}");
             if mpi::environment::is_initialized() && !mpi::environment::is_finalized() {
                 SimpleCommunicator::world().abort(101);
             }
@@ -536,14 +538,16 @@ impl MpiBackend {
         let failure: Arc<OnceLock<String>> = Arc::default();
         let failed = failure.clone();
         self.comm.schedule(Task::new(what.clone(), move || {
-            for (prec, n, name, bufs) in &jobs {
-                let r = reduce_here(*prec, *n, name, bufs, &scratch);
-                if let Err(e) = r {
-                    let _ = failed.set(e.to_string());
-                    return Err(e);
-                }
+            let r = if jobs.len() == 1 {
+                let (prec, n, name, bufs) = &jobs[0];
+                reduce_here(*prec, *n, name, bufs, &scratch)
+            } else {
+                reduce_fused(&jobs)
+            };
+            if let Err(e) = &r {
+                let _ = failed.set(e.to_string());
             }
-            Ok(())
+            r
         }))?;
         let done = self.comm.event();
         for d in &local {
@@ -562,6 +566,75 @@ impl MpiBackend {
         }
         Ok(())
     }
+}
+
+/// The communication thread's part of an all-reduce of several tensors (the gradients of a
+/// model): the tensors whose sums have the same type are packed into one vector (each
+/// rank's local sum of each), reduced with one `MPI_Allreduce`, and unpacked into every local
+/// buffer. One collective instead of one per tensor: its latency, not the bytes, is what a
+/// step of a small model pays for.
+fn reduce_fused(jobs: &[(Prec, usize, String, Vec<BufferPtr>)]) -> Result<()> {
+    let world = SimpleCommunicator::world();
+    // Bytes, then singles and halves (summed in f32), then doubles.
+    for kind in [Prec::Byte, Prec::Single, Prec::Double] {
+        let group: Vec<&(Prec, usize, String, Vec<BufferPtr>)> = jobs
+            .iter()
+            .filter(|j| match j.0 {
+                Prec::Half => kind == Prec::Single,
+                p => p == kind,
+            })
+            .collect();
+        if group.is_empty() {
+            continue;
+        }
+        let total: usize = group.iter().map(|j| j.1).sum();
+        let names: Vec<&str> = group.iter().map(|j| j.2.as_str()).collect();
+        let mut packed = Acc::zeros(
+            kind,
+            total,
+            &format!("the all_reduce of {}", names.join(", ")),
+        )?;
+        let mut at = 0;
+        for (prec, n, _, bufs) in &group {
+            for b in bufs {
+                // SAFETY: the local devices are past the work scheduled before the all-reduce
+                // (the comm thread waited for their events) and their later work waits for
+                // this task.
+                unsafe { packed.add_at(*prec, b, at, *n) };
+            }
+            at += n;
+        }
+        // SAFETY (both): `in_place` is the library's MPI_IN_PLACE.
+        match (&mut packed, in_place()) {
+            (Acc::U8(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
+            (Acc::F32(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
+            (Acc::F64(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
+            (Acc::U8(v), None) => {
+                let mut r = vec![0u8; total];
+                all_reduce_chunks(&world, v, &mut r);
+                *v = r;
+            }
+            (Acc::F32(v), None) => {
+                let mut r = vec![0f32; total];
+                all_reduce_chunks(&world, v, &mut r);
+                *v = r;
+            }
+            (Acc::F64(v), None) => {
+                let mut r = vec![0f64; total];
+                all_reduce_chunks(&world, v, &mut r);
+                *v = r;
+            }
+        }
+        let mut at = 0;
+        for (prec, n, _, bufs) in &group {
+            for b in bufs {
+                // SAFETY: as above; this thread has the buffers to itself.
+                unsafe { packed.store_at(*prec, b, at, *n) };
+            }
+            at += n;
+        }
+    }
+    Ok(())
 }
 
 /// The communication thread's part of an all-reduce: the local sum, `MPI_Allreduce`, the

@@ -86,26 +86,37 @@ impl Acc {
     /// Nothing may write `buf` meanwhile.
     pub(crate) unsafe fn add(&mut self, prec: Prec, buf: &Buffer) {
         let n = self.len();
+        // SAFETY: the caller's contract.
+        unsafe { self.add_at(prec, buf, 0, n) }
+    }
+
+    /// Adds the buffer's first `n` elements (of precision `prec`) to the accumulator's
+    /// elements `at..at + n`.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may write `buf` meanwhile.
+    pub(crate) unsafe fn add_at(&mut self, prec: Prec, buf: &Buffer, at: usize, n: usize) {
         // SAFETY (every view below): the caller guarantees no concurrent writer; the element
         // types match the precision's storage (bytes, half bit patterns, f32, f64).
         match (self, prec) {
             (Acc::U8(a), _) => {
-                for (x, y) in a.iter_mut().zip(unsafe { view::<u8>(buf, n) }) {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<u8>(buf, n) }) {
                     *x = x.wrapping_add(*y);
                 }
             }
             (Acc::F32(a), Prec::Half) => {
-                for (x, y) in a.iter_mut().zip(unsafe { view::<u16>(buf, n) }) {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<u16>(buf, n) }) {
                     *x += f16::from_bits(*y).to_f32();
                 }
             }
             (Acc::F32(a), _) => {
-                for (x, y) in a.iter_mut().zip(unsafe { view::<f32>(buf, n) }) {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<f32>(buf, n) }) {
                     *x += *y;
                 }
             }
             (Acc::F64(a), _) => {
-                for (x, y) in a.iter_mut().zip(unsafe { view::<f64>(buf, n) }) {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<f64>(buf, n) }) {
                     *x += *y;
                 }
             }
@@ -119,17 +130,31 @@ impl Acc {
     /// Nothing else may read or write `buf` meanwhile.
     pub(crate) unsafe fn store(&self, prec: Prec, buf: &Buffer) {
         let n = self.len();
+        // SAFETY: the caller's contract.
+        unsafe { self.store_at(prec, buf, 0, n) }
+    }
+
+    /// Writes the accumulator's elements `at..at + n` into the buffer's first `n` elements
+    /// (of precision `prec`; halves rounded to nearest).
+    ///
+    /// # Safety
+    ///
+    /// Nothing else may read or write `buf` meanwhile.
+    pub(crate) unsafe fn store_at(&self, prec: Prec, buf: &Buffer, at: usize, n: usize) {
         // SAFETY (every view below): exclusive access (the caller's contract); element types
         // match the precision's storage.
         match (self, prec) {
-            (Acc::U8(a), _) => unsafe { view_mut::<u8>(buf, n) }.copy_from_slice(a),
+            (Acc::U8(a), _) => unsafe { view_mut::<u8>(buf, n) }.copy_from_slice(&a[at..at + n]),
             (Acc::F32(a), Prec::Half) => {
-                for (x, y) in unsafe { view_mut::<u16>(buf, n) }.iter_mut().zip(a) {
+                for (x, y) in unsafe { view_mut::<u16>(buf, n) }
+                    .iter_mut()
+                    .zip(&a[at..at + n])
+                {
                     *x = f16::from_f32(*y).to_bits();
                 }
             }
-            (Acc::F32(a), _) => unsafe { view_mut::<f32>(buf, n) }.copy_from_slice(a),
-            (Acc::F64(a), _) => unsafe { view_mut::<f64>(buf, n) }.copy_from_slice(a),
+            (Acc::F32(a), _) => unsafe { view_mut::<f32>(buf, n) }.copy_from_slice(&a[at..at + n]),
+            (Acc::F64(a), _) => unsafe { view_mut::<f64>(buf, n) }.copy_from_slice(&a[at..at + n]),
         }
     }
 }

@@ -211,7 +211,9 @@ fn cache(action: &CacheAction) -> Result<String, String> {
 /// the job (they would wait for this one); on a single process, returns the message.
 fn stop_job(job: &exec::Job, msg: String) -> String {
     if job.ranks() > 1 {
-        eprintln!("rank {}: error: {msg}", job.rank());
+        // One write, so that the lines of ranks failing at once do not interleave.
+        let line = format!("rank {}: error: {msg}\n", job.rank());
+        eprint!("{line}");
         job.abort();
     }
     msg
