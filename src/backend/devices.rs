@@ -1,7 +1,8 @@
 //! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
 //! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
 //! thread and FIFO queue per virtual device) and [`SyncBackend`] (everything runs on the
-//! caller's thread; for debugging and tests).
+//! caller's thread; for debugging and tests). A third, `MpiBackend` (cargo feature `mpi`,
+//! module `backend::mpi`), spreads the devices over MPI ranks.
 
 use super::buffer::BufferPtr;
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
