@@ -15,7 +15,9 @@
 //! - `task-panic`: a task on rank RANK's device panics after 3 rounds (reported as an error
 //!   at the next await, then as `error`);
 //! - `exit`: rank RANK exits with status 3 after 3 rounds, without finalizing MPI;
-//! - `mismatch`: rank RANK compiles a different routine (the ranks' batch hashes differ).
+//! - `mismatch`: rank RANK compiles a different routine (the ranks' batch hashes differ);
+//! - `skip`: rank RANK skips the last round's all-reduce (the calls are out of step: the other
+//!   ranks wait in it until the watchdog, `ARRAYJIT_MPI_TIMEOUT`, aborts the job).
 
 use arrayjit::backend::{Backend, Config, MpiBackend, Task};
 use arrayjit::ir::{Bindings, Prec, Tnode};
@@ -73,6 +75,9 @@ fn run(be: &MpiBackend, mode: &str, faulty: usize, rounds: usize) -> Result<(), 
         for r in &routines {
             r.schedule().map_err(e)?;
         }
+        if mode == "skip" && me == faulty && round + 1 == rounds {
+            continue;
+        }
         be.all_reduce(std::slice::from_ref(&g), &ctxs).map_err(e)?;
         be.await_device(&devices[me]).map_err(e)?;
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -87,7 +92,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(mode), Some(Ok(faulty))) = (args.first(), args.get(1).map(|r| r.parse::<usize>()))
     else {
-        eprintln!("usage: mpi_faults none|error|panic|task-panic|exit|mismatch RANK [ROUNDS]");
+        eprintln!("usage: mpi_faults none|error|panic|task-panic|exit|mismatch|skip RANK [ROUNDS]");
         return ExitCode::from(2);
     };
     let rounds = args.get(2).and_then(|r| r.parse().ok()).unwrap_or(50);

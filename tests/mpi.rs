@@ -546,6 +546,42 @@ fn a_failing_rank_ends_the_job_naming_it() {
     assert!(o.ok().stdout.contains("ok: 5 rounds"), "{}", o.stdout);
 }
 
+#[test]
+fn ranks_out_of_step_are_stopped_by_the_watchdog() {
+    let _serial = serial();
+    // Rank 1 skips the last all-reduce: rank 0 waits in it until ARRAYJIT_MPI_TIMEOUT.
+    let start = Instant::now();
+    let mut cmd = mpirun_command(2, &[&example("mpi_faults"), "skip", "1", "5"]);
+    cmd.env("ARRAYJIT_MPI_TIMEOUT", "3");
+    let child = cmd.spawn().expect("mpirun runs");
+    let o = wait_bounded(child, FAULT_LIMIT, "mpi_faults skip", start);
+    assert_ne!(o.code, Some(0), "{}", o.stderr);
+    assert!(
+        o.stderr.contains(
+            "rank 0: error: MPI operation \"all_reduce g across 2 ranks\" has waited more than 3 s"
+        ),
+        "{}",
+        o.stderr
+    );
+    assert!(o.elapsed >= Duration::from_secs(3), "{:?}", o.elapsed);
+    // A bad value is an error naming the variable.
+    let mut cmd = mpirun_command(2, &[&example("mpi_faults"), "none", "0", "2"]);
+    cmd.env("ARRAYJIT_MPI_TIMEOUT", "soon");
+    let o = wait_bounded(
+        cmd.spawn().unwrap(),
+        FAULT_LIMIT,
+        "bad timeout",
+        Instant::now(),
+    );
+    assert_ne!(o.code, Some(0));
+    assert!(
+        o.stderr
+            .contains("environment variable ARRAYJIT_MPI_TIMEOUT=\"soon\""),
+        "{}",
+        o.stderr
+    );
+}
+
 /// The pid of the process whose environment holds `OMPI_COMM_WORLD_RANK=rank` and `mark`.
 fn rank_pid(rank: usize, mark: &str) -> Option<i32> {
     let want = format!("OMPI_COMM_WORLD_RANK={rank}");

@@ -57,6 +57,9 @@
 //!   it saw also aborts instead of finalizing, since `MPI_Finalize` would wait for ranks
 //!   that wait for this one.
 //! - A rank that dies: OpenMPI's `mpirun` (and MPICH's hydra) stops the job and names it.
+//! - Ranks whose calls get out of step wait for each other in MPI: a watchdog thread aborts
+//!   the job when one MPI operation has waited longer than `ARRAYJIT_MPI_TIMEOUT` seconds
+//!   ([`DEFAULT_TIMEOUT_SECS`] by default; 0: no limit), naming the operation.
 
 use super::buffer::BufferPtr;
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Task};
@@ -73,6 +76,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::Threading;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The largest number of elements (or bytes, for transfers) in one MPI call: MPI counts are
 /// C `int`s, so larger tensors go in chunks of this size.
@@ -99,7 +103,70 @@ pub struct MpiBackend {
     scratch: Arc<Mutex<Scratch>>,
     /// A failure was returned to the caller (then dropping aborts instead of finalizing).
     failed: AtomicBool,
+    /// The MPI operation the communication thread is in, and since when (for the watchdog).
+    busy: Busy,
+    /// Ends the watchdog thread.
+    stop: Arc<AtomicBool>,
     universe: Mutex<Option<Universe>>,
+}
+
+/// What the communication thread is waiting for in MPI, and since when.
+type Busy = Arc<Mutex<Option<(String, Instant)>>>;
+
+/// The default of `ARRAYJIT_MPI_TIMEOUT`, in seconds.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
+
+/// `ARRAYJIT_MPI_TIMEOUT`: how long one MPI operation may wait for the other ranks before the
+/// job is aborted (0: no limit).
+fn timeout_from_env() -> Result<Option<Duration>> {
+    let var = "ARRAYJIT_MPI_TIMEOUT";
+    let Some(v) = std::env::var_os(var) else {
+        return Ok(Some(Duration::from_secs(DEFAULT_TIMEOUT_SECS)));
+    };
+    let text = v.to_string_lossy();
+    match text.trim().parse::<u64>() {
+        Ok(0) => Ok(None),
+        Ok(s) => Ok(Some(Duration::from_secs(s))),
+        Err(_) => Err(Error::Config {
+            var: var.into(),
+            value: text.into_owned(),
+            expected: "a whole number of seconds (0: no limit)".into(),
+        }),
+    }
+}
+
+/// Watches the communication thread: when one MPI operation has waited longer than `limit`
+/// (a rank that does not make the same calls, or one that is stuck), prints what it waits
+/// for and aborts the job, so that a mismatch ends the job instead of hanging it.
+fn start_watchdog(rank: usize, limit: Duration, busy: Busy, stop: Arc<AtomicBool>) -> Result<()> {
+    std::thread::Builder::new()
+        .name(format!("mpi:{rank}:watchdog"))
+        .spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(200));
+                let overdue = busy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .filter(|(_, since)| since.elapsed() > limit)
+                    .map(|(what, _)| what.clone());
+                if let Some(what) = overdue {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let line = format!(
+                        "rank {rank}: error: MPI operation \"{what}\" has waited more than {} s \
+                         for the other ranks (ARRAYJIT_MPI_TIMEOUT): a rank does not make the \
+                         same calls in the same order, or is stuck; aborting the MPI job\n",
+                        limit.as_secs()
+                    );
+                    eprint!("{line}");
+                    SimpleCommunicator::world().abort(1);
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| Error::io("starting the MPI watchdog thread", e))
 }
 
 /// Receive buffers of the all-reduce, grown as needed and kept (a fresh buffer of a few MiB
@@ -320,6 +387,15 @@ impl MpiBackend {
             });
         }
         install_panic_hook(rank);
+        let timeout = timeout_from_env().map_err(|e| Error::Mpi {
+            rank,
+            msg: e.to_string(),
+        })?;
+        let busy: Busy = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        if let Some(limit) = timeout {
+            start_watchdog(rank, limit, busy.clone(), stop.clone())?;
+        }
         let comm = Device::named_worker(
             PhysicalDevice {
                 backend: "mpi",
@@ -337,6 +413,8 @@ impl MpiBackend {
             tags: AtomicU64::new(0),
             scratch: Arc::default(),
             failed: AtomicBool::new(false),
+            busy,
+            stop,
             universe: Mutex::new(Some(universe)),
         })
     }
@@ -344,6 +422,18 @@ impl MpiBackend {
     /// The thread support the MPI library provides (at least `Serialized`).
     pub fn threading(&self) -> Threading {
         self.threading
+    }
+
+    /// A task of the communication thread making MPI calls: the watchdog sees it while it
+    /// runs.
+    fn mpi_task(&self, what: String, work: impl FnOnce() -> Result<()> + Send + 'static) -> Task {
+        let busy = self.busy.clone();
+        Task::new(what.clone(), move || {
+            *busy.lock().unwrap_or_else(|p| p.into_inner()) = Some((what, Instant::now()));
+            let r = work();
+            *busy.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            r
+        })
     }
 
     /// The rank owning a device.
@@ -376,7 +466,7 @@ impl MpiBackend {
         let size = self.size;
         let out: Arc<Mutex<Vec<u8>>> = Arc::default();
         let out2 = out.clone();
-        self.comm.schedule(Task::new(
+        self.comm.schedule(self.mpi_task(
             format!("all-gather the hashes of {what}"),
             move || {
                 let world = SimpleCommunicator::world();
@@ -472,7 +562,7 @@ impl MpiBackend {
             self.comm.wait_for(&src_dev.event())?;
             let buf = src_buf.clone();
             self.comm
-                .schedule(Task::new(format!("{what}: send"), move || {
+                .schedule(self.mpi_task(format!("{what}: send"), move || {
                     let world = SimpleCommunicator::world();
                     // SAFETY: the source device is past the work that wrote the buffer (the
                     // wait above) and its later work waits for this send.
@@ -491,7 +581,7 @@ impl MpiBackend {
             let device = dst_dev.clone();
             let node = tn.clone();
             self.comm
-                .schedule(Task::new(format!("{what}: receive"), move || {
+                .schedule(self.mpi_task(format!("{what}: receive"), move || {
                     let world = SimpleCommunicator::world();
                     let target = match &dst_buf {
                         Some(b) => b.clone(),
@@ -537,7 +627,7 @@ impl MpiBackend {
         let scratch = self.scratch.clone();
         let failure: Arc<OnceLock<String>> = Arc::default();
         let failed = failure.clone();
-        self.comm.schedule(Task::new(what.clone(), move || {
+        self.comm.schedule(self.mpi_task(what.clone(), move || {
             let r = if jobs.len() == 1 {
                 let (prec, n, name, bufs) = &jobs[0];
                 reduce_here(*prec, *n, name, bufs, &scratch)
@@ -878,6 +968,7 @@ impl Drop for MpiBackend {
     fn drop(&mut self) {
         self.unsafe_cleanup();
         self.comm.release();
+        self.stop.store(true, Ordering::SeqCst);
         let universe = self
             .universe
             .lock()
