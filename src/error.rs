@@ -153,6 +153,23 @@ pub enum Error {
         /// How many bytes were requested (`usize::MAX` when the size itself overflows).
         bytes: usize,
     },
+    /// A context (or one it descends from) was finalized and then used.
+    #[error("context {context} was finalized")]
+    ContextFinalized {
+        /// The finalized context's label and id.
+        context: String,
+    },
+    /// `device_to_device` into a merge buffer for a node the destination context's routine
+    /// does not read from it.
+    #[error("device_to_device into context {context}: merge node mismatch, expected {}, actual tensor {actual}", expected.as_ref().map_or("none (its routine reads no merge buffer)".to_string(), |e| format!("tensor {e}")))]
+    MergeNodeMismatch {
+        /// The destination context.
+        context: String,
+        /// The node its routine reads from the merge buffer (none if it reads none).
+        expected: Option<String>,
+        /// The node being merged.
+        actual: String,
+    },
     /// A routine expected one node in the merge buffer but found another (or none).
     #[error(
         "routine {routine} expects tensor {expected} in the merge buffer, but it holds {found}"

@@ -1748,3 +1748,52 @@ fn backend_mpi_without_the_feature_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// A routine that reads a tensor nothing has written (neither hosted nor computed by a
+/// routine run before it) reads zeros; the CLI says so on stderr once, naming the routine and
+/// the tensor, and still prints the values. With its producer run first, no warning;
+/// `ARRAYJIT_LOG=off` silences it.
+#[test]
+fn reads_of_never_written_tensors_are_warned_about() {
+    let p = Prog::new();
+    let prog = |run: &str| {
+        format!(
+            r#"{{"tensors": [{{"name": "a", "dims": [3], "memory": "on_device"}},
+                             {{"name": "out", "dims": [3]}}],
+               "routines": [{{"name": "make_a", "code": [{{"fetch": "a", "constant": 2}}]}},
+                            {{"name": "use_a", "code": [{{"assign": "out", "op": "add", "args": ["a", "a"]}}]}}],
+               "run": [{run}], "print": ["out"]}}"#
+        )
+    };
+    let consumer_only = p.write(
+        "consumer.json",
+        &prog(r#"{"routine": "use_a"}, {"routine": "use_a"}"#),
+    );
+    let out = arrayjit(&["run", path_str(&consumer_only)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stderr
+            .matches("routine use_a reads a that nothing has written")
+            .count(),
+        1,
+        "{}",
+        out.stderr
+    );
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(tensor(&v, "out").2, vec![0.0; 3]);
+    let both = p.write(
+        "both.json",
+        &prog(r#"{"routine": "make_a"}, {"routine": "use_a"}"#),
+    );
+    let out = arrayjit(&["run", path_str(&both)]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("WARN"), "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(tensor(&v, "out").2, vec![4.0; 3]);
+    let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .args(["run", path_str(&consumer_only)])
+        .env("ARRAYJIT_LOG", "off")
+        .output()
+        .unwrap();
+    assert!(o.status.success() && o.stderr.is_empty());
+}

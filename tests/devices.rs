@@ -168,8 +168,9 @@ fn streaming_and_copy_merges_agree() {
                         let from = to + stride;
                         if from < n {
                             b.await_device(&devs[from]).unwrap();
+                            // Into the merge routine's context: it expects g.
                             assert!(b
-                                .device_to_device(&g, mode, &ctxs[to], &ctxs[from])
+                                .device_to_device(&g, mode, merges[to].context(), &ctxs[from])
                                 .unwrap());
                             merges[to].schedule().unwrap();
                             // Streaming reads the source's buffer: keep it until merged.
@@ -207,10 +208,25 @@ fn streaming_and_copy_merges_agree() {
                 ro.schedule().unwrap();
                 b.await_device(&devs[1]).unwrap();
                 let err = b
-                    .device_to_device(&other, mode, &ctxs[0], ro.context())
+                    .device_to_device(&other, mode, merges[0].context(), ro.context())
                     .unwrap_err()
                     .to_string();
-                assert!(err.contains("other_node") && err.contains('g'), "{err}");
+                assert!(
+                    err.contains("expected tensor g") && err.contains("actual tensor other_node"),
+                    "{err}"
+                );
+                // As in the seed, the context downstream of the batch expects what the
+                // context it was linked into expected (none): merging g into it fails too.
+                assert_eq!(ctxs[0].expected_merge_node(), None);
+                assert_eq!(merges[0].context().expected_merge_node(), Some(&g));
+                let err = b
+                    .device_to_device(&g, mode, &ctxs[0], &ctxs[1])
+                    .unwrap_err()
+                    .to_string();
+                assert!(
+                    err.contains("expected none") && err.contains("actual tensor g"),
+                    "{err}"
+                );
                 // A node absent from the source is an error too.
                 let err = b
                     .device_to_device(&other, mode, &ctxs[0], &ctxs[2])
@@ -389,6 +405,16 @@ fn cleanup_then_initialize_again() {
             assert!(b.get_device(0).is_err());
             assert!(r.schedule().is_err(), "a released device must refuse work");
             b.initialize(Config::PhysicalDevicesOnly);
+            // Devices and contexts from before the cleanup stay invalid after initializing
+            // again: init, link and runs on them fail, naming the device.
+            let stale = |e: arrayjit::Error| {
+                let m = e.to_string();
+                assert!(m.contains("released by unsafe_cleanup"), "{m}");
+            };
+            stale(b.init(&devs[1]).unwrap_err());
+            stale(b.link(&[], r.context(), &code).unwrap_err());
+            stale(r.run().unwrap_err());
+            stale(b.from_host(r.context(), &x).unwrap_err());
             let d = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
             assert_eq!(b.to_subordinal(&d), 0);
             let code = b
@@ -421,6 +447,169 @@ fn cleanup_then_initialize_again() {
             assert!(text.contains("neg") && text.contains('y'), "{text}");
             b.unsafe_cleanup();
         }
+    });
+}
+
+/// `finalize` (as in the seed's device backends) awaits the context's device, then releases
+/// the context: later links, host copies, transfers, runs and schedules of its routines
+/// fail naming it; contexts derived from it are finalized with it. Also covers the seed
+/// functions `get_physical_device`, `to_ordinal`, `sexp_of_buffer_ptr` and
+/// `sexp_of_code_batch`.
+#[test]
+fn finalize_awaits_the_device_releases_the_context_and_rejects_later_use() {
+    with_watchdog(60, || {
+        for b in backends() {
+            let devs = devices(b.as_ref(), 1);
+            let d = &devs[0];
+            let phys = b.get_physical_device(d);
+            assert_eq!(b.to_ordinal(&phys), 0);
+            assert_eq!(phys, b.get_device(0).unwrap());
+            let x = input("x", &[4], Prec::Single, &[1., 2., 3., 4.]);
+            let y = output("y", &[4], Prec::Single);
+            let bind = Bindings::empty();
+            let neg = unop(&y, Binop::Arg2, false, Unop::Neg, &x, "i->i", &bind);
+            let names = vec!["neg".to_string()];
+            let batch = b
+                .compile_batch(true, Some(&names), None, &bind, std::slice::from_ref(&neg))
+                .unwrap();
+            let text = sexp_of_code_batch(&batch).to_string();
+            assert!(text.contains("neg"), "{text}");
+            let code = b.compile(true, Some("neg"), &bind, &neg).unwrap();
+            let root = b.init(d).unwrap();
+            let r = b.link(&[], &root, &code).unwrap();
+            assert!(b.from_host(r.context(), &x).unwrap());
+            let ybuf = r.context().get_buffer(&y).unwrap();
+            let text = sexp_of_buffer_ptr(&ybuf).to_string();
+            assert!(text.contains("16"), "{text}");
+            // A slow task ahead of the routine: finalize must wait for both.
+            let ran = Arc::new(AtomicUsize::new(0));
+            let flag = ran.clone();
+            b.schedule(
+                d,
+                Task::new("slow", move || {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    flag.store(1, Ordering::SeqCst);
+                    Ok(())
+                }),
+            )
+            .unwrap();
+            r.schedule().unwrap();
+            let held = Arc::strong_count(&ybuf);
+            b.finalize(r.context());
+            assert_eq!(
+                ran.load(Ordering::SeqCst),
+                1,
+                "finalize did not await the device"
+            );
+            assert!(b.is_idle(d));
+            // The routine ran before finalize returned.
+            let mut host = Ndarray::zeros(Prec::Single, &[4]);
+            b.buffer_to_host(&mut host, &ybuf).unwrap();
+            assert_eq!(host.to_f64_vec(), vec![-1., -2., -3., -4.]);
+            // The context dropped its buffers.
+            assert_eq!(Arc::strong_count(&ybuf), held - 1);
+            assert!(r.context().get_buffer(&y).is_none());
+            let finalized = |e: arrayjit::Error| {
+                assert!(
+                    matches!(e.root(), arrayjit::Error::ContextFinalized { .. })
+                        && e.to_string().contains("was finalized"),
+                    "{e}"
+                )
+            };
+            finalized(r.run().unwrap_err());
+            finalized(r.schedule().unwrap_err());
+            finalized(b.schedule(d, r.task()).unwrap_err());
+            finalized(b.from_host(r.context(), &x).unwrap_err());
+            finalized(b.to_host(r.context(), &y).unwrap_err());
+            finalized(b.link(&[], r.context(), &code).unwrap_err());
+            let other = b.link(&[], &root, &code).unwrap();
+            finalized(
+                b.device_to_device(&y, MergeBufferUse::No, other.context(), r.context())
+                    .unwrap_err(),
+            );
+            // The root is still usable; finalizing it finalizes what descends from it.
+            assert!(b.from_host(other.context(), &x).unwrap());
+            other.schedule().unwrap();
+            b.await_device(d).unwrap();
+            b.finalize(&root);
+            finalized(other.run().unwrap_err());
+            finalized(b.link(&[], &root, &code).unwrap_err());
+            b.await_device(d).unwrap();
+            b.unsafe_cleanup();
+        }
+    });
+}
+
+/// As in the seed's multicore backend, a physical device runs one thing at a time: its
+/// virtual devices share one worker thread and queue (tasks run in scheduling order across
+/// them), while each keeps its own merge buffer, subordinal and failures. A device waiting
+/// for another's event on the same queue does not deadlock.
+#[test]
+fn virtual_devices_of_a_core_share_its_worker() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        b.initialize(Config::default());
+        let phys = b.get_device(0).unwrap();
+        let devs: Vec<Device> = (0..8)
+            .map(|_| b.new_virtual_device(&phys).unwrap())
+            .collect();
+        let subs: Vec<usize> = devs.iter().map(|d| b.to_subordinal(d)).collect();
+        assert_eq!(subs, (0..8).collect::<Vec<_>>());
+        let t = on_device("t", &[2], Prec::Single);
+        devs[0]
+            .merge_buffer()
+            .set(arrayjit::backend::DeviceBuffer::new(8).unwrap(), t.clone());
+        assert!(devs[0].merge_buffer().get().is_some());
+        assert!(
+            devs[1].merge_buffer().get().is_none(),
+            "merge buffers are shared"
+        );
+        let log = Arc::new(std::sync::Mutex::new(vec![]));
+        for round in 0..3 {
+            for (i, d) in devs.iter().enumerate() {
+                let log = log.clone();
+                b.schedule(
+                    d,
+                    Task::new(format!("t{round}.{i}"), move || {
+                        log.lock()
+                            .unwrap()
+                            .push((round * 8 + i, std::thread::current().id()));
+                        Ok(())
+                    }),
+                )
+                .unwrap();
+            }
+        }
+        // Device 0 waits for device 7's event: 7's tasks were scheduled first on the queue.
+        let ev = b.record_event(&devs[7]);
+        b.wait_for_event(&devs[0], &ev).unwrap();
+        b.await_device(&devs[0]).unwrap();
+        let log = log.lock().unwrap().clone();
+        let order: Vec<usize> = log.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            order,
+            (0..24).collect::<Vec<_>>(),
+            "not in scheduling order"
+        );
+        assert!(
+            log.iter().all(|(_, t)| *t == log[0].1),
+            "more than one thread"
+        );
+        assert_ne!(log[0].1, std::thread::current().id());
+        // A failure is reported on its own device only.
+        b.schedule(
+            &devs[3],
+            Task::new("fails", || Err(arrayjit::Error::Usage("boom".into()))),
+        )
+        .unwrap();
+        b.await_device(&devs[3]).map(|_| ()).unwrap_err();
+        for (i, d) in devs.iter().enumerate() {
+            assert!(
+                b.await_device(d).is_ok(),
+                "device {i} got device 3's failure"
+            );
+        }
+        b.unsafe_cleanup();
     });
 }
 

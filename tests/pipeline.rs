@@ -406,12 +406,18 @@ fn batches_postponed_code_contexts_and_merge_buffer() {
         rm.run(),
         Err(arrayjit::Error::MergeBufferMismatch { .. })
     ));
-    // from_prior_context names the missing node.
-    let err = backend
+    // from_prior_context: as in the seed's verify_prior_context, only nodes the code uses
+    // are checked. `other` does not use sum, so listing it is fine; it uses g, which a fresh
+    // context lacks, so listing g is an error naming it (and g is not added).
+    assert!(backend
         .link(std::slice::from_ref(&sum), &mb, &ctx_b, &other)
+        .is_ok());
+    let fresh = backend.init("fresh").unwrap();
+    let err = backend
+        .link(std::slice::from_ref(&g), &mb, &fresh, &other)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("sum"), "{err}");
+    assert!(err.contains("lacks tensor g"), "{err}");
     // to_buffer / buffer_to_host.
     let buf = backend.alloc_buffer(None, 12).unwrap();
     backend.to_buffer(&g, &buf, &ctx2).unwrap();
@@ -482,4 +488,57 @@ fn compiling_twice_gives_the_same_code_and_never_changes_nodes() {
         assert_eq!(first.optimized().memory_mode(t), Some(MemoryMode::Virtual));
     }
     assert!(first.optimized().memory_mode(&out).is_some());
+}
+
+/// `compile_batch(shared = false)` postpones the C compiler to the first `link_batch` (as the
+/// seed allows): with a compiler that always fails, the batch compiles and the link reports
+/// the compile failure; with a real one, the postponed batch links into two contexts (one
+/// compile) and computes the right values.
+#[test]
+fn postponed_batches_compile_at_the_first_link() {
+    let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+    let y = output("y", &[3], Prec::Single);
+    let b = Bindings::empty();
+    let neg = unop(&y, Binop::Arg2, false, Unop::Neg, &x, "i->i", &b);
+    let names = vec!["neg".to_string()];
+    let mut broken = arrayjit::compile::CompilerConfig::from_env().unwrap();
+    broken.compiler = "/bin/false".into();
+    broken.cache_dir = None;
+    let backend = CcBackend::with_config(broken, Default::default());
+    backend.initialize(Config::default());
+    let batch = backend
+        .compile_batch(false, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .expect("nothing is compiled yet");
+    let err = backend
+        .link_batch(
+            &[],
+            &MergeBuffer::new(),
+            &backend.init("a").unwrap(),
+            &batch,
+        )
+        .expect_err("the link runs the compiler");
+    assert!(
+        matches!(err.root(), arrayjit::Error::Compile { .. }),
+        "{err}"
+    );
+    assert!(backend
+        .compile_batch(true, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .is_err());
+
+    let backend = CcBackend::new();
+    backend.initialize(Config::default());
+    let batch = backend
+        .compile_batch(false, Some(&names), None, &b, std::slice::from_ref(&neg))
+        .unwrap();
+    for label in ["first", "second"] {
+        let ctx = backend.init(label).unwrap();
+        let (_, rs) = backend
+            .link_batch(&[], &MergeBuffer::new(), &ctx, &batch)
+            .unwrap();
+        let r = rs[0].clone().unwrap();
+        assert!(backend.from_host(r.context(), &x).unwrap());
+        r.run().unwrap();
+        assert!(backend.to_host(r.context(), &y).unwrap());
+        assert_eq!(y.host_values().unwrap(), vec![-1., -2., -3.]);
+    }
 }

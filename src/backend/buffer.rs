@@ -5,38 +5,51 @@ use crate::ir::Ndarray;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// A block of device memory. Generated code reads and writes it through raw pointers;
-/// synchronizing those accesses is the caller's job (as in the seed API: await a device before
-/// reading what it wrote).
-pub struct Buffer {
+/// A block of device memory, shared by contexts, routines and transfers.
+///
+/// Every access to the bytes holds the buffer's reader-writer lock: the copies here take it
+/// themselves, and a routine run takes the locks of all its buffers at once ([`lock_all`]),
+/// shared for the buffers it only reads and exclusive for those it writes. So safe code can
+/// never race on a buffer: a program whose devices are not synchronized (a copy scheduled
+/// while another device still writes the source) gets some interleaving of whole operations,
+/// never a torn one. Ordering the operations is still the caller's job (as in the seed API:
+/// await a device, or wait for its event, before reading what it wrote); the locks are
+/// uncontended when it is done.
+pub struct DeviceBuffer {
     /// The allocation as returned by the allocator.
     raw: NonNull<u8>,
     /// `raw` rounded up to a multiple of [`ALIGN`].
     ptr: NonNull<u8>,
     size: usize,
     layout: Layout,
+    /// Held (shared or exclusive) by every access to the bytes.
+    access: RwLock<()>,
+    /// Whether anything wrote the buffer since it was allocated (zero-filled).
+    written: AtomicBool,
 }
 
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
 const ALIGN: usize = 64;
 
-// SAFETY: a Buffer is a plain heap allocation owned by the Buffer; moving or sharing the handle
-// between threads is sound. Concurrent access to the bytes goes through raw pointers whose
-// synchronization is the documented responsibility of the caller (device awaits).
-unsafe impl Send for Buffer {}
-// SAFETY: see Send; no method hands out references into the bytes.
-unsafe impl Sync for Buffer {}
+// SAFETY: a DeviceBuffer is a plain heap allocation owned by the DeviceBuffer; moving the handle between
+// threads is sound.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: every access to the bytes (the copies below, and routine runs through `lock_all`)
+// holds `access`: shared to read, exclusive to write, so no two threads race on them. No
+// method hands out references into the bytes.
+unsafe impl Sync for DeviceBuffer {}
 
 /// A shared handle to a buffer.
-pub type BufferPtr = Arc<Buffer>;
+pub type BufferPtr = Arc<DeviceBuffer>;
 
-impl Buffer {
+impl DeviceBuffer {
     /// A zero-filled buffer of `size` bytes; [`Error::OutOfMemory`] when it cannot be
     /// allocated.
     pub fn new(size: usize) -> Result<BufferPtr> {
-        Buffer::new_for(size, || "a device buffer".to_string())
+        DeviceBuffer::new_for(size, || "a device buffer".to_string())
     }
 
     /// A zero-filled buffer of `size` bytes; when it cannot be allocated (or `size` is beyond
@@ -67,11 +80,13 @@ impl Buffer {
         // SAFETY: offset < ALIGN, and the allocation has size + ALIGN bytes, so the aligned
         // start and the `size` bytes after it stay inside the allocation.
         let ptr = unsafe { NonNull::new_unchecked(raw.as_ptr().add(offset)) };
-        Ok(Arc::new(Buffer {
+        Ok(Arc::new(DeviceBuffer {
             raw,
             ptr,
             size,
             layout,
+            access: RwLock::new(()),
+            written: AtomicBool::new(false),
         }))
     }
 
@@ -80,9 +95,31 @@ impl Buffer {
         self.size
     }
 
-    /// The start of the memory, for generated code.
+    /// The start of the memory, for generated code. Reading or writing through it is
+    /// sound only while holding the buffer's lock ([`lock_all`]).
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    /// Whether anything (a host copy, a buffer copy, a routine storing to it) wrote the
+    /// buffer since it was allocated zero-filled.
+    pub fn was_written(&self) -> bool {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// Records that the buffer was written.
+    pub(crate) fn mark_written(&self) {
+        if !self.written.load(Ordering::Relaxed) {
+            self.written.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn read_lock(&self) -> RwLockReadGuard<'_, ()> {
+        self.access.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_lock(&self) -> RwLockWriteGuard<'_, ()> {
+        self.access.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Copies `bytes` into the start of the buffer.
@@ -94,8 +131,11 @@ impl Buffer {
                 self.size
             )));
         }
+        let _guard = self.write_lock();
+        self.mark_written();
         // SAFETY: the destination has at least bytes.len() bytes (checked above) and cannot
-        // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out).
+        // overlap a Rust slice borrowed from elsewhere (the buffer's memory is never lent out);
+        // the exclusive lock keeps every other access out.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr(), bytes.len()) };
         Ok(())
     }
@@ -109,8 +149,9 @@ impl Buffer {
                 self.size
             )));
         }
+        let _guard = self.read_lock();
         // SAFETY: the source has at least bytes.len() bytes (checked above); the destination
-        // is a distinct Rust slice.
+        // is a distinct Rust slice; the shared lock keeps writers out.
         unsafe {
             std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), bytes.as_mut_ptr(), bytes.len())
         };
@@ -118,7 +159,7 @@ impl Buffer {
     }
 
     /// Copies the first `len` bytes of `src` into this buffer.
-    pub fn copy_from(&self, src: &Buffer, len: usize) -> Result<()> {
+    pub fn copy_from(&self, src: &DeviceBuffer, len: usize) -> Result<()> {
         if len > self.size || len > src.size {
             return Err(Error::Usage(format!(
                 "copying {len} bytes between buffers of {} and {} bytes",
@@ -128,8 +169,11 @@ impl Buffer {
         if std::ptr::eq(self, src) {
             return Ok(());
         }
+        let _guards = lock_all(&mut [(src, false), (self, true)]);
+        self.mark_written();
         // SAFETY: both regions have at least len bytes (checked) and belong to distinct
-        // allocations (checked above), so they do not overlap.
+        // allocations (checked above), so they do not overlap; the locks keep writers of the
+        // source and every other access to the destination out.
         unsafe { std::ptr::copy_nonoverlapping(src.ptr.as_ptr(), self.ptr.as_ptr(), len) };
         Ok(())
     }
@@ -145,15 +189,52 @@ impl Buffer {
     }
 }
 
-impl Drop for Buffer {
+/// The held locks of a set of buffers (released when dropped).
+#[must_use = "the buffers are unlocked when this is dropped"]
+pub struct Access<'a> {
+    _guards: Vec<Guard<'a>>,
+}
+
+/// A held lock: never read, only dropped (which releases it).
+#[allow(dead_code)]
+enum Guard<'a> {
+    Read(RwLockReadGuard<'a, ()>),
+    Write(RwLockWriteGuard<'a, ()>),
+}
+
+/// Locks every buffer of `buffers` (`true`: exclusively, to write; `false`: shared, to read),
+/// in address order so that two threads locking overlapping sets cannot deadlock. A buffer
+/// listed more than once is locked once, exclusively if any entry asks for it. Blocks while
+/// another thread holds a conflicting lock.
+pub fn lock_all<'a>(buffers: &mut [(&'a DeviceBuffer, bool)]) -> Access<'a> {
+    buffers.sort_by_key(|(b, _)| b.ptr.as_ptr() as usize);
+    let mut guards = Vec::with_capacity(buffers.len());
+    let mut i = 0;
+    while i < buffers.len() {
+        let (b, mut write) = buffers[i];
+        while i + 1 < buffers.len() && std::ptr::eq(buffers[i + 1].0, b) {
+            i += 1;
+            write |= buffers[i].1;
+        }
+        guards.push(if write {
+            Guard::Write(b.write_lock())
+        } else {
+            Guard::Read(b.read_lock())
+        });
+        i += 1;
+    }
+    Access { _guards: guards }
+}
+
+impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        // SAFETY: raw was allocated with exactly this layout in Buffer::new and is freed once.
+        // SAFETY: raw was allocated with exactly this layout in DeviceBuffer::new and is freed once.
         unsafe { dealloc(self.raw.as_ptr(), self.layout) }
     }
 }
 
-impl fmt::Debug for Buffer {
+impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Buffer({} bytes)", self.size)
+        write!(f, "DeviceBuffer({} bytes)", self.size)
     }
 }

@@ -1,7 +1,7 @@
 //! The cc no-device backend: compiles with the system C compiler and runs routines
 //! synchronously on the calling thread.
 
-use super::buffer::{Buffer, BufferPtr};
+use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
@@ -67,13 +67,16 @@ pub struct CodeBatch {
     source: String,
     bindings: Bindings,
     entries: Vec<Option<BatchEntry>>,
+    /// One compiled routine per included entry, in order; filled by `compile_batch` with
+    /// `shared: true`, else by the first `link_batch` (from `postponed`).
+    compiled: Mutex<Option<Vec<Arc<Compiled>>>>,
+    postponed: Option<Box<Postponed>>,
 }
 
-/// One compiled routine of a batch.
+/// One routine of a batch.
 struct BatchEntry {
     name: String,
     optimized: Optimized,
-    compiled: Arc<Compiled>,
 }
 
 /// A routine linked into a context. Clones share the routine's bindings and scratch memory:
@@ -88,6 +91,8 @@ pub struct Routine {
     buffers: Arc<Vec<BufferPtr>>,
     merge_buffer: MergeBuffer,
     device: Option<Device>,
+    /// Whether the check for reads of never-written tensors ran (it warns once).
+    warned_unwritten: Arc<AtomicBool>,
 }
 
 impl Routine {
@@ -122,9 +127,11 @@ impl Routine {
             .as_ref()
             .map(|d| format!(" on {}", d.name()))
             .unwrap_or_default();
+        let ctx = self.context.clone();
         Task::new(format!("routine {}{on}", self.name), move || {
             r.run_with(&values)
         })
+        .with_precondition(move || ctx.check_live())
     }
 
     /// Schedules the routine with the binding values current now: on a device, enqueues it
@@ -165,6 +172,7 @@ impl Routine {
     }
 
     fn run_with(&self, values: &[i64]) -> Result<()> {
+        self.context.check_live()?;
         let sig = &self.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
             check_static_value(&self.name, s, v, *limit)?;
@@ -190,6 +198,22 @@ impl Routine {
                 }
             },
         };
+        // Every buffer the code touches is locked for the whole run: exclusively where it
+        // writes (context buffers it stores to, and its scratch), shared where it only reads.
+        let n_ctx = sig.buffers.len();
+        let mut locks: Vec<(&DeviceBuffer, bool)> = self
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (&**b, i >= n_ctx || sig.writes[i]))
+            .collect();
+        if let Some(m) = &merge {
+            locks.push((&**m, false));
+        }
+        let _access = lock_all(&mut locks);
+        if !self.warned_unwritten.load(Ordering::Relaxed) {
+            self.warn_unwritten_reads();
+        }
         let ptrs: Vec<*mut u8> = self.buffers.iter().map(|b| b.as_ptr()).collect();
         let merge_ptr = merge
             .as_ref()
@@ -211,7 +235,40 @@ impl Routine {
                 )));
             }
         }
+        for (b, &w) in self.buffers.iter().zip(&sig.writes) {
+            if w {
+                b.mark_written();
+            }
+        }
         Ok(())
+    }
+
+    /// Warns (once per linked routine, through `tracing`) about the tensors the routine
+    /// reads that nothing has written in its context: they read as zeros, which usually
+    /// means a producer routine was not run first, or a tensor meant as an input is neither
+    /// hosted nor computed.
+    fn warn_unwritten_reads(&self) {
+        let sig = &self.compiled.sig;
+        let unwritten: Vec<String> = sig
+            .buffers
+            .iter()
+            .zip(&sig.writes)
+            .zip(self.buffers.iter())
+            .filter(|((_, &w), b)| !w && !b.was_written())
+            .map(|((tn, _), _)| tn.name())
+            .collect();
+        if !unwritten.is_empty() {
+            tracing::warn!(
+                target: "arrayjit::backend",
+                routine = %self.name,
+                tensors = %unwritten.join(", "),
+                "routine {} reads {} that nothing has written in its context (all zeros): \
+                 run the routine computing them first, or copy them from the host",
+                self.name,
+                unwritten.join(", ")
+            );
+        }
+        self.warned_unwritten.store(true, Ordering::Relaxed);
     }
 }
 
@@ -341,7 +398,8 @@ impl CcBackend {
         Ok(Context::root(label, None))
     }
 
-    /// Finalizes (just) the context.
+    /// Finalizes the context: releases its buffers; later uses of it fail (see
+    /// [`Context::finalize`]).
     pub fn finalize(&self, ctx: &Context) {
         ctx.finalize()
     }
@@ -355,7 +413,7 @@ impl CcBackend {
     ) -> Result<BufferPtr> {
         match old_buffer {
             Some((b, old_size)) if old_size >= size_in_bytes && b.size() >= size_in_bytes => Ok(b),
-            _ => Buffer::new(size_in_bytes),
+            _ => DeviceBuffer::new(size_in_bytes),
         }
     }
 
@@ -592,9 +650,13 @@ impl CcBackend {
     /// of similar size compiled by up to `ARRAYJIT_COMPILE_JOBS` parallel compiler processes
     /// (default: the machine's available parallelism). [`CodeBatch::source`] shows the whole
     /// batch as one file.
+    ///
+    /// With `shared: true` the C is compiled now; with `shared: false` (as the seed allows)
+    /// compiling is postponed to the first `link_batch`, whose compiled routines later links
+    /// reuse. Lowering and optimizing happen now either way, so their errors come from here.
     pub fn compile_batch(
         &self,
-        _shared: bool,
+        shared: bool,
         names: Option<&[String]>,
         occupancy: Option<Occupancy<'_>>,
         bindings: &Bindings,
@@ -610,24 +672,46 @@ impl CcBackend {
             &target,
             cfg.trace_dir.as_deref(),
         )?;
-        let mut compiled = Self::build(&generated, &all_dumps, &cfg)?.into_iter();
         let entries = entries
             .into_iter()
-            .map(|e| {
-                let (name, optimized) = e?;
-                let compiled = Arc::new(compiled.next()?);
-                Some(BatchEntry {
-                    name,
-                    optimized,
-                    compiled,
-                })
-            })
+            .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
             .collect();
+        let (compiled, postponed) = if shared {
+            let compiled = Self::build(&generated, &all_dumps, &cfg)?;
+            (Some(compiled.into_iter().map(Arc::new).collect()), None)
+        } else {
+            let p = Postponed {
+                generated,
+                dumps: all_dumps,
+            };
+            (None, Some(Box::new(p)))
+        };
         Ok(CodeBatch {
             source,
             bindings: bindings.clone(),
             entries,
+            compiled: Mutex::new(compiled),
+            postponed,
         })
+    }
+
+    /// The compiled routines of a batch (one per included entry): compiles a postponed batch
+    /// on first use.
+    fn batch_compiled(&self, batch: &CodeBatch) -> Result<Vec<Arc<Compiled>>> {
+        let mut slot = batch.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = &*slot {
+            return Ok(c.clone());
+        }
+        let p = batch.postponed.as_ref().ok_or_else(|| {
+            Error::Usage("internal error: a batch with neither code nor compiled code".into())
+        })?;
+        let compiled: Vec<Arc<Compiled>> =
+            Self::build(&p.generated, &p.dumps, &self.compiler_config()?)?
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+        *slot = Some(compiled.clone());
+        Ok(compiled)
     }
 
     /// The node a compiled routine reads from the merge buffer, if any.
@@ -671,7 +755,7 @@ impl CcBackend {
         // Large local arrays: scratch owned by this routine, allocated once here.
         let mut buffers = buffers;
         for tn in &compiled.sig.scratch {
-            buffers.push(Buffer::new(tn.size_in_bytes())?);
+            buffers.push(DeviceBuffer::new(tn.size_in_bytes())?);
         }
         tracing::debug!(
             target: "arrayjit::backend",
@@ -692,6 +776,7 @@ impl CcBackend {
             compiled,
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),
+            warned_unwritten: Arc::default(),
         })
     }
 
@@ -734,16 +819,21 @@ impl CcBackend {
         batch: &CodeBatch,
     ) -> Result<(Context, Vec<Option<Routine>>)> {
         self.check_initialized()?;
+        let mut compiled = self.batch_compiled(batch)?.into_iter();
+        let start = ctx;
         let mut ctx = ctx.clone();
         let mut out = vec![];
         for e in &batch.entries {
             match e {
                 None => out.push(None),
                 Some(e) => {
+                    let c = compiled.next().ok_or_else(|| {
+                        Error::Usage("internal error: a batch entry was not compiled".into())
+                    })?;
                     let r = Self::make_routine(
                         &e.name,
                         &batch.bindings,
-                        e.compiled.clone(),
+                        c,
                         &ctx,
                         from_prior_context,
                         merge_buffer,
@@ -754,6 +844,9 @@ impl CcBackend {
                 }
             }
         }
+        // As in the seed: the context downstream of the batch expects what the context
+        // linked into expected.
+        let ctx = ctx.with_expected_merge_node(start.expected_merge_node().cloned())?;
         Ok((ctx, out))
     }
 
@@ -792,6 +885,7 @@ impl CcBackend {
     /// If the node is hosted and in the context, copies host → context and returns true.
     pub fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "from_host");
+        ctx.check_live()?;
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host(|a| b.write_ndarray(a)) {
                 Some(r) => r.map(|_| true),
@@ -804,6 +898,7 @@ impl CcBackend {
     /// If the node is hosted and in the context, copies context → host and returns true.
     pub fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         tracing::trace!(target: "arrayjit::backend", tensor = %tn, context = ctx.label(), "to_host");
+        ctx.check_live()?;
         match ctx.get_buffer(tn) {
             Some(b) => match tn.with_host_mut(|a| b.read_ndarray(a)) {
                 Some(r) => r.map(|_| true),

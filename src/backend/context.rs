@@ -1,13 +1,13 @@
 //! Contexts: maps from nodes to buffers, related by descent.
 
-use super::buffer::{Buffer, BufferPtr};
+use super::buffer::{BufferPtr, DeviceBuffer};
 use super::device::Device;
 use crate::error::{Error, Result};
 use crate::ir::Tnode;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 static NEXT_CTX: AtomicUsize = AtomicUsize::new(1);
 
@@ -15,12 +15,13 @@ struct Inner {
     id: usize,
     label: String,
     parent: Option<Context>,
-    buffers: BTreeMap<Tnode, BufferPtr>,
+    /// Emptied by `finalize`.
+    buffers: RwLock<BTreeMap<Tnode, BufferPtr>>,
     finalized: AtomicBool,
     device: Option<Device>,
-    /// Nodes that routines linked into this context (or its ancestors) read from the merge
-    /// buffer.
-    merge_nodes: Vec<Tnode>,
+    /// The node that the routine whose linking made this context reads from the merge
+    /// buffer (the seed's `expected_merge_node`; `None` for a root context).
+    expected_merge_node: Option<Tnode>,
 }
 
 /// A context: the buffers of the nodes that live on a device. Linking a routine returns a
@@ -36,15 +37,21 @@ impl Context {
             id: NEXT_CTX.fetch_add(1, Ordering::Relaxed),
             label: label.to_string(),
             parent: None,
-            buffers: BTreeMap::new(),
+            buffers: RwLock::new(BTreeMap::new()),
             finalized: AtomicBool::new(false),
             device,
-            merge_nodes: vec![],
+            expected_merge_node: None,
         }))
     }
 
+    fn buffers(&self) -> RwLockReadGuard<'_, BTreeMap<Tnode, BufferPtr>> {
+        self.0.buffers.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A child context holding this context's buffers plus zero-filled ones for `nodes` that
-    /// are missing. Every node in `from_prior` must already be here.
+    /// are missing, whose expected merge node is `merge_node`. A node of `nodes` listed in
+    /// `from_prior` must already be here (it is not added); listed nodes the code does not
+    /// use are not checked (as in the seed's `verify_prior_context`).
     pub fn extend(
         &self,
         nodes: &[Tnode],
@@ -53,62 +60,73 @@ impl Context {
         what: &str,
     ) -> Result<Context> {
         self.check_live()?;
+        let mut buffers = self.buffers().clone();
         for tn in from_prior {
-            if !self.0.buffers.contains_key(tn) {
+            if nodes.contains(tn) && !buffers.contains_key(tn) {
                 return Err(Error::Usage(format!(
-                    "{what}: tensor {} is listed in from_prior_context but context {} does not hold it",
-                    tn.name(),
-                    self.0.label
+                    "{what}: the linked context {} lacks tensor {}, which is listed in from_prior_context",
+                    self.0.label,
+                    tn.name()
                 )));
             }
         }
-        let mut merge_nodes = self.0.merge_nodes.clone();
-        if let Some(m) = merge_node {
-            if !merge_nodes.contains(m) {
-                merge_nodes.push(m.clone());
-            }
-        }
-        let mut buffers = self.0.buffers.clone();
         for tn in nodes {
             if !buffers.contains_key(tn) {
                 let what = || format!("the device buffer of tensor {}", tn.name());
-                buffers.insert(tn.clone(), Buffer::new_for(tn.size_in_bytes(), what)?);
+                buffers.insert(tn.clone(), DeviceBuffer::new_for(tn.size_in_bytes(), what)?);
             }
         }
-        Ok(Context(Arc::new(Inner {
+        Ok(self.child(buffers, merge_node.cloned()))
+    }
+
+    /// A child context with the same buffers whose expected merge node is `merge_node` (what
+    /// `link_batch` returns: downstream of the batch, expecting what its input expected).
+    pub(crate) fn with_expected_merge_node(&self, merge_node: Option<Tnode>) -> Result<Context> {
+        self.check_live()?;
+        let buffers = self.buffers().clone();
+        Ok(self.child(buffers, merge_node))
+    }
+
+    fn child(&self, buffers: BTreeMap<Tnode, BufferPtr>, merge_node: Option<Tnode>) -> Context {
+        Context(Arc::new(Inner {
             id: NEXT_CTX.fetch_add(1, Ordering::Relaxed),
             label: self.0.label.clone(),
             parent: Some(self.clone()),
-            buffers,
+            buffers: RwLock::new(buffers),
             finalized: AtomicBool::new(false),
             device: self.0.device.clone(),
-            merge_nodes,
-        })))
+            expected_merge_node: merge_node,
+        }))
     }
 
-    fn check_live(&self) -> Result<()> {
-        if self.0.finalized.load(Ordering::SeqCst) {
-            return Err(Error::Usage(format!(
-                "context {} (#{}) was finalized",
-                self.0.label, self.0.id
-            )));
+    /// Fails ([`Error::ContextFinalized`]) if this context or one it descends from was
+    /// finalized: their buffers are released, so nothing may use them any more.
+    pub fn check_live(&self) -> Result<()> {
+        let mut c = Some(self);
+        while let Some(ctx) = c {
+            if ctx.0.finalized.load(Ordering::SeqCst) {
+                return Err(Error::ContextFinalized {
+                    context: format!("{} (#{})", ctx.0.label, ctx.0.id),
+                });
+            }
+            c = ctx.0.parent.as_ref();
         }
         Ok(())
     }
 
     /// The buffer of a node, if the context holds it.
     pub fn get_buffer(&self, tn: &Tnode) -> Option<BufferPtr> {
-        self.0.buffers.get(tn).cloned()
+        self.buffers().get(tn).cloned()
     }
 
     /// Whether the context holds a buffer for the node.
     pub fn contains(&self, tn: &Tnode) -> bool {
-        self.0.buffers.contains_key(tn)
+        self.buffers().contains_key(tn)
     }
 
-    /// The nodes held, by id.
-    pub fn nodes(&self) -> impl Iterator<Item = &Tnode> {
-        self.0.buffers.keys()
+    /// The nodes held, by id (none once finalized).
+    pub fn nodes(&self) -> Vec<Tnode> {
+        self.buffers().keys().cloned().collect()
     }
 
     /// The label given at `init`.
@@ -131,15 +149,22 @@ impl Context {
         self.0.device.as_ref()
     }
 
-    /// The nodes that routines linked into this context read from the merge buffer.
-    pub fn merge_nodes(&self) -> &[Tnode] {
-        &self.0.merge_nodes
+    /// The node the routine whose linking made this context reads from the merge buffer:
+    /// the only node `device_to_device` may merge into this context.
+    pub fn expected_merge_node(&self) -> Option<&Tnode> {
+        self.0.expected_merge_node.as_ref()
     }
 
-    /// Marks the context finalized; later links into it fail. Buffers are freed when the last
-    /// context or routine using them is dropped.
+    /// Marks the context finalized and drops its buffers: from now on linking into it or a
+    /// context derived from it, copying to or from it, and running or scheduling routines
+    /// linked into it fail with [`Error::ContextFinalized`]. A buffer's memory is freed once
+    /// no context and no routine holds it any more (the parent's buffers stay with the
+    /// parent). Does not wait for devices: see `Backend::finalize`.
     pub fn finalize(&self) {
         self.0.finalized.store(true, Ordering::SeqCst);
+        let released =
+            std::mem::take(&mut *self.0.buffers.write().unwrap_or_else(|p| p.into_inner()));
+        drop(released);
     }
 
     /// Whether `finalize` was called.
@@ -150,7 +175,7 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes: Vec<String> = self.0.buffers.keys().map(|t| t.name()).collect();
+        let nodes: Vec<String> = self.buffers().keys().map(|t| t.name()).collect();
         write!(
             f,
             "Context({} #{}: [{}])",

@@ -1,15 +1,20 @@
-//! Devices: a physical device is a CPU core (multicore) or the calling thread (sync); a
-//! virtual device owns a FIFO queue of tasks and, on the multicore backend, a worker thread
-//! that runs them, plus a merge buffer.
+//! Devices: a physical device is a CPU core (multicore) or the calling thread (sync). A
+//! virtual device has a merge buffer and runs its tasks on its physical device's queue: on
+//! the multicore backend one FIFO queue and one worker thread per physical device, shared by
+//! all its virtual devices (so a core runs one task at a time, in scheduling order, as in the
+//! seed's multicore backend); on the sync backend, at once on the scheduling thread.
 //!
-//! The queue is a `Mutex<VecDeque>` (one producer at a time, one consumer: the worker, which
-//! takes every queued task at once) and two counters, `scheduled` and `completed`. A device is
-//! idle when they are equal; an [`Event`] is a value of `scheduled` (a position in the queue),
-//! complete once `completed` reaches it. Every wait (the worker for work, an await, a device
-//! waiting for another's event) first checks in a loop that yields the core (for at most
-//! [`WORK_SPIN`] or [`DONE_SPIN`]), then parks on a condition variable; a finished task wakes
-//! only the threads parked for a count it reaches, and a scheduled task wakes the worker only
-//! when it is parked.
+//! The queue is a `Mutex<VecDeque>` (producers: the threads scheduling on any of its devices;
+//! one consumer: the worker, which takes every queued task at once) and two counters,
+//! `scheduled` and `completed`. A device is idle when they are equal; an [`Event`] is a value
+//! of `scheduled` (a position in the queue), complete once `completed` reaches it. Every wait
+//! (the worker for work, an await, a device waiting for another's event) first checks in a
+//! loop that yields the core (for at most [`WORK_SPIN`] or [`DONE_SPIN`]), then parks on a
+//! condition variable; a finished task wakes only the threads parked for a count it reaches,
+//! and a scheduled task wakes the worker only when it is parked.
+//!
+//! Waits cannot deadlock on a shared queue: an event covers only tasks scheduled before it,
+//! and a wait for it is scheduled after it, so on the same queue those tasks come first.
 
 use super::buffer::BufferPtr;
 use super::task::{MergeBuffer, Task};
@@ -81,9 +86,41 @@ impl PhysicalDevice {
     }
 }
 
+/// Where the failures of one virtual device's tasks go: the first failure since the last
+/// report. Virtual devices sharing a queue keep their own.
+#[derive(Default)]
+struct Failures {
+    error: Mutex<Option<Error>>,
+    /// Whether `error` holds one (checked without the lock).
+    failed: AtomicBool,
+}
+
+impl Failures {
+    fn record(&self, e: Error) {
+        let mut st = lock(&self.error);
+        st.get_or_insert(e);
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// The first failure since the last report (and forgets it).
+    fn take(&self) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let mut st = lock(&self.error);
+            self.failed.store(false, Ordering::Release);
+            if let Some(e) = st.take() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A queued task and where its failure goes.
+type Queued = (Task, Arc<Failures>);
+
 #[derive(Default)]
 struct Pending {
-    tasks: VecDeque<Task>,
+    tasks: VecDeque<Queued>,
     /// No more tasks are accepted (set by `release`, the device's drop, or the worker's end).
     closed: bool,
     /// The worker is parked on `Shared::work`.
@@ -109,9 +146,6 @@ struct Shared {
     /// The smallest `completed` count a thread parked on `done_cv` waits for (`u64::MAX`
     /// when none): completions below it wake nobody.
     wake_at: AtomicU64,
-    /// The first failure since the last report; `failed` says whether there is one.
-    error: Mutex<Option<Error>>,
-    failed: AtomicBool,
     /// Set by `unsafe_cleanup`.
     invalid: AtomicBool,
 }
@@ -128,16 +162,8 @@ impl Shared {
             done: Mutex::new(()),
             done_cv: Condvar::new(),
             wake_at: AtomicU64::new(u64::MAX),
-            error: Mutex::new(None),
-            failed: AtomicBool::new(false),
             invalid: AtomicBool::new(false),
         }
-    }
-
-    fn record_error(&self, e: Error) {
-        let mut st = lock(&self.error);
-        st.get_or_insert(e);
-        self.failed.store(true, Ordering::Release);
     }
 
     /// Counts `n` more tasks as finished and wakes the threads waiting for them.
@@ -173,28 +199,16 @@ impl Shared {
         }
     }
 
-    /// The first failure since the last report (and forgets it), or an error if the device
-    /// was released.
-    fn take_error(&self) -> Result<()> {
+    /// The first failure of `failures` since the last report (and forgets it), or an error
+    /// if the queue was released.
+    fn take_error(&self, failures: &Failures) -> Result<()> {
         if self.invalid.load(Ordering::Acquire) {
             return Err(Error::Usage(format!(
-                "device {} was released by unsafe_cleanup",
+                "device queue {} was released by unsafe_cleanup",
                 self.name
             )));
         }
-        self.take_failure()
-    }
-
-    /// The first failure since the last report (and forgets it).
-    fn take_failure(&self) -> Result<()> {
-        if self.failed.load(Ordering::Acquire) {
-            let mut st = lock(&self.error);
-            self.failed.store(false, Ordering::Release);
-            if let Some(e) = st.take() {
-                return Err(e);
-            }
-        }
-        Ok(())
+        failures.take()
     }
 
     /// Stops accepting tasks and wakes the worker (which finishes the queue, then ends).
@@ -215,7 +229,7 @@ impl Shared {
         struct Exit {
             sh: Arc<Shared>,
             /// The tasks taken from the queue and not run yet.
-            batch: VecDeque<Task>,
+            batch: VecDeque<Queued>,
         }
         impl Drop for Exit {
             fn drop(&mut self) {
@@ -225,8 +239,8 @@ impl Shared {
                 let mut left = std::mem::take(&mut p.tasks);
                 drop(p);
                 left.extend(self.batch.drain(..));
-                if let Some(t) = left.front() {
-                    self.sh.record_error(Error::Task {
+                for (t, failures) in &left {
+                    failures.record(Error::Task {
                         task: t.description.clone(),
                         msg: "the device's worker thread ended before running it".into(),
                     });
@@ -263,9 +277,9 @@ impl Shared {
                 }
                 std::mem::swap(&mut p.tasks, &mut exit.batch);
             }
-            while let Some(task) = exit.batch.pop_front() {
+            while let Some((task, failures)) = exit.batch.pop_front() {
                 if let Err(e) = run_captured(task) {
-                    exit.sh.record_error(e);
+                    failures.record(e);
                 }
                 exit.sh.complete(1);
             }
@@ -280,7 +294,10 @@ impl Shared {
 #[derive(Clone)]
 pub struct Event {
     shared: Arc<Shared>,
+    failures: Arc<Failures>,
     target: u64,
+    /// The name of the device it was recorded on.
+    device: Arc<str>,
 }
 
 impl Event {
@@ -300,42 +317,49 @@ impl Event {
 
     /// The first failure on the event's device since the last report (and forgets it).
     pub(crate) fn take_error(&self) -> Result<()> {
-        self.shared.take_failure()
+        self.failures.take()
     }
 
     /// The name of the device the event belongs to.
     pub fn device_name(&self) -> &str {
-        &self.shared.name
+        &self.device
     }
 }
 
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Event({} after {} tasks)", self.shared.name, self.target)
+        write!(f, "Event({} after {} tasks)", self.device, self.target)
+    }
+}
+
+/// A queue and its worker thread, shared by the virtual devices of one physical device.
+struct Queue {
+    shared: Arc<Shared>,
+    /// Whether tasks run on a worker thread (false: at once, on the scheduling thread).
+    threaded: bool,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // The last device on the queue is gone: let the worker finish the queue and end (not
+        // joined: this may run on the worker itself, when a task held the last handle).
+        self.shared.close();
     }
 }
 
 struct Inner {
     id: usize,
+    name: Arc<str>,
     physical: PhysicalDevice,
     subordinal: usize,
     merge_buffer: MergeBuffer,
     /// The device-owned storage that `Copy` merges copy into; grows as needed.
     merge_storage: Mutex<Option<BufferPtr>>,
-    shared: Arc<Shared>,
-    /// Whether tasks run on a worker thread (false: at once, on the scheduling thread).
-    threaded: bool,
+    queue: Arc<Queue>,
+    failures: Arc<Failures>,
     /// The device belongs to another process (an MPI rank): its tasks are dropped unrun.
     remote: bool,
-    worker: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last handle is gone: let the worker finish the queue and end (not joined: this
-        // may run on the worker itself, when a task held the last handle).
-        self.shared.close();
-    }
 }
 
 /// A virtual device: a queue of tasks (run by a worker thread on the multicore backend, at
@@ -374,38 +398,44 @@ fn run_captured(mut task: Task) -> Result<()> {
 }
 
 impl Device {
-    /// A device whose tasks run on a dedicated worker thread.
+    /// A device whose tasks run on a new worker thread (the first virtual device of a
+    /// physical device; see [`Device::on_same_queue`]).
     pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
-        let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
-        Device::named_worker(physical, subordinal, name)
+        let queue_name = format!("{}:{}", physical.backend, physical.ordinal);
+        Device::named_worker(physical, subordinal, queue_name)
     }
 
-    /// A device whose tasks run on a dedicated worker thread, with a name of its own (the
-    /// thread's name too).
+    /// A device whose tasks run on a new worker thread, whose queue (and thread) has a name of
+    /// its own.
     pub(crate) fn named_worker(
         physical: PhysicalDevice,
         subordinal: usize,
-        name: String,
+        queue_name: String,
     ) -> Result<Device> {
-        let mut dev = Device::new(physical, subordinal, true);
-        if let Some(inner) = Arc::get_mut(&mut dev.0) {
-            if let Some(sh) = Arc::get_mut(&mut inner.shared) {
-                sh.name = name;
-            }
-        }
-        let shared = dev.0.shared.clone();
+        let shared = Arc::new(Shared::new(queue_name.clone()));
+        let worker_shared = shared.clone();
         let handle = std::thread::Builder::new()
-            .name(dev.name())
+            .name(queue_name)
             .stack_size(WORKER_STACK_BYTES)
-            .spawn(move || shared.work())
+            .spawn(move || worker_shared.work())
             .map_err(|e| Error::io("starting a device worker thread", e))?;
-        *lock(&dev.0.worker) = Some(handle);
-        Ok(dev)
+        let queue = Queue {
+            shared,
+            threaded: true,
+            worker: Mutex::new(Some(handle)),
+        };
+        Ok(Device::new(physical, subordinal, Arc::new(queue)))
     }
 
     /// A device whose tasks run at once on the scheduling thread.
     pub(crate) fn synchronous(physical: PhysicalDevice, subordinal: usize) -> Device {
-        Device::new(physical, subordinal, false)
+        let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
+        let queue = Queue {
+            shared: Arc::new(Shared::new(name)),
+            threaded: false,
+            worker: Mutex::new(None),
+        };
+        Device::new(physical, subordinal, Arc::new(queue))
     }
 
     /// A stand-in for a device that another process owns (SPMD backends: another MPI rank
@@ -415,40 +445,61 @@ impl Device {
     /// complete.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn remote(physical: PhysicalDevice, subordinal: usize) -> Device {
-        let mut d = Device::new(physical, subordinal, false);
+        let mut d = Device::synchronous(physical, subordinal);
         if let Some(inner) = Arc::get_mut(&mut d.0) {
             inner.remote = true;
         }
         d
     }
 
-    fn new(physical: PhysicalDevice, subordinal: usize, threaded: bool) -> Device {
+    /// Another virtual device of this device's physical device, on the same queue and worker
+    /// thread: its own merge buffer and subordinal, its tasks run in scheduling order with
+    /// those of every device on the queue (one thread per physical device, as in the seed's
+    /// multicore backend, where a physical device runs one thing at a time). `None` if this
+    /// device's queue was released.
+    pub(crate) fn on_same_queue(&self, subordinal: usize) -> Option<Device> {
+        if self.0.queue.shared.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(Device::new(
+            self.0.physical.clone(),
+            subordinal,
+            self.0.queue.clone(),
+        ))
+    }
+
+    fn new(physical: PhysicalDevice, subordinal: usize, queue: Arc<Queue>) -> Device {
         let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
         Device(Arc::new(Inner {
             id: NEXT_DEVICE.fetch_add(1, Ordering::Relaxed),
+            name: name.into(),
             physical,
             subordinal,
             merge_buffer: MergeBuffer::new(),
             merge_storage: Mutex::new(None),
-            shared: Arc::new(Shared::new(name)),
-            threaded,
+            queue,
+            failures: Arc::default(),
             remote: false,
-            worker: Mutex::new(None),
         }))
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.0.queue.shared
     }
 
     /// Enqueues a task (on the sync backend: runs it now). Returns the error of an earlier
     /// failed task on this device, if any, instead of scheduling. Blocks while the queue is
     /// full.
     pub fn schedule(&self, task: Task) -> Result<()> {
-        let sh = &self.0.shared;
-        sh.take_error()?;
+        let sh = self.shared();
+        sh.take_error(&self.0.failures)?;
+        task.check()?;
         if self.0.remote {
             // Another process runs this device's work.
             drop(task);
             return Ok(());
         }
-        if !self.0.threaded {
+        if !self.0.queue.threaded {
             sh.scheduled.fetch_add(1, Ordering::SeqCst);
             let r = run_captured(task);
             sh.complete(1);
@@ -466,7 +517,7 @@ impl Device {
                 self.name()
             )));
         }
-        p.tasks.push_back(task);
+        p.tasks.push_back((task, self.0.failures.clone()));
         sh.scheduled.fetch_add(1, Ordering::Release);
         // Notify once per parking.
         let wake = std::mem::take(&mut p.parked);
@@ -481,8 +532,10 @@ impl Device {
     /// far has finished.
     pub fn event(&self) -> Event {
         Event {
-            shared: self.0.shared.clone(),
-            target: self.0.shared.scheduled.load(Ordering::Acquire),
+            shared: self.shared().clone(),
+            failures: self.0.failures.clone(),
+            target: self.shared().scheduled.load(Ordering::Acquire),
+            device: self.0.name.clone(),
         }
     }
 
@@ -493,7 +546,7 @@ impl Device {
     /// only covers tasks scheduled before it, and every wait is scheduled after its event.
     pub fn wait_for(&self, event: &Event) -> Result<()> {
         if event.is_complete() {
-            return self.0.shared.take_error();
+            return self.shared().take_error(&self.0.failures);
         }
         let ev = event.clone();
         self.schedule(Task::new(
@@ -508,7 +561,14 @@ impl Device {
     /// Blocks until every scheduled task has finished (spinning briefly, then parking), then
     /// returns the first failure since the last report, if any.
     pub fn await_idle(&self) -> Result<()> {
-        let sh = &self.0.shared;
+        self.wait_idle();
+        self.shared().take_error(&self.0.failures)
+    }
+
+    /// Blocks until every scheduled task has finished, leaving any failure to be reported by
+    /// the next await or schedule.
+    pub(crate) fn wait_idle(&self) {
+        let sh = self.shared();
         loop {
             let s = sh.scheduled.load(Ordering::Acquire);
             sh.wait_until(s);
@@ -516,7 +576,17 @@ impl Device {
                 break;
             }
         }
-        sh.take_error()
+    }
+
+    /// Fails if the device was released by `unsafe_cleanup` (its worker is gone).
+    pub fn check_live(&self) -> Result<()> {
+        if self.shared().invalid.load(Ordering::Acquire) {
+            return Err(Error::Usage(format!(
+                "device {} was released by unsafe_cleanup",
+                self.name()
+            )));
+        }
+        Ok(())
     }
 
     /// Whether the device has no scheduled task left.
@@ -526,9 +596,9 @@ impl Device {
 
     /// Stops accepting work, lets the worker finish the queue, and joins it.
     pub(crate) fn release(&self) {
-        let sh = &self.0.shared;
+        let sh = self.shared();
         sh.close();
-        let handle = lock(&self.0.worker).take();
+        let handle = lock(&self.0.queue.worker).take();
         if let Some(h) = handle {
             let _ = h.join();
         }
@@ -553,7 +623,7 @@ impl Device {
 
     /// `backend:ordinal:subordinal`.
     pub fn name(&self) -> String {
-        self.0.shared.name.clone()
+        self.0.name.to_string()
     }
 
     /// The device's merge buffer.
@@ -567,7 +637,7 @@ impl Device {
         match &*st {
             Some(b) if b.size() >= size => Ok(b.clone()),
             _ => {
-                let b = super::buffer::Buffer::new(size)?;
+                let b = super::buffer::DeviceBuffer::new(size)?;
                 *st = Some(b.clone());
                 Ok(b)
             }
@@ -587,12 +657,12 @@ impl Device {
 
     /// Whether the device runs tasks on a worker thread.
     pub fn has_worker(&self) -> bool {
-        self.0.threaded && !self.0.shared.closed.load(Ordering::Acquire)
+        self.0.queue.threaded && !self.shared().closed.load(Ordering::Acquire)
     }
 
     /// Number of tasks scheduled and not finished.
     pub fn pending(&self) -> usize {
-        let sh = &self.0.shared;
+        let sh = self.shared();
         let done = sh.completed.load(Ordering::Acquire);
         sh.scheduled.load(Ordering::Acquire).saturating_sub(done) as usize
     }

@@ -1,10 +1,10 @@
 //! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
 //! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
-//! thread and FIFO queue per virtual device) and [`SyncBackend`] (everything runs on the
+//! thread and FIFO queue per physical device, shared by its virtual devices) and [`SyncBackend`] (everything runs on the
 //! caller's thread; for debugging and tests). A third, `MpiBackend` (cargo feature `mpi`,
 //! module `backend::mpi`), spreads the devices over MPI ranks.
 
-use super::buffer::BufferPtr;
+use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
 use super::context::Context;
 use super::device::{Device, Event, PhysicalDevice};
@@ -115,13 +115,16 @@ impl DeviceCore {
     }
 }
 
+/// The context's device, checked to be live (not released by `unsafe_cleanup`).
 fn ctx_device(ctx: &Context) -> Result<Device> {
-    ctx.device().cloned().ok_or_else(|| {
+    let d = ctx.device().cloned().ok_or_else(|| {
         Error::Usage(format!(
             "context {} does not belong to a device (it comes from the no-device backend)",
             ctx.label()
         ))
-    })
+    })?;
+    d.check_live()?;
+    Ok(d)
 }
 
 /// The user-facing backend: compiling, linking and running routines on devices. Names follow
@@ -138,7 +141,8 @@ pub trait Backend: Send + Sync {
     /// The optimal number of virtual devices for the given physical device to follow the
     /// [`Config`] strategy passed to [`Backend::initialize`].
     fn suggested_num_virtual_devices(&self, device: &PhysicalDevice) -> usize;
-    /// Creates the device object (a worker thread, or none); used by `new_virtual_device`.
+    /// Creates the device object (a worker thread, or none); used by `new_virtual_device` for
+    /// the first virtual device of a physical device (later ones share its worker and queue).
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device>;
 
     /// Initializes the backend before first use or after `unsafe_cleanup`. Does nothing if the
@@ -171,7 +175,11 @@ pub trait Backend: Send + Sync {
             ordinal,
         })
     }
-    /// A new virtual device on the physical device.
+    /// A new virtual device on the physical device: its own merge buffer and subordinal; on
+    /// the multicore backend, the first one starts the physical device's worker thread and
+    /// later ones share it, so their tasks run one at a time in the order they were
+    /// scheduled (an event or await of one of them covers what was scheduled before on the
+    /// others too).
     fn new_virtual_device(&self, physical: &PhysicalDevice) -> Result<Device> {
         if !self.is_initialized() {
             return Err(Error::Usage(format!(
@@ -181,17 +189,34 @@ pub trait Backend: Send + Sync {
         }
         let mut devices = self.core().devices();
         let sub = devices.iter().filter(|d| d.physical() == physical).count();
-        let d = self.spawn_device(physical, sub)?;
+        // Virtual devices of one physical device share its worker thread and queue (one
+        // thread per core, as in the seed's multicore backend); each keeps its own merge
+        // buffer and subordinal.
+        let sibling = devices
+            .iter()
+            .find(|d| d.physical() == physical && d.has_worker())
+            .and_then(|d| d.on_same_queue(sub));
+        let d = match sibling {
+            Some(d) => d,
+            None => self.spawn_device(physical, sub)?,
+        };
         devices.push(d.clone());
         Ok(d)
     }
     /// A new root context on the device.
     fn init(&self, device: &Device) -> Result<Context> {
         self.core().cc.init("")?;
+        device.check_live()?;
         Ok(Context::root(&device.name(), Some(device.clone())))
     }
-    /// Finalizes (just) the context.
+    /// Finalizes the context: waits until its device is idle (a failure stays to be
+    /// reported by the next await or schedule), then releases the context's buffers. Later
+    /// links into it, copies to or from it, and runs or schedules of routines linked into it
+    /// fail with [`Error::ContextFinalized`].
     fn finalize(&self, ctx: &Context) {
+        if let Some(d) = ctx.device() {
+            d.wait_idle();
+        }
         ctx.finalize()
     }
     /// The device of a context.
@@ -311,6 +336,7 @@ pub trait Backend: Send + Sync {
     /// host's data is overwritten.
     #[allow(clippy::wrong_self_convention)] // the seed API's name
     fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        ctx.check_live()?;
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);
         };
@@ -325,6 +351,7 @@ pub trait Backend: Send + Sync {
     /// returns true, otherwise returns false. The caller must synchronize the device before the
     /// host's data is read.
     fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
+        ctx.check_live()?;
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);
         };
@@ -345,9 +372,12 @@ pub trait Backend: Send + Sync {
     /// - `Copy`: schedules a copy from `src` into `dst`'s device merge buffer (grown as
     ///   needed).
     ///
-    /// If `dst` has routines that read a different node from the merge buffer, the call fails
-    /// at once naming both nodes. The caller must synchronize `src` first: await it, or make
-    /// `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
+    /// Into a merge buffer (`Streaming`, `Copy`), `dst` must be the context of a routine that
+    /// reads `tn` from the merge buffer (the one returned by linking it): otherwise the call
+    /// fails at once with [`Error::MergeNodeMismatch`] naming the expected node (or none) and
+    /// `tn`, as in the seed. Either context being finalized is an error
+    /// ([`Error::ContextFinalized`]). The caller must synchronize `src` first: await it, or
+    /// make `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
     fn device_to_device(
         &self,
         tn: &Tnode,
@@ -418,18 +448,24 @@ pub trait Backend: Send + Sync {
                 for e in &events {
                     e.wait();
                 }
+                // Every buffer taking part, locked exclusively: each is read, then written.
+                let mut locks: Vec<(&DeviceBuffer, bool)> = jobs
+                    .iter()
+                    .flat_map(|j| j.3.iter().map(|b| (&**b, true)))
+                    .collect();
+                let _access = lock_all(&mut locks);
                 for (prec, n, name, bufs) in &jobs {
+                    for b in bufs {
+                        b.mark_written();
+                    }
                     let what = format!("the all_reduce of {name}");
                     let mut acc = reduce::Acc::zeros(*prec, *n, &what)?;
                     for b in bufs {
-                        // SAFETY: every device taking part is past the work scheduled before
-                        // the all-reduce (the events above, and this task runs on the first
-                        // device) and its later work waits for this task, so nothing writes
-                        // the buffers.
+                        // SAFETY: the buffer's lock is held (above).
                         unsafe { acc.add(*prec, b) };
                     }
                     for b in bufs {
-                        // SAFETY: as above; nothing else reads or writes them meanwhile.
+                        // SAFETY: the buffer's lock is held exclusively (above).
                         unsafe { acc.store(*prec, b) };
                     }
                 }
@@ -511,6 +547,8 @@ pub(crate) fn prepare_transfer_in_process(
     dst: &Context,
     src: &Context,
 ) -> Result<Option<Transfer>> {
+    src.check_live()?;
+    dst.check_live()?;
     let Some(src_buf) = src.get_buffer(tn) else {
         if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
             return Err(Error::Usage(format!(
@@ -530,15 +568,12 @@ pub(crate) fn prepare_transfer_in_process(
             Some(dst_buf)
         }
         _ => {
-            let expected = dst.merge_nodes();
-            if !expected.is_empty() && !expected.contains(tn) {
-                let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
-                return Err(Error::Usage(format!(
-                    "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
-                    tn.name(),
-                    dst.label(),
-                    names.join(", ")
-                )));
+            if dst.expected_merge_node() != Some(tn) {
+                return Err(Error::MergeNodeMismatch {
+                    context: dst.label().to_string(),
+                    expected: dst.expected_merge_node().map(Tnode::name),
+                    actual: tn.name(),
+                });
             }
             None
         }
@@ -558,8 +593,9 @@ pub(crate) fn prepare_transfer_in_process(
         dst_buf,
     }))))
 }
-/// One worker thread and one FIFO queue per virtual device; each core of the machine is a
-/// physical device.
+
+/// One worker thread and one FIFO queue per physical device (each core of the machine),
+/// shared by the virtual devices created on it.
 #[derive(Default)]
 pub struct MulticoreBackend {
     core: DeviceCore,

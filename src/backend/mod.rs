@@ -12,7 +12,7 @@ mod reduce;
 pub mod sexp;
 pub mod task;
 
-pub use buffer::{Buffer, BufferPtr};
+pub use buffer::{BufferPtr, DeviceBuffer};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
 pub use context::Context;
 pub use device::{Device, Event, PhysicalDevice};

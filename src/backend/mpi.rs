@@ -61,7 +61,7 @@
 //!   the job when one MPI operation has waited longer than `ARRAYJIT_MPI_TIMEOUT` seconds
 //!   ([`DEFAULT_TIMEOUT_SECS`] by default; 0: no limit), naming the operation.
 
-use super::buffer::BufferPtr;
+use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Task};
 use super::context::Context;
 use super::device::{Device, PhysicalDevice};
@@ -520,6 +520,8 @@ impl MpiBackend {
         src: &Context,
         (dst_dev, src_dev): (&Device, &Device),
     ) -> Result<bool> {
+        src.check_live()?;
+        dst.check_live()?;
         let Some(src_buf) = src.get_buffer(tn) else {
             if dst.contains(tn) || mode != MergeBufferUse::No {
                 return Err(Error::Usage(format!(
@@ -536,15 +538,12 @@ impl MpiBackend {
                 None => return Ok(false),
             },
             _ => {
-                let expected = dst.merge_nodes();
-                if !expected.is_empty() && !expected.contains(tn) {
-                    let names: Vec<String> = expected.iter().map(|t| t.name()).collect();
-                    return Err(Error::Usage(format!(
-                        "device_to_device: merging tensor {} into context {}, whose routines read {} from the merge buffer",
-                        tn.name(),
-                        dst.label(),
-                        names.join(", ")
-                    )));
+                if dst.expected_merge_node() != Some(tn) {
+                    return Err(Error::MergeNodeMismatch {
+                        context: dst.label().to_string(),
+                        expected: dst.expected_merge_node().map(Tnode::name),
+                        actual: tn.name(),
+                    });
                 }
                 None
             }
@@ -564,8 +563,10 @@ impl MpiBackend {
             self.comm
                 .schedule(self.mpi_task(format!("{what}: send"), move || {
                     let world = SimpleCommunicator::world();
-                    // SAFETY: the source device is past the work that wrote the buffer (the
-                    // wait above) and its later work waits for this send.
+                    let _access = lock_all(&mut [(&*buf, false)]);
+                    // SAFETY: the buffer's lock is held (shared); and the source device is past
+                    // the work that wrote it (the wait above) and its later work waits for
+                    // this send.
                     let data = unsafe { bytes(&buf, size) };
                     for chunk in data.chunks(CHUNK) {
                         world
@@ -587,14 +588,18 @@ impl MpiBackend {
                         Some(b) => b.clone(),
                         None => device.merge_storage(size)?,
                     };
-                    // SAFETY: the destination device is past its earlier work (the wait
-                    // above) and its later work waits for this receive; nothing else uses
-                    // the buffer (or the merge storage) meanwhile.
-                    let data = unsafe { bytes_mut(&target, size) };
-                    for chunk in data.chunks_mut(CHUNK) {
-                        world
-                            .process_at_rank(src_rank as i32)
-                            .receive_into_with_tag(chunk, tag);
+                    {
+                        let _access = lock_all(&mut [(&*target, true)]);
+                        target.mark_written();
+                        // SAFETY: the buffer's lock is held exclusively; and the destination
+                        // device is past its earlier work (the wait above) and its later work
+                        // waits for this receive.
+                        let data = unsafe { bytes_mut(&target, size) };
+                        for chunk in data.chunks_mut(CHUNK) {
+                            world
+                                .process_at_rank(src_rank as i32)
+                                .receive_into_with_tag(chunk, tag);
+                        }
                     }
                     if dst_buf.is_none() {
                         device.merge_buffer().set(target, node);
@@ -677,6 +682,15 @@ fn reduce_fused(jobs: &[(Prec, usize, String, Vec<BufferPtr>)]) -> Result<()> {
         if group.is_empty() {
             continue;
         }
+        // Every local buffer of the group, locked exclusively (each is read, then written).
+        let mut locks: Vec<(&DeviceBuffer, bool)> = group
+            .iter()
+            .flat_map(|j| j.3.iter().map(|b| (&**b, true)))
+            .collect();
+        let _access = lock_all(&mut locks);
+        for b in group.iter().flat_map(|j| &j.3) {
+            b.mark_written();
+        }
         let total: usize = group.iter().map(|j| j.1).sum();
         let names: Vec<&str> = group.iter().map(|j| j.2.as_str()).collect();
         let mut packed = Acc::zeros(
@@ -739,6 +753,12 @@ fn reduce_here(
     let world = SimpleCommunicator::world();
     let mut s = scratch.lock().unwrap_or_else(|p| p.into_inner());
     let what = format!("the all_reduce of {name}");
+    // Every local buffer, locked exclusively (each is read, then written).
+    let mut locks: Vec<(&DeviceBuffer, bool)> = bufs.iter().map(|b| (&**b, true)).collect();
+    let _access = lock_all(&mut locks);
+    for b in bufs {
+        b.mark_written();
+    }
     // One local buffer of a type MPI sums: reduce in place in it (MPI_IN_PLACE, when the
     // library's value of it is known), or send straight from it into a scratch buffer and
     // copy the result back.

@@ -6,7 +6,7 @@
 //! rounded to half once at the end (MPI has no half type). Bytes wrap modulo 256 (C's
 //! `unsigned char` arithmetic, and what `MPI_SUM` does on `MPI_UINT8_T`).
 
-use super::buffer::Buffer;
+use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::device::Device;
 use crate::error::{Error, Result};
@@ -27,9 +27,9 @@ pub(crate) enum Acc {
 ///
 /// # Safety
 ///
-/// Nothing may write the buffer while the slice lives (its device is idle or waits for the
-/// caller), and `T` must be a plain number type (any bit pattern valid).
-unsafe fn view<T>(buf: &Buffer, n: usize) -> &[T] {
+/// The caller holds the buffer's lock (shared at least; [`super::buffer::lock_all`]) while
+/// the slice lives, and `T` must be a plain number type (any bit pattern valid).
+unsafe fn view<T>(buf: &DeviceBuffer, n: usize) -> &[T] {
     assert!(n * std::mem::size_of::<T>() <= buf.size());
     assert!(buf.as_ptr().cast::<T>().is_aligned());
     // SAFETY: in bounds and aligned (asserted); no writer meanwhile (the caller's contract).
@@ -40,10 +40,10 @@ unsafe fn view<T>(buf: &Buffer, n: usize) -> &[T] {
 ///
 /// # Safety
 ///
-/// Nothing else may read or write the buffer while the slice lives, and `T` must be a plain
-/// number type.
+/// The caller holds the buffer's lock exclusively while the slice lives, and `T` must be a
+/// plain number type.
 #[allow(clippy::mut_from_ref)] // the buffer's bytes are not Rust-borrowed anywhere else
-unsafe fn view_mut<T>(buf: &Buffer, n: usize) -> &mut [T] {
+unsafe fn view_mut<T>(buf: &DeviceBuffer, n: usize) -> &mut [T] {
     assert!(n * std::mem::size_of::<T>() <= buf.size());
     assert!(buf.as_ptr().cast::<T>().is_aligned());
     // SAFETY: in bounds and aligned (asserted); exclusive access (the caller's contract).
@@ -83,8 +83,8 @@ impl Acc {
     ///
     /// # Safety
     ///
-    /// Nothing may write `buf` meanwhile.
-    pub(crate) unsafe fn add(&mut self, prec: Prec, buf: &Buffer) {
+    /// The caller holds `buf`'s lock (shared at least).
+    pub(crate) unsafe fn add(&mut self, prec: Prec, buf: &DeviceBuffer) {
         let n = self.len();
         // SAFETY: the caller's contract.
         unsafe { self.add_at(prec, buf, 0, n) }
@@ -95,8 +95,8 @@ impl Acc {
     ///
     /// # Safety
     ///
-    /// Nothing may write `buf` meanwhile.
-    pub(crate) unsafe fn add_at(&mut self, prec: Prec, buf: &Buffer, at: usize, n: usize) {
+    /// The caller holds `buf`'s lock (shared at least).
+    pub(crate) unsafe fn add_at(&mut self, prec: Prec, buf: &DeviceBuffer, at: usize, n: usize) {
         // SAFETY (every view below): the caller guarantees no concurrent writer; the element
         // types match the precision's storage (bytes, half bit patterns, f32, f64).
         match (self, prec) {
@@ -127,8 +127,8 @@ impl Acc {
     ///
     /// # Safety
     ///
-    /// Nothing else may read or write `buf` meanwhile.
-    pub(crate) unsafe fn store(&self, prec: Prec, buf: &Buffer) {
+    /// The caller holds `buf`'s lock exclusively.
+    pub(crate) unsafe fn store(&self, prec: Prec, buf: &DeviceBuffer) {
         let n = self.len();
         // SAFETY: the caller's contract.
         unsafe { self.store_at(prec, buf, 0, n) }
@@ -139,8 +139,8 @@ impl Acc {
     ///
     /// # Safety
     ///
-    /// Nothing else may read or write `buf` meanwhile.
-    pub(crate) unsafe fn store_at(&self, prec: Prec, buf: &Buffer, at: usize, n: usize) {
+    /// The caller holds `buf`'s lock exclusively.
+    pub(crate) unsafe fn store_at(&self, prec: Prec, buf: &DeviceBuffer, at: usize, n: usize) {
         // SAFETY (every view below): exclusive access (the caller's contract); element types
         // match the precision's storage.
         match (self, prec) {
@@ -164,7 +164,7 @@ impl Acc {
 pub(crate) fn participants(
     tn: &Tnode,
     ctxs: &[Context],
-) -> Result<Vec<(Device, std::sync::Arc<Buffer>)>> {
+) -> Result<Vec<(Device, std::sync::Arc<DeviceBuffer>)>> {
     let err = |msg: String| Error::AllReduce {
         tensor: tn.name(),
         msg,
@@ -172,7 +172,7 @@ pub(crate) fn participants(
     if ctxs.is_empty() {
         return Err(err("no contexts given".into()));
     }
-    let mut out: Vec<(Device, std::sync::Arc<Buffer>)> = vec![];
+    let mut out: Vec<(Device, std::sync::Arc<DeviceBuffer>)> = vec![];
     for ctx in ctxs {
         let device = ctx.device().cloned().ok_or_else(|| {
             err(format!(

@@ -83,10 +83,13 @@ pub fn sexp_of_context(ctx: &Context) -> Sexp {
                 .map_or(atom_s("none"), |p| atom_i(p.id() as i64)),
         ),
         field(
-            "merge_nodes",
-            list(&ctx.merge_nodes().iter().map(tnode).collect::<Vec<_>>()),
+            "expected_merge_node",
+            ctx.expected_merge_node().map_or(atom_s("none"), tnode),
         ),
-        field("nodes", list(&ctx.nodes().map(tnode).collect::<Vec<_>>())),
+        field(
+            "nodes",
+            list(&ctx.nodes().iter().map(tnode).collect::<Vec<_>>()),
+        ),
     ])
 }
 

@@ -35,6 +35,9 @@ pub struct Task {
     /// What the task does, e.g. `routine forward`.
     pub description: String,
     work: Box<dyn FnOnce() -> Result<()> + Send>,
+    /// Checked when the task is scheduled: an error here is returned by `schedule` instead of
+    /// queueing the task (a routine's task checks that its context was not finalized).
+    precondition: Option<Box<dyn Fn() -> Result<()> + Send>>,
 }
 
 impl Task {
@@ -46,7 +49,17 @@ impl Task {
         Task {
             description: description.into(),
             work: Box::new(work),
+            precondition: None,
         }
+    }
+    /// The task with a check that scheduling it runs first (and fails with).
+    pub fn with_precondition(mut self, check: impl Fn() -> Result<()> + Send + 'static) -> Task {
+        self.precondition = Some(Box::new(check));
+        self
+    }
+    /// Runs the precondition, if any.
+    pub fn check(&self) -> Result<()> {
+        self.precondition.as_ref().map_or(Ok(()), |c| c())
     }
     /// Runs the task now, on this thread.
     pub fn run(self) -> Result<()> {

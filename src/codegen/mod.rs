@@ -59,6 +59,9 @@ pub struct RoutineSignature {
     /// Nodes passed as context buffers: the first entries of the entry point's `buffers`
     /// array.
     pub buffers: Vec<Tnode>,
+    /// For each of `buffers`, whether the routine writes it (a run locks it exclusively;
+    /// the others are only read and locked shared).
+    pub writes: Vec<bool>,
     /// Large local arrays passed as routine-owned scratch buffers: the entries of `buffers`
     /// after the context buffers.
     pub scratch: Vec<Tnode>,
@@ -573,6 +576,7 @@ impl Writer {
         let c_name = self.names.routine(&o.name);
         let statics: Vec<StaticSymbol> = bindings.0.clone();
         let static_limits = statics.iter().map(|s| static_limit(&o.code, s)).collect();
+        let written = written_nodes(&o.code);
         let mut buffers = vec![];
         let mut local_nodes = vec![];
         for (tn, mode) in &o.nodes {
@@ -689,6 +693,7 @@ impl Writer {
             c_name,
             entries: parts.iter().map(|p| p.entry.clone()).collect(),
             params,
+            writes: buffers.iter().map(|tn| written.contains(tn)).collect(),
             buffers,
             scratch,
             statics,
@@ -870,6 +875,18 @@ fn vector_types(stmts: &[Llc]) -> Vec<VType> {
             }
         });
     }
+    out
+}
+
+/// The nodes a routine's code writes (stores, vector stores and zero fills).
+fn written_nodes(code: &Llc) -> HashSet<Tnode> {
+    let mut out = HashSet::new();
+    crate::loops::visit_llc(code, &mut |c| match c {
+        Llc::Set { tn, .. } | Llc::VStore { tn, .. } | Llc::ZeroOut(tn) => {
+            out.insert(tn.clone());
+        }
+        _ => {}
+    });
     out
 }
 

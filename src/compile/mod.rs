@@ -174,7 +174,8 @@ pub fn compile_and_load(
             "compiled (cache miss)"
         ),
         Err(e) => {
-            tracing::warn!(target: "arrayjit::compile", stem = file_stem, ms, error = %e, "compile failed")
+            // At info, not warn: the failure is also the returned error, which callers report.
+            tracing::info!(target: "arrayjit::compile", stem = file_stem, ms, error = %e, "compile failed")
         }
     }
     r

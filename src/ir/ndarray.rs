@@ -157,7 +157,9 @@ pub(crate) fn f16_bracket(a: f64) -> (u16, f64, f64) {
     (lo_bits, lo, hi)
 }
 
-/// A small, fast, seedable generator (SplitMix64) for [`InitOp::StandardUniform`].
+/// A small, fast, seedable generator (SplitMix64) for [`InitOp::StandardUniform`] (and, with
+/// helpers, for `nn`'s datasets and initialization).
+#[derive(Clone, Debug)]
 pub(crate) struct SplitMix64(u64);
 
 impl SplitMix64 {

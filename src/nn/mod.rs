@@ -54,6 +54,7 @@ pub use mlp::{Forward, HostMlp, Layer, Mlp};
 
 use crate::error::{Error, Result};
 use crate::ir::einsum;
+use crate::ir::ndarray::SplitMix64;
 use crate::ir::{
     Assignments, AxisIndex, Bindings, Binop, Buffer, FetchOp, Prec, Projections, StaticSymbol,
     Symbol, Tnode, Unop,
@@ -535,24 +536,18 @@ pub fn sgd_step(p: &Tnode, g: &Tnode, lr: &Tnode, lr_wd: &Tnode) -> Result<Assig
     ]))
 }
 
-/// A small deterministic generator (SplitMix64) for datasets and initialization.
+/// A small deterministic generator for datasets and initialization: the SplitMix64 of host
+/// array initialization ([`crate::ir::ndarray`]), with helpers.
 #[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(SplitMix64);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
-    }
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Rng(SplitMix64::new(seed ^ 0x5DEE_CE66_D1CE_4E5B))
     }
     /// Uniform in `[0, 1)`.
     pub(crate) fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.next_f64()
     }
     /// Uniform in `[lo, hi)`.
     pub(crate) fn range(&mut self, lo: f64, hi: f64) -> f64 {

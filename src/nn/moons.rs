@@ -310,7 +310,7 @@ impl Plan {
                         .iter()
                         .zip(&dt.merges)
                         .map(|(g, r)| {
-                            let t = backend.prepare_transfer(g, merge, &dt.ctx, &df.ctx)?;
+                            let t = backend.prepare_transfer(g, merge, r.context(), &df.ctx)?;
                             let t = t.ok_or_else(|| {
                                 Error::Usage(format!("gradient {} is not on a device", g.name()))
                             })?;

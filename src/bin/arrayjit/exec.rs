@@ -191,6 +191,17 @@ struct Devices<'a> {
 }
 
 impl Devices<'_> {
+    /// The context of a routine on device `d` that reads `tn` from the merge buffer; if there
+    /// is none, the context of one that reads another node (so that the library reports the
+    /// mismatch), or `None` when no routine there reads the merge buffer.
+    fn merge_reader_context(&self, d: usize, tn: &arrayjit::ir::Tnode) -> Option<&Context> {
+        let rs = &self.routines[d];
+        rs.iter()
+            .find(|r| r.merge_node() == Some(tn))
+            .or_else(|| rs.iter().find(|r| r.merge_node().is_some()))
+            .map(|r| r.context())
+    }
+
     fn fail(
         &self,
         path: &crate::program::locate::JsonPath,
@@ -269,15 +280,21 @@ impl Devices<'_> {
                     if mode == MergeBufferUse::No {
                         self.before_write(*to).map_err(self.fail(path))?;
                     }
-                    let copied = self
-                        .be
-                        .device_to_device(
-                            &tensor.1,
-                            mode,
-                            &self.contexts[*to],
-                            &self.contexts[*from],
-                        )
-                        .map_err(self.fail(path))?;
+                    // Into a merge buffer, the destination is the context of the routine that
+                    // reads the tensor from it (the library checks that it expects it). When no
+                    // routine on the device reads anything from the merge buffer, the merge
+                    // could never be observed, so it is not made.
+                    let dst = match mode {
+                        MergeBufferUse::No => Some(&self.contexts[*to]),
+                        _ => self.merge_reader_context(*to, &tensor.1),
+                    };
+                    let copied = match dst {
+                        Some(dst) => self
+                            .be
+                            .device_to_device(&tensor.1, mode, dst, &self.contexts[*from])
+                            .map_err(self.fail(path))?,
+                        None => self.contexts[*from].contains(&tensor.1),
+                    };
                     if !copied {
                         return Err(ProgramError::at(
                             path.clone(),

@@ -318,6 +318,37 @@ fn run_with_io(
     }
 }
 
+/// The library's diagnostics (`tracing`) on stderr, at the level `ARRAYJIT_LOG` names
+/// (`off`, `error`, `warn` — the default —, `info`, `debug` or `trace`). An unknown level is
+/// reported and the default used.
+fn init_logging() {
+    let level = match std::env::var("ARRAYJIT_LOG") {
+        Err(_) => Some(tracing::Level::WARN),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" => None,
+            "error" => Some(tracing::Level::ERROR),
+            "" | "warn" => Some(tracing::Level::WARN),
+            "info" => Some(tracing::Level::INFO),
+            "debug" => Some(tracing::Level::DEBUG),
+            "trace" => Some(tracing::Level::TRACE),
+            _ => {
+                eprintln!(
+                    "warning: ARRAYJIT_LOG={v:?}: expected off, error, warn, info, debug or trace; using warn"
+                );
+                Some(tracing::Level::WARN)
+            }
+        },
+    };
+    if let Some(level) = level {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .without_time()
+            .try_init();
+    }
+}
+
 fn main() -> ExitCode {
     // A bug must still end as `error: ...` and exit code 1, never as a bare panic message.
     panic::set_hook(Box::new(|info| {
@@ -328,6 +359,7 @@ fn main() -> ExitCode {
     if let Err(e) = arrayjit::compile::install_signal_cleanup() {
         eprintln!("warning: {e}");
     }
+    init_logging();
     let code = panic::catch_unwind(|| {
         let stdout = std::io::stdout();
         let stderr = std::io::stderr();
