@@ -602,10 +602,10 @@ mod tests {
     fn rng_is_deterministic() {
         let a: Vec<u64> = {
             let mut r = Rng::new(3);
-            (0..4).map(|_| r.next_u64()).collect()
+            (0..4).map(|_| r.uniform().to_bits()).collect()
         };
         let mut r = Rng::new(3);
-        assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
+        assert_eq!(a, (0..4).map(|_| r.uniform().to_bits()).collect::<Vec<_>>());
         let mut p = Rng::new(1).permutation(10);
         p.sort();
         assert_eq!(p, (0..10).collect::<Vec<_>>());
