@@ -12,7 +12,9 @@
 //! context and every link (so the calls stay in lockstep), but a device's work runs only on
 //! the rank that owns it: on the other ranks the device is a stand-in that drops the tasks
 //! scheduled on it ([`Device::is_remote`]). Buffers of stand-in contexts are allocated
-//! zero-filled and never touched, so they cost address space, not memory.
+//! zero-filled and never touched, so they cost address space, not memory. A rank's local
+//! devices share one worker thread and queue, as the virtual devices of one physical device
+//! do on every backend.
 //!
 //! # Communication
 //!
