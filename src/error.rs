@@ -153,6 +153,31 @@ pub enum Error {
         /// How many bytes were requested (`usize::MAX` when the size itself overflows).
         bytes: usize,
     },
+    /// A backend was used before `initialize` (or after `unsafe_cleanup`).
+    #[error("backend {backend} is not initialized: call initialize first")]
+    NotInitialized {
+        /// The backend's name.
+        backend: String,
+    },
+    /// A device (or its queue) released by `unsafe_cleanup` was used.
+    #[error("device {device} was released by unsafe_cleanup")]
+    Released {
+        /// The device (or queue) name.
+        device: String,
+    },
+    /// A copy between a buffer and host memory (or another buffer) of the wrong size.
+    #[error("{what}: {bytes} bytes do not fit a buffer of {size} bytes")]
+    BufferSize {
+        /// The operation.
+        what: &'static str,
+        /// How many bytes were to be copied.
+        bytes: usize,
+        /// The size of the buffer that is too small.
+        size: usize,
+    },
+    /// A bug in arrayjit: an invariant did not hold. Please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// A context (or one it descends from) was finalized and then used.
     #[error("context {context} was finalized")]
     ContextFinalized {

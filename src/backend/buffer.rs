@@ -125,11 +125,11 @@ impl DeviceBuffer {
     /// Copies `bytes` into the start of the buffer.
     pub fn write_bytes(&self, bytes: &[u8]) -> Result<()> {
         if bytes.len() > self.size {
-            return Err(Error::Usage(format!(
-                "copying {} bytes into a buffer of {} bytes",
-                bytes.len(),
-                self.size
-            )));
+            return Err(Error::BufferSize {
+                what: "copying into a device buffer",
+                bytes: bytes.len(),
+                size: self.size,
+            });
         }
         let _guard = self.write_lock();
         self.mark_written();
@@ -143,11 +143,11 @@ impl DeviceBuffer {
     /// Copies the start of the buffer into `bytes`.
     pub fn read_bytes(&self, bytes: &mut [u8]) -> Result<()> {
         if bytes.len() > self.size {
-            return Err(Error::Usage(format!(
-                "reading {} bytes from a buffer of {} bytes",
-                bytes.len(),
-                self.size
-            )));
+            return Err(Error::BufferSize {
+                what: "reading from a device buffer",
+                bytes: bytes.len(),
+                size: self.size,
+            });
         }
         let _guard = self.read_lock();
         // SAFETY: the source has at least bytes.len() bytes (checked above); the destination
@@ -161,10 +161,11 @@ impl DeviceBuffer {
     /// Copies the first `len` bytes of `src` into this buffer.
     pub fn copy_from(&self, src: &DeviceBuffer, len: usize) -> Result<()> {
         if len > self.size || len > src.size {
-            return Err(Error::Usage(format!(
-                "copying {len} bytes between buffers of {} and {} bytes",
-                src.size, self.size
-            )));
+            return Err(Error::BufferSize {
+                what: "copying between device buffers",
+                bytes: len,
+                size: self.size.min(src.size),
+            });
         }
         if std::ptr::eq(self, src) {
             return Ok(());

@@ -386,9 +386,9 @@ impl CcBackend {
         if self.is_initialized() {
             Ok(())
         } else {
-            Err(Error::Usage(
-                "the backend is not initialized: call initialize first".into(),
-            ))
+            Err(Error::NotInitialized {
+                backend: "cc".into(),
+            })
         }
     }
 
@@ -510,7 +510,7 @@ impl CcBackend {
     ) -> Result<Compiled> {
         Self::build(generated, dumps, cfg)?
             .pop()
-            .ok_or_else(|| Error::Usage("internal error: no routine was generated".into()))
+            .ok_or_else(|| Error::Internal("no routine was generated".into()))
     }
 
     /// Compiles generated code: its parts are dealt out to files of similar weight (see
@@ -702,9 +702,10 @@ impl CcBackend {
         if let Some(c) = &*slot {
             return Ok(c.clone());
         }
-        let p = batch.postponed.as_ref().ok_or_else(|| {
-            Error::Usage("internal error: a batch with neither code nor compiled code".into())
-        })?;
+        let p = batch
+            .postponed
+            .as_ref()
+            .ok_or_else(|| Error::Internal("a batch with neither code nor compiled code".into()))?;
         let compiled: Vec<Arc<Compiled>> =
             Self::build(&p.generated, &p.dumps, &self.compiler_config()?)?
                 .into_iter()
@@ -827,9 +828,9 @@ impl CcBackend {
             match e {
                 None => out.push(None),
                 Some(e) => {
-                    let c = compiled.next().ok_or_else(|| {
-                        Error::Usage("internal error: a batch entry was not compiled".into())
-                    })?;
+                    let c = compiled
+                        .next()
+                        .ok_or_else(|| Error::Internal("a batch entry was not compiled".into()))?;
                     let r = Self::make_routine(
                         &e.name,
                         &batch.bindings,

@@ -203,10 +203,9 @@ impl Shared {
     /// if the queue was released.
     fn take_error(&self, failures: &Failures) -> Result<()> {
         if self.invalid.load(Ordering::Acquire) {
-            return Err(Error::Usage(format!(
-                "device queue {} was released by unsafe_cleanup",
-                self.name
-            )));
+            return Err(Error::Released {
+                device: self.name.clone(),
+            });
         }
         failures.take()
     }
@@ -512,10 +511,9 @@ impl Device {
         }
         let mut p = lock(&sh.pending);
         if p.closed {
-            return Err(Error::Usage(format!(
-                "device {} has no worker (released?)",
-                self.name()
-            )));
+            return Err(Error::Released {
+                device: self.name(),
+            });
         }
         p.tasks.push_back((task, self.0.failures.clone()));
         sh.scheduled.fetch_add(1, Ordering::Release);
@@ -581,10 +579,9 @@ impl Device {
     /// Fails if the device was released by `unsafe_cleanup` (its worker is gone).
     pub fn check_live(&self) -> Result<()> {
         if self.shared().invalid.load(Ordering::Acquire) {
-            return Err(Error::Usage(format!(
-                "device {} was released by unsafe_cleanup",
-                self.name()
-            )));
+            return Err(Error::Released {
+                device: self.name(),
+            });
         }
         Ok(())
     }

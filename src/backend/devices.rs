@@ -1,8 +1,9 @@
-//! The user-facing `Backend` layer (SPEC section 7): everything of the no-device backend plus
-//! devices, queues and transfers, on two implementations: [`MulticoreBackend`] (a worker
-//! thread and FIFO queue per physical device, shared by its virtual devices) and [`SyncBackend`] (everything runs on the
-//! caller's thread; for debugging and tests). A third, `MpiBackend` (cargo feature `mpi`,
-//! module `backend::mpi`), spreads the devices over MPI ranks.
+//! The user-facing `Backend` layer (the seed's device backends): everything of the no-device
+//! backend plus devices, queues and transfers, on two implementations: [`MulticoreBackend`]
+//! (a worker thread and FIFO queue per physical device, shared by its virtual devices) and
+//! [`SyncBackend`] (everything runs on the caller's thread; for debugging and tests). A third,
+//! `MpiBackend` (cargo feature `mpi`, module `backend::mpi`), spreads the devices over MPI
+//! ranks.
 
 use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
@@ -158,10 +159,9 @@ pub trait Backend: Send + Sync {
     /// The physical device with the given ordinal.
     fn get_device(&self, ordinal: usize) -> Result<PhysicalDevice> {
         if !self.is_initialized() {
-            return Err(Error::Usage(format!(
-                "backend {} is not initialized",
-                self.name()
-            )));
+            return Err(Error::NotInitialized {
+                backend: self.name().to_string(),
+            });
         }
         let n = self.num_physical_devices();
         if ordinal >= n {
@@ -182,10 +182,9 @@ pub trait Backend: Send + Sync {
     /// others too).
     fn new_virtual_device(&self, physical: &PhysicalDevice) -> Result<Device> {
         if !self.is_initialized() {
-            return Err(Error::Usage(format!(
-                "backend {} is not initialized",
-                self.name()
-            )));
+            return Err(Error::NotInitialized {
+                backend: self.name().to_string(),
+            });
         }
         let mut devices = self.core().devices();
         let sub = devices.iter().filter(|d| d.physical() == physical).count();

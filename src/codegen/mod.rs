@@ -669,7 +669,7 @@ impl Writer {
             let text = self.out.split_off(before);
             let mut imports = vec![];
             for c in group {
-                crate::optimize::visit_values(c, &mut |v| {
+                crate::loops::visit_values(c, &mut |v| {
                     if let Llv::GetCFunction(f) = v {
                         if !imports.contains(f) {
                             imports.push(f.clone());
@@ -893,8 +893,8 @@ fn written_nodes(code: &Llc) -> HashSet<Tnode> {
 /// The size of a statement in loop-IR nodes (statements and values).
 fn weight(c: &Llc) -> usize {
     let mut n = 0usize;
-    crate::optimize::visit_llc(c, &mut |_| n += 1);
-    crate::optimize::visit_values(c, &mut |_| n += 1);
+    crate::loops::visit_llc(c, &mut |_| n += 1);
+    crate::loops::visit_values(c, &mut |_| n += 1);
     n
 }
 

@@ -1,7 +1,7 @@
 //! The two-moons demo (OCANNL's `moons_demo_parallel`): a 2-H-H-1 ReLU MLP trained with a
 //! hinge loss and SGD, data-parallel over the virtual devices of any [`Backend`].
 //!
-//! One training step on `N` devices (SPEC section 8):
+//! One training step on `N` devices:
 //! 1. every device runs the gradient routine on its slice of the batch (the dataset is
 //!    resident on every device as `[slots, batch/N, 2]`; a static index `slot` selects the
 //!    slice, so a step copies nothing from the host);

@@ -155,7 +155,7 @@ fn rebuild(loops: Vec<Loop>, body: Llc) -> Llc {
 fn reads(v: &Llv, out: &mut Vec<(Tnode, Vec<AxisIndex>)>) {
     match v {
         Llv::Get(t, i) | Llv::GetMergeBuffer(t, i) => out.push((t.clone(), i.clone())),
-        Llv::LocalScope { body, .. } => super::visit_values(body, &mut |x| {
+        Llv::LocalScope { body, .. } => crate::loops::visit_values(body, &mut |x| {
             if let Llv::Get(t, i) | Llv::GetMergeBuffer(t, i) = x {
                 out.push((t.clone(), i.clone()))
             }

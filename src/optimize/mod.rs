@@ -13,7 +13,7 @@ pub use trace::{trace, TracedNode, TracedStore};
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{MemoryMode, MemoryModes, Tnode};
-use crate::loops::{Llc, Llv};
+use crate::loops::{visit_llc, visit_values, Llc, Llv};
 
 /// Knobs of the optimizer.
 #[derive(Clone, Debug)]
@@ -234,5 +234,3 @@ fn mentions(code: &Llc, tn: &Tnode) -> bool {
     });
     hit
 }
-
-pub use crate::loops::{visit_llc, visit_values};

@@ -81,7 +81,7 @@ fn unrolled_power(base: &Llv, n: u32) -> Llv {
 
 fn uses_local(v: &Llv, id: &crate::loops::ScopeId) -> bool {
     let mut hit = false;
-    super::visit_values(&Llc::SetLocal(id.clone(), v.clone()), &mut |x| {
+    crate::loops::visit_values(&Llc::SetLocal(id.clone(), v.clone()), &mut |x| {
         if let Llv::GetLocal(i) = x {
             if i == id {
                 hit = true

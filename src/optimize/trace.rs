@@ -1,9 +1,10 @@
 //! Tracing: walks the code for the first few iterations of each loop, counting reads and
 //! writes per node and cell.
 
-use super::{visit_values, Settings};
+use super::Settings;
 use crate::error::Result;
 use crate::ir::{AxisIndex, Symbol, Tnode};
+use crate::loops::visit_values;
 use crate::loops::{Llc, Llv};
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -35,7 +35,7 @@ fn fresh_scope(tn: &Tnode) -> ScopeId {
 
 /// Nodes written by a statement (own arrays only).
 fn writes_of(c: &Llc, out: &mut HashSet<Tnode>) {
-    super::visit_llc(c, &mut |c| {
+    crate::loops::visit_llc(c, &mut |c| {
         if let Llc::Set { tn, .. } | Llc::ZeroOut(tn) = c {
             out.insert(tn.clone());
         }
@@ -44,7 +44,7 @@ fn writes_of(c: &Llc, out: &mut HashSet<Tnode>) {
 
 /// Nodes read by a statement (own arrays only).
 fn reads_of(c: &Llc, out: &mut HashSet<Tnode>) {
-    super::visit_values(c, &mut |v| {
+    crate::loops::visit_values(c, &mut |v| {
         if let Llv::Get(tn, _) = v {
             out.insert(tn.clone());
         }
@@ -97,7 +97,7 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                 }
                 // Reads of tn in its own value must be at the written indices.
                 let stmt = Llc::SetLocal(fresh_scope(tn), value.clone());
-                super::visit_values(&stmt, &mut |v| match v {
+                crate::loops::visit_values(&stmt, &mut |v| match v {
                     Llv::Get(t2, i2) if t2 == tn && i2 != idcs => *ok = false,
                     Llv::GetMergeBuffer(t2, _) if t2 == tn => *ok = false,
                     _ => {}
