@@ -4,16 +4,14 @@ use crate::output::Printed;
 use crate::program::build::{Built, PlanStep, ProgramError, MAX_EXECUTED_STEPS};
 use crate::program::format::MergeDecl;
 use crate::program::locate::json_path;
+use crate::steps::{self, quote, Machine};
 use arrayjit::backend::{
     backend_by_name, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
     Routine,
 };
+use arrayjit::ir::Tnode;
 use std::collections::HashSet;
 use std::time::Instant;
-
-fn quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
-}
 
 fn backend() -> CcBackend {
     let be = CcBackend::new();
@@ -59,7 +57,56 @@ fn set_bindings(r: &Routine, bindings: &[(String, i64)]) -> arrayjit::Result<()>
     Ok(())
 }
 
-/// Runs the plan on the single device of the cc backend (everything synchronous).
+/// The single device of the cc backend (everything synchronous).
+struct Single<'a> {
+    be: &'a CcBackend,
+    ctx: &'a Context,
+    routines: &'a [Routine],
+    names: &'a [String],
+}
+
+impl Machine for Single<'_> {
+    fn multi_device(&self) -> bool {
+        false
+    }
+    fn routine_name(&self, routine: usize) -> &str {
+        &self.names[routine]
+    }
+    fn run(&mut self, routine: usize, _: usize, bindings: &[(String, i64)]) -> Result<(), String> {
+        let r = &self.routines[routine];
+        set_bindings(r, bindings).map_err(|e| e.to_string())?;
+        r.run().map_err(|e| e.to_string())
+    }
+    fn copy(
+        &mut self,
+        _: &(String, Tnode),
+        _: usize,
+        _: usize,
+        _: MergeDecl,
+    ) -> Result<(), String> {
+        Err("copying between devices needs a multi-device program".into())
+    }
+    fn all_reduce(&mut self, _: &(String, Tnode), _: &[usize]) -> Result<(), String> {
+        Err("all_reduce needs a multi-device program".into())
+    }
+    fn load_from_host(&mut self, tensor: &Tnode, _: usize) -> Result<(), String> {
+        self.be
+            .from_host(self.ctx, tensor)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn store_to_host(&mut self, tensor: &Tnode, _: usize) -> Result<(), String> {
+        self.be
+            .to_host(self.ctx, tensor)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn await_devices(&mut self, _: Option<usize>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Runs the plan on the single device of the cc backend.
 fn execute(
     be: &CcBackend,
     ctx: &Context,
@@ -67,53 +114,15 @@ fn execute(
     routines: &[Routine],
     names: &[String],
 ) -> Result<(), ProgramError> {
-    for step in steps {
-        match step {
-            PlanStep::Run {
-                routine,
-                bindings,
-                path,
-                ..
-            } => {
-                let r = &routines[*routine];
-                let fail = |e: arrayjit::Error| {
-                    ProgramError::at(
-                        path.clone(),
-                        format!("routine {}: {e}", quote(&names[*routine])),
-                    )
-                };
-                set_bindings(r, bindings).map_err(fail)?;
-                r.run().map_err(fail)?;
-            }
-            PlanStep::Repeat { count, steps } => {
-                for _ in 0..*count {
-                    execute(be, ctx, steps, routines, names)?;
-                }
-            }
-            PlanStep::FromHost { tensor, path, .. } => {
-                be.from_host(ctx, &tensor.1)
-                    .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
-            }
-            PlanStep::ToHost { tensor, path, .. } => {
-                be.to_host(ctx, &tensor.1)
-                    .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
-            }
-            PlanStep::Await { .. } => {}
-            PlanStep::Copy { path, .. } => {
-                return Err(ProgramError::at(
-                    path.clone(),
-                    "copying between devices needs a multi-device program",
-                ))
-            }
-            PlanStep::AllReduce { path, .. } => {
-                return Err(ProgramError::at(
-                    path.clone(),
-                    "all_reduce needs a multi-device program",
-                ))
-            }
-        }
-    }
-    Ok(())
+    steps::execute(
+        &mut Single {
+            be,
+            ctx,
+            routines,
+            names,
+        },
+        steps,
+    )
 }
 
 /// The device backend of a multi-device program, created before the program runs (for
@@ -194,20 +203,12 @@ impl Devices<'_> {
     /// The context of a routine on device `d` that reads `tn` from the merge buffer; if there
     /// is none, the context of one that reads another node (so that the library reports the
     /// mismatch), or `None` when no routine there reads the merge buffer.
-    fn merge_reader_context(&self, d: usize, tn: &arrayjit::ir::Tnode) -> Option<&Context> {
+    fn merge_reader_context(&self, d: usize, tn: &Tnode) -> Option<&Context> {
         let rs = &self.routines[d];
         rs.iter()
             .find(|r| r.merge_node() == Some(tn))
             .or_else(|| rs.iter().find(|r| r.merge_node().is_some()))
             .map(|r| r.context())
-    }
-
-    fn fail(
-        &self,
-        path: &crate::program::locate::JsonPath,
-    ) -> impl Fn(arrayjit::Error) -> ProgramError + '_ {
-        let path = path.clone();
-        move |e| ProgramError::at(path.clone(), e.to_string())
     }
 
     fn await_device(&mut self, d: usize) -> arrayjit::Result<()> {
@@ -229,136 +230,117 @@ impl Devices<'_> {
         }
         Ok(())
     }
+}
 
-    fn execute(&mut self, steps: &[PlanStep]) -> Result<(), ProgramError> {
-        for step in steps {
-            match step {
-                PlanStep::Run {
-                    routine,
-                    device,
-                    bindings,
-                    path,
-                } => {
-                    let name = &self.names[*routine];
-                    let wrap = |e: arrayjit::Error| {
-                        ProgramError::at(
-                            path.clone(),
-                            format!("routine {} on device {device}: {e}", quote(name)),
-                        )
-                    };
-                    self.before_write(*device).map_err(wrap)?;
-                    let r = self.routines[*device][*routine].clone();
-                    if r.merge_node().is_some() {
-                        if let Some(s) = self.streams_from[*device] {
-                            // The merge buffer is another device's buffer: let it settle.
-                            self.await_device(s).map_err(wrap)?;
-                        }
-                    }
-                    set_bindings(&r, bindings).map_err(wrap)?;
-                    r.schedule().map_err(wrap)?;
+impl Machine for Devices<'_> {
+    fn multi_device(&self) -> bool {
+        true
+    }
+    fn routine_name(&self, routine: usize) -> &str {
+        &self.names[routine]
+    }
+    fn run(
+        &mut self,
+        routine: usize,
+        device: usize,
+        bindings: &[(String, i64)],
+    ) -> Result<(), String> {
+        let go = |this: &mut Self| -> arrayjit::Result<()> {
+            this.before_write(device)?;
+            let r = this.routines[device][routine].clone();
+            if r.merge_node().is_some() {
+                if let Some(s) = this.streams_from[device] {
+                    // The merge buffer is another device's buffer: let it settle.
+                    this.await_device(s)?;
                 }
-                PlanStep::Repeat { count, steps } => {
-                    for _ in 0..*count {
-                        self.execute(steps)?;
-                    }
-                }
-                PlanStep::Copy {
-                    tensor,
-                    from,
-                    to,
-                    merge,
-                    path,
-                } => {
-                    let mode = match merge {
-                        MergeDecl::No => MergeBufferUse::No,
-                        MergeDecl::Streaming => MergeBufferUse::Streaming,
-                        MergeDecl::Copy => MergeBufferUse::Copy,
-                    };
-                    // The source must be done computing; the destination's own buffer is
-                    // written by the copy.
-                    self.await_device(*from).map_err(self.fail(path))?;
-                    if mode == MergeBufferUse::No {
-                        self.before_write(*to).map_err(self.fail(path))?;
-                    }
-                    // Into a merge buffer, the destination is the context of the routine that
-                    // reads the tensor from it (the library checks that it expects it). When no
-                    // routine on the device reads anything from the merge buffer, the merge
-                    // could never be observed, so it is not made.
-                    let dst = match mode {
-                        MergeBufferUse::No => Some(&self.contexts[*to]),
-                        _ => self.merge_reader_context(*to, &tensor.1),
-                    };
-                    let copied = match dst {
-                        Some(dst) => self
-                            .be
-                            .device_to_device(&tensor.1, mode, dst, &self.contexts[*from])
-                            .map_err(self.fail(path))?,
-                        None => self.contexts[*from].contains(&tensor.1),
-                    };
-                    if !copied {
-                        return Err(ProgramError::at(
-                            path.clone(),
-                            format!(
-                                "tensor {} is not on device {to} (no routine there uses it)",
-                                quote(&tensor.0)
-                            ),
-                        ));
-                    }
-                    if mode == MergeBufferUse::Streaming {
-                        self.streams_from[*to] = Some(*from);
-                    } else {
-                        if mode == MergeBufferUse::Copy {
-                            self.streams_from[*to] = None;
-                        }
-                        self.readers[*from].insert(*to);
-                    }
-                }
-                PlanStep::FromHost {
-                    tensor,
-                    device,
-                    path,
-                } => {
-                    self.before_write(*device).map_err(self.fail(path))?;
-                    self.be
-                        .from_host(&self.contexts[*device], &tensor.1)
-                        .map_err(self.fail(path))?;
-                }
-                PlanStep::ToHost {
-                    tensor,
-                    device,
-                    path,
-                } => {
-                    self.be
-                        .to_host(&self.contexts[*device], &tensor.1)
-                        .map_err(self.fail(path))?;
-                    self.await_device(*device).map_err(self.fail(path))?;
-                }
-                PlanStep::AllReduce {
-                    tensor,
-                    devices,
-                    path,
-                } => {
-                    // The sum overwrites every listed device's buffer of the tensor.
-                    for &d in devices {
-                        self.before_write(d).map_err(self.fail(path))?;
-                    }
-                    let ctxs: Vec<Context> =
-                        devices.iter().map(|&d| self.contexts[d].clone()).collect();
-                    self.be
-                        .all_reduce(std::slice::from_ref(&tensor.1), &ctxs)
-                        .map_err(self.fail(path))?;
-                }
-                PlanStep::Await { device, path } => match device {
-                    Some(d) => self.await_device(*d).map_err(self.fail(path))?,
-                    None => {
-                        for d in 0..self.devices.len() {
-                            self.await_device(d).map_err(self.fail(path))?;
-                        }
-                    }
-                },
             }
+            set_bindings(&r, bindings)?;
+            r.schedule()
+        };
+        go(self).map_err(|e| e.to_string())
+    }
+    fn copy(
+        &mut self,
+        tensor: &(String, Tnode),
+        from: usize,
+        to: usize,
+        merge: MergeDecl,
+    ) -> Result<(), String> {
+        let mode = match merge {
+            MergeDecl::No => MergeBufferUse::No,
+            MergeDecl::Streaming => MergeBufferUse::Streaming,
+            MergeDecl::Copy => MergeBufferUse::Copy,
+        };
+        // The source must be done computing; the destination's own buffer is written by the
+        // copy.
+        self.await_device(from).map_err(|e| e.to_string())?;
+        if mode == MergeBufferUse::No {
+            self.before_write(to).map_err(|e| e.to_string())?;
+        }
+        // Into a merge buffer, the destination is the context of the routine that reads the
+        // tensor from it (the library checks that it expects it). When no routine on the
+        // device reads anything from the merge buffer, the merge could never be observed, so
+        // it is not made.
+        let dst = match mode {
+            MergeBufferUse::No => Some(&self.contexts[to]),
+            _ => self.merge_reader_context(to, &tensor.1),
+        };
+        let copied = match dst {
+            Some(dst) => self
+                .be
+                .device_to_device(&tensor.1, mode, dst, &self.contexts[from])
+                .map_err(|e| e.to_string())?,
+            None => self.contexts[from].contains(&tensor.1),
+        };
+        if !copied {
+            return Err(format!(
+                "tensor {} is not on device {to} (no routine there uses it)",
+                quote(&tensor.0)
+            ));
+        }
+        if mode == MergeBufferUse::Streaming {
+            self.streams_from[to] = Some(from);
+        } else {
+            if mode == MergeBufferUse::Copy {
+                self.streams_from[to] = None;
+            }
+            self.readers[from].insert(to);
         }
         Ok(())
+    }
+    fn load_from_host(&mut self, tensor: &Tnode, device: usize) -> Result<(), String> {
+        self.before_write(device).map_err(|e| e.to_string())?;
+        self.be
+            .from_host(&self.contexts[device], tensor)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn store_to_host(&mut self, tensor: &Tnode, device: usize) -> Result<(), String> {
+        self.be
+            .to_host(&self.contexts[device], tensor)
+            .map_err(|e| e.to_string())?;
+        self.await_device(device).map_err(|e| e.to_string())
+    }
+    fn await_devices(&mut self, device: Option<usize>) -> Result<(), String> {
+        let all: Vec<usize> = match device {
+            Some(d) => vec![d],
+            None => (0..self.devices.len()).collect(),
+        };
+        for d in all {
+            self.await_device(d).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+    fn all_reduce(&mut self, tensor: &(String, Tnode), devices: &[usize]) -> Result<(), String> {
+        let go = |this: &mut Self| -> arrayjit::Result<()> {
+            // The sum overwrites every listed device's buffer of the tensor.
+            for &d in devices {
+                this.before_write(d)?;
+            }
+            let ctxs: Vec<Context> = devices.iter().map(|&d| this.contexts[d].clone()).collect();
+            this.be.all_reduce(std::slice::from_ref(&tensor.1), &ctxs)
+        };
+        go(self).map_err(|e| e.to_string())
     }
 }
 
@@ -386,7 +368,7 @@ pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, Progr
 /// at the end every device is awaited and hosted tensors are copied back from device 0.
 fn run_devices(built: &Built, job: &Job, n: usize) -> Result<RunResult, ProgramError> {
     let mut run = prepare_devices(built, job.backend()?, n)?;
-    let result = run.execute(&built.plan).and_then(|()| {
+    let result = steps::execute(&mut run, &built.plan).and_then(|()| {
         for d in 0..n {
             run.await_device(d)
                 .map_err(|e| ProgramError::nowhere(format!("device {d}: {e}")))?;
@@ -689,7 +671,7 @@ pub fn bench(
         let result = (|| {
             for i in 0..rounds {
                 let t = Instant::now();
-                devices.execute(&built.plan)?;
+                steps::execute(&mut devices, &built.plan)?;
                 for d in 0..n {
                     devices
                         .await_device(d)

@@ -30,17 +30,14 @@
 //! `copy` of a tensor the optimizer inlined).
 
 use crate::exec::{collect_printed, RunResult};
-use crate::program::build::{Built, PlanStep, ProgramError};
+use crate::program::build::{Built, ProgramError};
 use crate::program::format::MergeDecl;
+use crate::steps::{self, quote, Machine};
 use arrayjit::interp::{self, Memory};
 use arrayjit::ir::{Assignments, Buffer, FetchOp, MemoryMode, Prec, StaticSymbol, Tnode};
 use arrayjit::loops::Llc;
 use arrayjit::lower;
 use std::collections::HashSet;
-
-fn quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
-}
 
 /// A routine ready for the interpreter.
 struct Lowered {
@@ -269,11 +266,13 @@ impl Sim<'_> {
             }
         }
     }
+}
 
+impl Sim<'_> {
     /// Sums the tensor's values over the devices (in the order listed, accumulating as the
     /// backends do: singles and halves in `f32`, doubles in `f64`, bytes modulo 256) and
     /// stores the sum, rounded to the tensor's precision, on each of them.
-    fn all_reduce(&mut self, tn: &Tnode, devices: &[usize]) -> arrayjit::Result<()> {
+    fn all_reduce_values(&mut self, tn: &Tnode, devices: &[usize]) -> arrayjit::Result<()> {
         if !self.on_device.contains(tn) {
             return Err(arrayjit::Error::AllReduce {
                 tensor: tn.name(),
@@ -300,82 +299,55 @@ impl Sim<'_> {
         }
         Ok(())
     }
+}
 
-    fn execute(&mut self, steps: &[PlanStep]) -> Result<(), ProgramError> {
-        let multi = self.built.devices.is_some();
-        for step in steps {
-            match step {
-                PlanStep::Run {
-                    routine,
-                    device,
-                    bindings,
-                    path,
-                } => {
-                    self.run_routine(*routine, *device, bindings).map_err(|e| {
-                        let name = quote(&self.built.routine_names[*routine]);
-                        let msg = if multi {
-                            format!("routine {name} on device {device}: {e}")
-                        } else {
-                            format!("routine {name}: {e}")
-                        };
-                        ProgramError::at(path.clone(), msg)
-                    })?;
-                }
-                PlanStep::Repeat { count, steps } => {
-                    for _ in 0..*count {
-                        self.execute(steps)?;
-                    }
-                }
-                PlanStep::Copy {
-                    tensor,
-                    from,
-                    to,
-                    merge,
-                    path,
-                } => {
-                    if !multi {
-                        return Err(ProgramError::at(
-                            path.clone(),
-                            "copying between devices needs a multi-device program",
-                        ));
-                    }
-                    self.copy(&tensor.1, *from, *to, *merge)
-                        .map_err(|m| ProgramError::at(path.clone(), m))?;
-                }
-                PlanStep::FromHost {
-                    tensor,
-                    device,
-                    path,
-                } => {
-                    // Like `from_host`: only tensors on the device that have a host array.
-                    if self.on_device.contains(&tensor.1) {
-                        self.devices[*device]
-                            .mem
-                            .try_load_from_hosts([&tensor.1])
-                            .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
-                    }
-                }
-                PlanStep::ToHost {
-                    tensor,
-                    device,
-                    path,
-                } => {
-                    self.devices[*device]
-                        .mem
-                        .store_to_hosts([&tensor.1])
-                        .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
-                }
-                PlanStep::AllReduce {
-                    tensor,
-                    devices,
-                    path,
-                } => {
-                    self.all_reduce(&tensor.1, devices)
-                        .map_err(|e| ProgramError::at(path.clone(), e.to_string()))?;
-                }
-                PlanStep::Await { .. } => {}
-            }
+impl Machine for Sim<'_> {
+    fn multi_device(&self) -> bool {
+        self.built.devices.is_some()
+    }
+    fn routine_name(&self, routine: usize) -> &str {
+        &self.built.routine_names[routine]
+    }
+    fn run(
+        &mut self,
+        routine: usize,
+        device: usize,
+        bindings: &[(String, i64)],
+    ) -> Result<(), String> {
+        self.run_routine(routine, device, bindings)
+            .map_err(|e| e.to_string())
+    }
+    fn copy(
+        &mut self,
+        tensor: &(String, Tnode),
+        from: usize,
+        to: usize,
+        merge: MergeDecl,
+    ) -> Result<(), String> {
+        Sim::copy(self, &tensor.1, from, to, merge)
+    }
+    fn load_from_host(&mut self, tensor: &Tnode, device: usize) -> Result<(), String> {
+        // Like `from_host`: only tensors on the device that have a host array.
+        if self.on_device.contains(tensor) {
+            self.devices[device]
+                .mem
+                .try_load_from_hosts([tensor])
+                .map_err(|e| e.to_string())?;
         }
+        Ok(())
+    }
+    fn store_to_host(&mut self, tensor: &Tnode, device: usize) -> Result<(), String> {
+        self.devices[device]
+            .mem
+            .store_to_hosts([tensor])
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn all_reduce(&mut self, tensor: &(String, Tnode), devices: &[usize]) -> Result<(), String> {
+        self.all_reduce_values(&tensor.1, devices)
+            .map_err(|e| e.to_string())
+    }
+    fn await_devices(&mut self, _: Option<usize>) -> Result<(), String> {
         Ok(())
     }
 }
@@ -385,7 +357,7 @@ impl Sim<'_> {
 /// tensors are collected. Never looks up or runs a C compiler.
 pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
     let mut sim = Sim::new(built, built.devices.unwrap_or(1))?;
-    sim.execute(&built.plan)?;
+    steps::execute(&mut sim, &built.plan)?;
     let host = built.tensors.iter().map(|(_, tn)| tn);
     sim.devices[0]
         .mem

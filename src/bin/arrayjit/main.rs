@@ -35,6 +35,7 @@ mod exec;
 mod interpret;
 mod output;
 mod program;
+mod steps;
 
 use std::io::Write;
 use std::panic;
