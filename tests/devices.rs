@@ -613,6 +613,99 @@ fn virtual_devices_of_a_core_share_its_worker() {
     });
 }
 
+/// The device layer tracks hazards between devices for the work it schedules: a copy from a
+/// device waits for the source's pending writes (read after write), and a routine that
+/// overwrites a buffer waits for another device's pending copy of it (write after read), with
+/// no await or event from the caller. Blocker tasks hold the devices back so that, without
+/// the tracking, the copy would run before its source was written and the overwrite before
+/// the copy.
+#[test]
+fn transfers_and_routines_are_ordered_across_devices_without_awaits() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        let devs = devices(&b, 2);
+        let a = input("a", &[3], Prec::Single, &[1., 2., 3.]);
+        let two = input("two", &[1], Prec::Single, &[2.]);
+        let x = on_device("x", &[3], Prec::Single);
+        let y = output("y", &[3], Prec::Single);
+        let bind = Bindings::empty();
+        let fill = binop(
+            &x,
+            Binop::Arg2,
+            false,
+            Binop::Mul,
+            &a,
+            &two,
+            "i,0->i",
+            &bind,
+        );
+        let use_x = unop(&y, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind);
+        let fill = b.compile(true, Some("fill"), &bind, &fill).unwrap();
+        let use_x = b.compile(true, Some("use_x"), &bind, &use_x).unwrap();
+        let ra = b.link(&[], &b.init(&devs[0]).unwrap(), &fill).unwrap();
+        let rb = b.link(&[], &b.init(&devs[1]).unwrap(), &use_x).unwrap();
+        assert!(b.from_host(ra.context(), &a).unwrap());
+        assert!(b.from_host(ra.context(), &two).unwrap());
+        let blocker = |d: &Device| {
+            let (tx, rx) = mpsc::channel::<()>();
+            b.schedule(
+                d,
+                Task::new("blocker", move || {
+                    rx.recv().ok();
+                    Ok(())
+                }),
+            )
+            .unwrap();
+            tx
+        };
+        // Read after write: device 0 is held back before computing x; the copy to device 1 is
+        // scheduled at once.
+        let hold0 = blocker(&devs[0]);
+        ra.schedule().unwrap();
+        assert!(b
+            .device_to_device(&x, MergeBufferUse::No, rb.context(), ra.context())
+            .unwrap());
+        rb.schedule().unwrap();
+        assert!(b.to_host(rb.context(), &y).unwrap());
+        // Device 1 has had ample time to copy; it must still be waiting for device 0.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!b.is_idle(&devs[1]), "the copy did not wait for its source");
+        hold0.send(()).unwrap();
+        b.await_device(&devs[1]).unwrap();
+        assert_eq!(y.host_values().unwrap(), vec![2., 4., 6.]);
+        // Write after read: device 1 is held back before copying x; device 0 then recomputes
+        // x from new inputs, which must wait for the copy.
+        let hold1 = blocker(&devs[1]);
+        assert!(b
+            .device_to_device(&x, MergeBufferUse::No, rb.context(), ra.context())
+            .unwrap());
+        a.set_host_values(&[10., 20., 30.]).unwrap();
+        assert!(b.from_host(ra.context(), &a).unwrap());
+        ra.schedule().unwrap();
+        rb.schedule().unwrap();
+        assert!(b.to_host(rb.context(), &y).unwrap());
+        // Device 0 cannot have overwritten x yet: it waits for device 1's copy.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(
+            !b.is_idle(&devs[0]),
+            "the overwrite did not wait for the copy"
+        );
+        hold1.send(()).unwrap();
+        b.await_device(&devs[1]).unwrap();
+        b.await_device(&devs[0]).unwrap();
+        assert_eq!(y.host_values().unwrap(), vec![2., 4., 6.]);
+        // And the next copy sees the new values.
+        assert!(b
+            .device_to_device(&x, MergeBufferUse::No, rb.context(), ra.context())
+            .unwrap());
+        rb.schedule().unwrap();
+        assert!(b.to_host(rb.context(), &y).unwrap());
+        b.await_device(&devs[1]).unwrap();
+        assert_eq!(y.host_values().unwrap(), vec![20., 40., 60.]);
+        b.unsafe_cleanup();
+    });
+}
+
 #[test]
 fn device_counts_follow_config() {
     let m = MulticoreBackend::new();

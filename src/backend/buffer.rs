@@ -3,10 +3,11 @@
 use crate::error::{Error, Result};
 use crate::ir::Ndarray;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A block of device memory, shared by contexts, routines and transfers.
 ///
@@ -29,6 +30,9 @@ pub struct DeviceBuffer {
     access: RwLock<()>,
     /// Whether anything wrote the buffer since it was allocated (zero-filled).
     written: AtomicBool,
+    /// The device layer's record of the tasks scheduled to access the buffer (hazard
+    /// tracking, see `device`); opaque here, so that buffers do not depend on devices.
+    hazards: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// Alignment of buffer data (a cache line; also what AVX-512 loads prefer).
@@ -87,6 +91,7 @@ impl DeviceBuffer {
             layout,
             access: RwLock::new(()),
             written: AtomicBool::new(false),
+            hazards: Mutex::new(None),
         }))
     }
 
@@ -112,6 +117,11 @@ impl DeviceBuffer {
         if !self.written.load(Ordering::Relaxed) {
             self.written.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// The device layer's hazard record (see the field).
+    pub(crate) fn hazards(&self) -> MutexGuard<'_, Option<Box<dyn Any + Send>>> {
+        self.hazards.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, ()> {

@@ -132,6 +132,7 @@ impl Routine {
             r.run_with(&values)
         })
         .with_precondition(move || ctx.check_live())
+        .with_accesses(self.accesses())
     }
 
     /// Schedules the routine with the binding values current now: on a device, enqueues it
@@ -160,8 +161,28 @@ impl Routine {
                 // Another process (MPI rank) owns the device and runs the routine there.
                 return Ok(());
             }
+            d.wait_for_hazards(&self.accesses());
         }
         self.run_with(&self.bindings.values())
+    }
+
+    /// The context buffers a run reads (`false`) and writes (`true`), and on a device whose
+    /// merge buffer a streaming merge points at another device's buffer, that buffer (read),
+    /// for the device layer's hazard tracking.
+    fn accesses(&self) -> Vec<(BufferPtr, bool)> {
+        let sig = &self.compiled.sig;
+        let mut out: Vec<(BufferPtr, bool)> = self
+            .buffers
+            .iter()
+            .zip(&sig.writes)
+            .map(|(b, &w)| (b.clone(), w))
+            .collect();
+        if sig.merge_node.is_some() {
+            if let Some(src) = self.device.as_ref().and_then(Device::streamed) {
+                out.push((src, false));
+            }
+        }
+        out
     }
 
     /// Runs the routine now, on this thread, without waiting for its device: for use inside

@@ -16,7 +16,7 @@
 //! Waits cannot deadlock on a shared queue: an event covers only tasks scheduled before it,
 //! and a wait for it is scheduled after it, so on the same queue those tasks come first.
 
-use super::buffer::BufferPtr;
+use super::buffer::{BufferPtr, DeviceBuffer};
 use super::task::{MergeBuffer, Task};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
@@ -112,6 +112,27 @@ impl Failures {
             }
         }
         Ok(())
+    }
+}
+
+/// Hazard tracking: the tasks scheduled to access one buffer, as events of their queues.
+#[derive(Default)]
+struct Hazards {
+    /// The event after the last task scheduled to write the buffer.
+    writer: Option<Event>,
+    /// The events after tasks scheduled to read it since (the latest per queue).
+    readers: Vec<Event>,
+}
+
+/// Runs `f` on the buffer's hazard record.
+fn with_hazards<R>(buf: &DeviceBuffer, f: impl FnOnce(&mut Hazards) -> R) -> R {
+    let mut slot = buf.hazards();
+    if !slot.as_ref().is_some_and(|b| b.is::<Hazards>()) {
+        *slot = Some(Box::new(Hazards::default()));
+    }
+    match slot.as_mut().and_then(|b| b.downcast_mut::<Hazards>()) {
+        Some(h) => f(h),
+        None => f(&mut Hazards::default()),
     }
 }
 
@@ -357,6 +378,8 @@ struct Inner {
     merge_storage: Mutex<Option<BufferPtr>>,
     queue: Arc<Queue>,
     failures: Arc<Failures>,
+    /// See [`Device::set_streamed`].
+    streamed: Mutex<Option<BufferPtr>>,
     /// The device belongs to another process (an MPI rank): its tasks are dropped unrun.
     remote: bool,
 }
@@ -478,6 +501,7 @@ impl Device {
             merge_storage: Mutex::new(None),
             queue,
             failures: Arc::default(),
+            streamed: Mutex::new(None),
             remote: false,
         }))
     }
@@ -489,7 +513,14 @@ impl Device {
     /// Enqueues a task (on the sync backend: runs it now). Returns the error of an earlier
     /// failed task on this device, if any, instead of scheduling. Blocks while the queue is
     /// full.
-    pub fn schedule(&self, task: Task) -> Result<()> {
+    ///
+    /// A task that declares the buffers it accesses ([`Task::with_accesses`]; routine tasks,
+    /// transfers and host copies do) is tracked for hazards: the device first waits (as
+    /// [`Device::wait_for`] does) for the tasks of other queues scheduled before it that write
+    /// a buffer it accesses, or that read one it writes. So work scheduled from one thread
+    /// runs as if in scheduling order, whatever devices it is spread over. Tasks on one queue
+    /// are in order anyway.
+    pub fn schedule(&self, mut task: Task) -> Result<()> {
         let sh = self.shared();
         sh.take_error(&self.0.failures)?;
         task.check()?;
@@ -504,6 +535,10 @@ impl Device {
             sh.complete(1);
             return r;
         }
+        let accesses = std::mem::take(&mut task.accesses);
+        for ev in self.hazard_waits(&accesses) {
+            self.wait_for(&ev)?;
+        }
         // Back-pressure: wait for room.
         let s = sh.scheduled.load(Ordering::Relaxed);
         if s.saturating_sub(sh.completed.load(Ordering::Acquire)) >= QUEUE_CAPACITY as u64 {
@@ -516,25 +551,99 @@ impl Device {
             });
         }
         p.tasks.push_back((task, self.0.failures.clone()));
-        sh.scheduled.fetch_add(1, Ordering::Release);
+        let after = sh.scheduled.fetch_add(1, Ordering::Release) + 1;
         // Notify once per parking.
         let wake = std::mem::take(&mut p.parked);
         drop(p);
         if wake {
             sh.work.notify_one();
         }
+        if !accesses.is_empty() {
+            self.record_accesses(&accesses, &self.event_at(after));
+        }
         Ok(())
+    }
+
+    fn event_at(&self, target: u64) -> Event {
+        Event {
+            shared: self.shared().clone(),
+            failures: self.0.failures.clone(),
+            target,
+            device: self.0.name.clone(),
+        }
+    }
+
+    /// The events of other queues that a task accessing `accesses` must wait for: the last
+    /// writer of each buffer, and for a buffer written, its readers since (the latest event
+    /// per queue; complete ones left out).
+    fn hazard_waits(&self, accesses: &[(BufferPtr, bool)]) -> Vec<Event> {
+        let mut waits: Vec<Event> = vec![];
+        let mut add = |ev: &Event| {
+            if Arc::ptr_eq(&ev.shared, self.shared()) || ev.is_complete() {
+                return;
+            }
+            match waits
+                .iter_mut()
+                .find(|w| Arc::ptr_eq(&w.shared, &ev.shared))
+            {
+                Some(w) if ev.target > w.target => *w = ev.clone(),
+                Some(_) => {}
+                None => waits.push(ev.clone()),
+            }
+        };
+        for (buf, write) in accesses {
+            with_hazards(buf, |h| {
+                if let Some(w) = &h.writer {
+                    add(w);
+                }
+                if *write {
+                    h.readers.iter().for_each(&mut add);
+                }
+            });
+        }
+        waits
+    }
+
+    /// Records that the task ending at `after` accesses `accesses`.
+    fn record_accesses(&self, accesses: &[(BufferPtr, bool)], after: &Event) {
+        for (buf, write) in accesses {
+            with_hazards(buf, |h| {
+                if *write {
+                    // Every earlier reader is waited for (other queues) or runs before (this one).
+                    h.writer = Some(after.clone());
+                    h.readers.clear();
+                } else {
+                    h.readers
+                        .retain(|r| !r.is_complete() && !Arc::ptr_eq(&r.shared, &after.shared));
+                    h.readers.push(after.clone());
+                }
+            });
+        }
+    }
+
+    /// Blocks until the tasks of any device that a run accessing `accesses` now, on this
+    /// thread, must wait for (see [`Device::schedule`]) have finished.
+    pub(crate) fn wait_for_hazards(&self, accesses: &[(BufferPtr, bool)]) {
+        for ev in self.hazard_waits(accesses) {
+            ev.wait();
+        }
+    }
+
+    /// Where a streaming merge into this device points its merge buffer, as scheduled so far
+    /// (for the hazard tracking of routines reading the merge buffer).
+    pub(crate) fn set_streamed(&self, src: Option<BufferPtr>) {
+        *lock(&self.0.streamed) = src;
+    }
+
+    /// See [`Device::set_streamed`].
+    pub(crate) fn streamed(&self) -> Option<BufferPtr> {
+        lock(&self.0.streamed).clone()
     }
 
     /// An event marking the current end of the queue: complete once every task scheduled so
     /// far has finished.
     pub fn event(&self) -> Event {
-        Event {
-            shared: self.shared().clone(),
-            failures: self.0.failures.clone(),
-            target: self.shared().scheduled.load(Ordering::Acquire),
-            device: self.0.name.clone(),
-        }
+        self.event_at(self.shared().scheduled.load(Ordering::Acquire))
     }
 
     /// Makes the tasks scheduled on this device from now on wait until `event` (usually of

@@ -63,9 +63,26 @@ impl Transfer {
     }
 
     /// A task doing the transfer.
+    ///
+    /// The task declares what it accesses, for the device layer's hazard tracking (see
+    /// [`Device::schedule`]): it reads the source buffer and writes the destination's; a
+    /// streaming merge accesses nothing now, but the destination's merge-reading routines
+    /// scheduled after it read the source buffer.
     pub fn task(&self) -> Task {
         let t = self.clone();
-        Task::new(self.0.description.clone(), move || t.run())
+        let inner = &self.0;
+        let accesses = match (&inner.dst_buf, inner.mode) {
+            (Some(dst), _) => vec![(inner.src_buf.clone(), false), (dst.clone(), true)],
+            (None, MergeBufferUse::Copy) => {
+                inner.device.set_streamed(None);
+                vec![(inner.src_buf.clone(), false)]
+            }
+            (None, _) => {
+                inner.device.set_streamed(Some(inner.src_buf.clone()));
+                vec![]
+            }
+        };
+        Task::new(inner.description.clone(), move || t.run()).with_accesses(accesses)
     }
 
     /// Schedules the transfer on the destination's device (returns an earlier failure on the
@@ -341,9 +358,13 @@ pub trait Backend: Send + Sync {
         };
         let d = ctx_device(ctx)?;
         let t = tn.clone();
-        d.schedule(Task::new(format!("from_host {}", tn.name()), move || {
-            t.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()))
-        }))?;
+        let access = vec![(buf.clone(), true)];
+        d.schedule(
+            Task::new(format!("from_host {}", tn.name()), move || {
+                t.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()))
+            })
+            .with_accesses(access),
+        )?;
         Ok(true)
     }
     /// If the array is both hosted and in-context, schedules a copy from context to host and
@@ -356,9 +377,13 @@ pub trait Backend: Send + Sync {
         };
         let d = ctx_device(ctx)?;
         let t = tn.clone();
-        d.schedule(Task::new(format!("to_host {}", tn.name()), move || {
-            t.with_host_mut(|a| buf.read_ndarray(a)).unwrap_or(Ok(()))
-        }))?;
+        let access = vec![(buf.clone(), false)];
+        d.schedule(
+            Task::new(format!("to_host {}", tn.name()), move || {
+                t.with_host_mut(|a| buf.read_ndarray(a)).unwrap_or(Ok(()))
+            })
+            .with_accesses(access),
+        )?;
         Ok(true)
     }
     /// Copies a node between devices, or into the destination's merge buffer:
@@ -375,8 +400,10 @@ pub trait Backend: Send + Sync {
     /// reads `tn` from the merge buffer (the one returned by linking it): otherwise the call
     /// fails at once with [`Error::MergeNodeMismatch`] naming the expected node (or none) and
     /// `tn`, as in the seed. Either context being finalized is an error
-    /// ([`Error::ContextFinalized`]). The caller must synchronize `src` first: await it, or
-    /// make `dst` wait for an event of `src` ([`Backend::wait_for_event`]).
+    /// ([`Error::ContextFinalized`]). The copy is ordered after the source's pending writes
+    /// of the buffer, and later writes of it wait for the copy (the device layer's hazard
+    /// tracking, see [`Device::schedule`]); work run outside it (tasks that declare no
+    /// accesses, [`Transfer::run`] inside a task) must be ordered with events.
     fn device_to_device(
         &self,
         tn: &Tnode,

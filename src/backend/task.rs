@@ -38,6 +38,9 @@ pub struct Task {
     /// Checked when the task is scheduled: an error here is returned by `schedule` instead of
     /// queueing the task (a routine's task checks that its context was not finalized).
     precondition: Option<Box<dyn Fn() -> Result<()> + Send>>,
+    /// The buffers the task reads (`false`) and writes (`true`), for the device layer's
+    /// hazard tracking; empty for tasks that declare nothing.
+    pub(crate) accesses: Vec<(BufferPtr, bool)>,
 }
 
 impl Task {
@@ -50,7 +53,16 @@ impl Task {
             description: description.into(),
             work: Box::new(work),
             precondition: None,
+            accesses: vec![],
         }
+    }
+    /// The task, declaring the buffers it reads (`false`) and writes (`true`): scheduling it
+    /// on a device first makes the device wait for tasks of other devices that write them
+    /// (or, for the ones it writes, read them) and were scheduled before (see
+    /// `Device::schedule`).
+    pub fn with_accesses(mut self, accesses: Vec<(BufferPtr, bool)>) -> Task {
+        self.accesses = accesses;
+        self
     }
     /// The task with a check that scheduling it runs first (and fails with).
     pub fn with_precondition(mut self, check: impl Fn() -> Result<()> + Send + 'static) -> Task {
