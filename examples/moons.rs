@@ -3,13 +3,19 @@
 //! ```text
 //! cargo run --release --example moons -- [--seed N] [--points N] [--hidden N] [--batch N]
 //!     [--epochs N] [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-//!     [--backend multicore|sync] [--plot FILE.png] [--no-plot]
+//!     [--backend multicore|sync|mpi] [--plot FILE.png] [--no-plot]
+//! mpirun -n R target/release/examples/moons --backend mpi [--devices N] ...
 //! ```
 //!
 //! Prints the mean loss of every epoch, the training-set accuracy, a terminal plot of the
 //! points and the decision boundary, where the time went, and a summary line
-//! `accuracy: A devices: N samples/s: S compile_ms: C`. With `--plot FILE.png` it also draws
-//! the points and the decision boundary into a PNG.
+//! `accuracy: A devices: N ranks: R samples/s: S compile_ms: C`. With `--plot FILE.png` it
+//! also draws the points and the decision boundary into a PNG.
+//!
+//! With `--backend mpi` (built with `--features mpi`, run under `mpirun`), every rank trains
+//! its `--devices N` local devices (default 1) on its share of each batch, the ranks
+//! all-reduce the gradients, and only rank 0 prints; `devices: N` in the summary is per rank.
+//! An error on a rank prints `rank R: error: ...` and aborts the whole job.
 //!
 //! The model, the training step (per-device gradients of batch slices, a tree merge through
 //! merge buffers, the SGD update on device 0, parameters copied back) and the dataset live in
@@ -21,7 +27,7 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: moons [--seed N] [--points N] [--hidden N] [--batch N] [--epochs N]
              [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-             [--backend multicore|sync] [--plot FILE.png] [--no-plot]
+             [--backend multicore|sync|mpi] [--plot FILE.png] [--no-plot]
 
 Trains a 2-H-H-1 ReLU MLP (hinge loss, SGD with linearly decaying learning rate and weight
 decay) on two moons, data-parallel over N virtual devices.
@@ -33,9 +39,11 @@ decay) on two moons, data-parallel over N virtual devices.
   --epochs N        passes over the dataset (default 20)
   --lr X            initial learning rate, decaying linearly (default 0.1)
   --weight-decay X  weight decay (default 0.0002)
-  --devices N       virtual devices (default: what the backend suggests, dividing the batch)
+  --devices N       virtual devices (default: what the backend suggests, dividing the batch);
+                    with --backend mpi: devices per rank (default 1)
   --copy-to-merge   copy gradients into merge buffers (default: streaming, no copy)
-  --backend NAME    multicore (default) or sync
+  --backend NAME    multicore (default), sync, or mpi (under mpirun; needs a build with
+                    --features mpi)
   --plot FILE.png   also draw the points and the decision boundary into a PNG
   --no-plot         skip the terminal plot";
 
@@ -217,26 +225,44 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let backend: Box<dyn Backend> = backend_by_name(&args.backend).map_err(|e| e.to_string())?;
+fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
     backend.initialize(Config::default());
     let data = dataset(args.points, args.cfg.seed);
+    let ranks = backend.num_ranks();
+    // Only rank 0 prints (every rank computes the same).
+    let out = backend.rank() == 0;
+    macro_rules! say {
+        ($($t:tt)*) => { if out { println!($($t)*) } };
+    }
+    // Devices per rank (on the in-process backends, the one rank holds them all).
     let devices = match args.cfg.devices {
         Some(n) => n,
-        None => default_devices(backend.as_ref(), args.cfg.batch).map_err(|e| e.to_string())?,
+        None if ranks > 1 => 1,
+        None => default_devices(backend, args.cfg.batch).map_err(|e| e.to_string())?,
     };
     let cfg = TrainConfig {
-        devices: Some(devices),
+        devices: Some(devices * ranks),
         ..args.cfg.clone()
     };
-    println!(
-        "two moons: {} points, MLP 2-{h}-{h}-1, batch {}, {} epochs, {} {} device{} ({} merges)",
+    let where_ = if ranks > 1 {
+        format!(
+            "{ranks} ranks × {devices} {} device{} ({} devices)",
+            backend.name(),
+            if devices == 1 { "" } else { "s" },
+            devices * ranks
+        )
+    } else {
+        format!(
+            "{devices} {} device{}",
+            backend.name(),
+            if devices == 1 { "" } else { "s" }
+        )
+    };
+    say!(
+        "two moons: {} points, MLP 2-{h}-{h}-1, batch {}, {} epochs, {where_} ({} merges)",
         data.len(),
         cfg.batch,
         cfg.epochs,
-        devices,
-        backend.name(),
-        if devices == 1 { "" } else { "s" },
         if cfg.merge == MergeBufferUse::Copy {
             "copy"
         } else {
@@ -244,10 +270,14 @@ fn run(args: Args) -> Result<(), String> {
         },
         h = cfg.hidden,
     );
-    let report = train(backend.as_ref(), &data, &cfg, &mut |epoch, loss| {
-        println!("epoch {epoch} loss {loss:.4}")
+    let report = train(backend, &data, &cfg, &mut |epoch, loss| {
+        say!("epoch {epoch} loss {loss:.4}")
     })
     .map_err(|e| e.to_string())?;
+    if !out {
+        backend.unsafe_cleanup();
+        return Ok(());
+    }
     println!("training-set accuracy: {:.4}", report.accuracy);
     if args.terminal_plot {
         // Terminal cells are about twice as tall as wide: keep the picture's proportions.
@@ -279,9 +309,10 @@ fn run(args: Args) -> Result<(), String> {
     );
     backend.unsafe_cleanup();
     println!(
-        "accuracy: {:.4} devices: {} samples/s: {:.0} compile_ms: {:.0}",
+        "accuracy: {:.4} devices: {} ranks: {} samples/s: {:.0} compile_ms: {:.0}",
         report.accuracy,
-        report.devices,
+        report.devices / report.ranks,
+        report.ranks,
         report.samples_per_sec(),
         ms(report.compile_time)
     );
@@ -300,8 +331,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(args) {
+    let backend = match backend_by_name(&args.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(args, backend.as_ref()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(msg) if backend.num_ranks() > 1 => {
+            // The other ranks would wait for this one: stop the whole job.
+            // One write, so that the lines of ranks failing at once do not interleave.
+            let line = format!("rank {}: error: {msg}\n", backend.rank());
+            eprint!("{line}");
+            backend.abort_job(1);
+            ExitCode::FAILURE
+        }
         Err(msg) => {
             eprintln!("error: {msg}");
             ExitCode::FAILURE

@@ -207,6 +207,39 @@ pub enum Error {
         /// What the merge buffer holds.
         found: String,
     },
+    /// The `mpi` backend was asked for, but this build of arrayjit has no MPI support.
+    #[error(
+        "backend mpi: this binary was built without feature `mpi` (rebuild with \
+         `cargo build --release --features mpi`, which needs an MPI installation such as \
+         OpenMPI and libclang)"
+    )]
+    MpiNotBuilt,
+    /// MPI failed on a rank, or was set up or used in a way it cannot work (e.g. an MPI
+    /// library without the thread support the backend needs).
+    #[error("MPI rank {rank}: {msg}")]
+    Mpi {
+        /// The rank (in `MPI_COMM_WORLD`) where it happened.
+        rank: usize,
+        /// What went wrong.
+        msg: String,
+    },
+    /// The ranks of an SPMD job disagree where they must agree: they compiled different
+    /// routines, or run different programs.
+    #[error("MPI ranks differ in {what}: {detail}")]
+    RankMismatch {
+        /// What was compared (e.g. `the compiled batch (hash of its C source)`).
+        what: String,
+        /// Which ranks differ from which.
+        detail: String,
+    },
+    /// An all-reduce was asked for with contexts that cannot take part in it.
+    #[error("all_reduce of tensor {tensor}: {msg}")]
+    AllReduce {
+        /// The tensor reduced.
+        tensor: String,
+        /// What is wrong (naming the context or device).
+        msg: String,
+    },
 }
 
 impl Error {

@@ -1656,6 +1656,99 @@ fn address_sanitizer_needs_its_runtime_preloaded() {
     );
 }
 
+#[test]
+fn all_reduce_steps_sum_over_devices_in_process() {
+    // The MPI example program on the in-process backends and in the interpreter: by hand,
+    // the batch's column sums [18, 22, 26] times w = [1, 2, 3]; w -= g/8; twice.
+    let text = std::fs::read_to_string(example("mpi/all_reduce.json")).unwrap();
+    let p = Prog::new();
+    for backend in ["multicore", "sync"] {
+        let file = p.write(
+            &format!("{backend}.json"),
+            &text.replace("\"mpi\"", &format!("\"{backend}\"")),
+        );
+        let (v, _) = run_ok(&file);
+        assert_eq!(tensor(&v, "g").2, vec![-22.5, -77.0, -175.5], "{backend}");
+        assert_eq!(tensor(&v, "w").2, vec![1.5625, 6.125, 15.1875], "{backend}");
+    }
+    let out = arrayjit(&[
+        "run",
+        "--interpret",
+        path_str(&example("mpi/all_reduce.json")),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(tensor(&v, "w").2, vec![1.5625, 6.125, 15.1875]);
+
+    // A subset of the devices, and the errors.
+    let prog = |devices: &str, step: &str| {
+        format!(
+            r#"{{ {devices}
+  "tensors": [{{"name": "x", "dims": [2], "prec": "half", "init": {{"values": [1.5, 2]}}}},
+              {{"name": "y", "dims": [2], "prec": "half"}}],
+  "routines": [{{"name": "double", "code": [{{"assign": "y", "op": "add", "args": ["x", "x"]}}]}}],
+  "run": [{step}],
+  "print": ["y"]
+}}"#
+        )
+    };
+    let file = p.write(
+        "subset.json",
+        &prog(
+            r#""devices": 3,"#,
+            r#"{"routine": "double", "device": 0}, {"routine": "double", "device": 2},
+               {"all_reduce": "y", "devices": [2, 0]}"#,
+        ),
+    );
+    let (v, _) = run_ok(&file);
+    assert_eq!(tensor(&v, "y").2, vec![6.0, 8.0]);
+    for (devices, step, msg) in [
+        (
+            "",
+            r#"{"all_reduce": "y"}"#,
+            "all_reduce needs a multi-device program",
+        ),
+        (
+            r#""devices": 3,"#,
+            r#"{"all_reduce": "y", "devices": [0, 0]}"#,
+            "device 0 is listed twice",
+        ),
+        (
+            r#""devices": 3,"#,
+            r#"{"all_reduce": "y", "devices": [0, 3]}"#,
+            "device 3 does not exist",
+        ),
+        (
+            r#""devices": 3,"#,
+            r#"{"all_reduce": "y", "devices": []}"#,
+            "an all_reduce needs at least one device",
+        ),
+        (
+            r#""devices": 3,"#,
+            r#"{"all_reduce": "q"}"#,
+            "unknown tensor \"q\"",
+        ),
+        (
+            r#""devices": 3,"#,
+            r#"{"all_reduce": "y", "device": 1}"#,
+            "\"device\" does not go with this kind of run step",
+        ),
+    ] {
+        let err = run_err(&p.write("bad.json", &prog(devices, step)));
+        assert!(err.contains(msg), "{step}: {err}");
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn backend_mpi_without_the_feature_is_a_clear_error() {
+    let err = run_err(&example("mpi/all_reduce.json"));
+    assert!(
+        err.contains("backend mpi: this binary was built without feature `mpi`"),
+        "{err}"
+    );
+}
+
 /// A routine that reads a tensor nothing has written (neither hosted nor computed by a
 /// routine run before it) reads zeros; the CLI says so on stderr once, naming the routine and
 /// the tensor, and still prints the values. With its producer run first, no warning;

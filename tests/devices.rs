@@ -1025,3 +1025,80 @@ fn prepared_transfers_check_like_device_to_device_and_run_again() {
         }
     });
 }
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn backend_mpi_without_the_feature_is_a_clear_error() {
+    let err = backend_by_name("mpi").err().expect("no MPI in this build");
+    assert!(matches!(err, arrayjit::Error::MpiNotBuilt), "{err}");
+    assert!(err.to_string().contains("--features mpi"), "{err}");
+}
+
+#[test]
+fn all_reduce_sums_over_in_process_devices_in_every_precision() {
+    for backend in [
+        Box::new(MulticoreBackend::new()) as Box<dyn Backend>,
+        Box::new(SyncBackend::new()),
+    ] {
+        backend.initialize(Config::default());
+        for (prec, values, want) in [
+            (Prec::Single, [1.5, -2.0, 4.0], vec![4.5, -6.0, 12.0]),
+            (
+                Prec::Double,
+                [0.1, 0.2, 0.3],
+                vec![0.1 + 0.1 + 0.1, 0.6000000000000001, 0.8999999999999999],
+            ),
+            (Prec::Half, [0.5, 1.0, 1.5], vec![1.5, 3.0, 4.5]),
+            (Prec::Byte, [100.0, 200.0, 255.0], vec![44.0, 88.0, 253.0]),
+        ] {
+            let g = Tnode::hosted(&["g"], &[3], prec).unwrap();
+            let out = Tnode::hosted(&["out"], &[3], prec).unwrap();
+            let code = backend
+                .compile(
+                    true,
+                    Some("touch"),
+                    &Bindings(vec![]),
+                    &arrayjit::nn::scale(&out, &g, 1.0).unwrap(),
+                )
+                .unwrap();
+            let mut ctxs = vec![];
+            let mut devices = vec![];
+            for _ in 0..3 {
+                let d = backend
+                    .new_virtual_device(&backend.get_device(0).unwrap())
+                    .unwrap();
+                let root = backend.init(&d).unwrap();
+                let r = backend.link(&[], &root, &code).unwrap();
+                g.set_host_values(&values).unwrap();
+                backend.from_host(r.context(), &g).unwrap();
+                backend.await_device(&d).unwrap();
+                ctxs.push(r.context().clone());
+                devices.push(d);
+            }
+            backend.all_reduce(std::slice::from_ref(&g), &ctxs).unwrap();
+            for (d, c) in devices.iter().zip(&ctxs) {
+                backend.to_host(c, &g).unwrap();
+                backend.await_device(d).unwrap();
+                assert_eq!(
+                    g.host_values().unwrap(),
+                    want,
+                    "{} {prec:?}",
+                    backend.name()
+                );
+            }
+            // The same device twice, and a context without the tensor, are errors.
+            let e = backend.all_reduce(
+                std::slice::from_ref(&g),
+                &[ctxs[0].clone(), ctxs[0].clone()],
+            );
+            assert!(e.unwrap_err().to_string().contains("is given twice"));
+            let bare = backend.init(&devices[1]).unwrap();
+            let e = backend.all_reduce(std::slice::from_ref(&g), &[ctxs[0].clone(), bare]);
+            assert!(e
+                .unwrap_err()
+                .to_string()
+                .contains("the tensor is not in context"));
+        }
+        backend.unsafe_cleanup();
+    }
+}

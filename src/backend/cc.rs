@@ -154,10 +154,15 @@ impl Routine {
 
     /// Runs the routine now, on this thread. On a device, it first waits for everything
     /// already scheduled there (transfers included), so that it sees their effects, and
-    /// reports an earlier failure on the device instead of running.
+    /// reports an earlier failure on the device instead of running. On a device of another
+    /// process ([`Device::is_remote`]) it does nothing.
     pub fn run(&self) -> Result<()> {
         if let Some(d) = &self.device {
             d.await_idle()?;
+            if d.is_remote() {
+                // Another process (MPI rank) owns the device and runs the routine there.
+                return Ok(());
+            }
             d.wait_for_hazards(&self.accesses());
         }
         self.run_with(&self.bindings.values())

@@ -405,6 +405,8 @@ struct Inner {
     failures: Arc<Failures>,
     /// See [`Device::set_streamed`].
     streamed: Mutex<Option<BufferPtr>>,
+    /// The device belongs to another process (an MPI rank): its tasks are dropped unrun.
+    remote: bool,
 }
 
 /// A virtual device: a queue of tasks (run by a worker thread on the multicore backend, at
@@ -447,6 +449,16 @@ impl Device {
     /// physical device; see [`Device::on_same_queue`]).
     pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
         let queue_name = format!("{}:{}", physical.backend, physical.ordinal);
+        Device::named_worker(physical, subordinal, queue_name)
+    }
+
+    /// A device whose tasks run on a new worker thread, whose queue (and thread) has a name of
+    /// its own.
+    pub(crate) fn named_worker(
+        physical: PhysicalDevice,
+        subordinal: usize,
+        queue_name: String,
+    ) -> Result<Device> {
         let shared = Arc::new(Shared::new(queue_name.clone()));
         let worker_shared = shared.clone();
         let handle = std::thread::Builder::new()
@@ -471,6 +483,20 @@ impl Device {
             worker: Mutex::new(None),
         };
         Device::new(physical, subordinal, Arc::new(queue))
+    }
+
+    /// A stand-in for a device that another process owns (SPMD backends: another MPI rank
+    /// runs its work). Every rank creates every device, so that all ranks make the same calls
+    /// in the same order; on the ranks that do not own it, the device drops the tasks
+    /// scheduled on it without running them, is always idle, and its events are always
+    /// complete.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn remote(physical: PhysicalDevice, subordinal: usize) -> Device {
+        let mut d = Device::synchronous(physical, subordinal);
+        if let Some(inner) = Arc::get_mut(&mut d.0) {
+            inner.remote = true;
+        }
+        d
     }
 
     /// Another virtual device of this device's physical device, on the same queue and worker
@@ -501,6 +527,7 @@ impl Device {
             queue,
             failures: Arc::default(),
             streamed: Mutex::new(None),
+            remote: false,
         }))
     }
 
@@ -522,6 +549,11 @@ impl Device {
         let sh = self.shared();
         sh.take_error(&self.0.failures)?;
         task.check()?;
+        if self.0.remote {
+            // Another process runs this device's work.
+            drop(task);
+            return Ok(());
+        }
         if !self.0.queue.threaded {
             sh.scheduled.fetch_add(1, Ordering::SeqCst);
             let r = run_captured(task);
@@ -792,6 +824,12 @@ impl Device {
     /// The current size of the `Copy` merge storage, if allocated.
     pub fn merge_storage_size(&self) -> Option<usize> {
         lock(&self.0.merge_storage).as_ref().map(|b| b.size())
+    }
+
+    /// Whether the device belongs to another process (an MPI rank other than this one): work
+    /// scheduled on it is skipped here, and runs in the owning process.
+    pub fn is_remote(&self) -> bool {
+        self.0.remote
     }
 
     /// Whether the device runs tasks on a worker thread.

@@ -1,12 +1,15 @@
 //! The user-facing `Backend` layer (the seed's device backends): everything of the no-device
 //! backend plus devices, queues and transfers, on two implementations: [`MulticoreBackend`]
 //! (a worker thread and FIFO queue per physical device, shared by its virtual devices) and
-//! [`SyncBackend`] (everything runs on the caller's thread; for debugging and tests).
+//! [`SyncBackend`] (everything runs on the caller's thread; for debugging and tests). A third,
+//! `MpiBackend` (cargo feature `mpi`, module `backend::mpi`), spreads the devices over MPI
+//! ranks.
 
-use super::buffer::BufferPtr;
+use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
 use super::context::Context;
 use super::device::{Device, Event, PhysicalDevice};
+use super::reduce;
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, Tnode};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -426,51 +429,113 @@ pub trait Backend: Send + Sync {
         dst: &Context,
         src: &Context,
     ) -> Result<Option<Transfer>> {
-        src.check_live()?;
-        dst.check_live()?;
-        let Some(src_buf) = src.get_buffer(tn) else {
-            if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
-                return Err(Error::Usage(format!(
-                    "device_to_device: tensor {} is not in the source context {}",
-                    tn.name(),
-                    src.label()
-                )));
-            }
-            return Ok(None);
+        prepare_transfer_in_process(tn, into_merge_buffer, dst, src)
+    }
+    /// Sums each tensor of `tns` over the given contexts (on distinct devices) and leaves the
+    /// sum in every one of them: the data-parallel merge of gradients. Like a transfer it is
+    /// scheduled, not done now: it reads each buffer after the work already scheduled on
+    /// its device, and the work scheduled on those devices afterwards sees the sums.
+    ///
+    /// The sum is in the tensor's precision (halves are summed in `f32` and rounded once;
+    /// bytes wrap modulo 256). This default, for the in-process backends, is a task on the
+    /// first context's device that waits for the others, sums the buffers in the order given
+    /// and writes the sums back; the other devices wait for it. [`MpiBackend`] sums each
+    /// rank's local contexts first and then across ranks with `MPI_Allreduce`; there every
+    /// rank must make the call, with the same tensors and contexts, in the same order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::AllReduce`] naming the tensor and the context when no context is given, one
+    /// is not on a device, two are on the same device, or one lacks the tensor; an earlier
+    /// failure on one of the devices.
+    ///
+    /// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
+    fn all_reduce(&self, tns: &[Tnode], ctxs: &[Context]) -> Result<()> {
+        let mut jobs = vec![];
+        let mut devices: Vec<Device> = vec![];
+        for tn in tns {
+            let parts = reduce::participants(tn, ctxs)?;
+            devices = parts.iter().map(|(d, _)| d.clone()).collect();
+            let bufs: Vec<BufferPtr> = parts.into_iter().map(|(_, b)| b).collect();
+            jobs.push((tn.prec(), reduce::elements(tn), tn.name(), bufs));
+        }
+        let Some(first) = devices.first().cloned() else {
+            return Ok(());
         };
-        let device = ctx_device(dst)?;
-        let dst_buf = match into_merge_buffer {
-            MergeBufferUse::No => {
-                let Some(dst_buf) = dst.get_buffer(tn) else {
-                    return Ok(None);
-                };
-                Some(dst_buf)
-            }
-            _ => {
-                if dst.expected_merge_node() != Some(tn) {
-                    return Err(Error::MergeNodeMismatch {
-                        context: dst.label().to_string(),
-                        expected: dst.expected_merge_node().map(Tnode::name),
-                        actual: tn.name(),
-                    });
-                }
-                None
-            }
-        };
-        Ok(Some(Transfer(Arc::new(TransferInner {
-            description: format!(
-                "device_to_device {} {:?} {} -> {}",
-                tn.name(),
-                into_merge_buffer,
-                src.label(),
-                dst.label()
+        let events: Vec<Event> = devices[1..].iter().map(|d| d.event()).collect();
+        let names: Vec<&str> = jobs.iter().map(|j| j.2.as_str()).collect();
+        first.schedule(Task::new(
+            format!(
+                "all_reduce {} over {} devices",
+                names.join(", "),
+                devices.len()
             ),
-            tn: tn.clone(),
-            mode: into_merge_buffer,
-            device,
-            src_buf,
-            dst_buf,
-        }))))
+            move || {
+                for e in &events {
+                    e.wait();
+                }
+                // Every buffer taking part, locked exclusively: each is read, then written.
+                let mut locks: Vec<(&DeviceBuffer, bool)> = jobs
+                    .iter()
+                    .flat_map(|j| j.3.iter().map(|b| (&**b, true)))
+                    .collect();
+                let _access = lock_all(&mut locks);
+                for (prec, n, name, bufs) in &jobs {
+                    for b in bufs {
+                        b.mark_written();
+                    }
+                    let what = format!("the all_reduce of {name}");
+                    let mut acc = reduce::Acc::zeros(*prec, *n, &what)?;
+                    for b in bufs {
+                        // SAFETY: the buffer's lock is held (above).
+                        unsafe { acc.add(*prec, b) };
+                    }
+                    for b in bufs {
+                        // SAFETY: the buffer's lock is held exclusively (above).
+                        unsafe { acc.store(*prec, b) };
+                    }
+                }
+                Ok(())
+            },
+        ))?;
+        let done = first.event();
+        for d in &devices[1..] {
+            d.wait_for(&done)?;
+        }
+        Ok(())
+    }
+    /// The number of processes the backend's devices are spread over: the world size of
+    /// `MpiBackend` (feature `mpi`), 1 for the in-process backends.
+    fn num_ranks(&self) -> usize {
+        1
+    }
+    /// This process's rank among [`Backend::num_ranks`] (0 for the in-process backends).
+    fn rank(&self) -> usize {
+        0
+    }
+    /// The physical device that virtual device `index` of `total` goes on, for programs
+    /// that spread `total` devices evenly: `index mod P` on the in-process backends (round
+    /// robin over the cores); on `MpiBackend` (feature `mpi`) the rank
+    /// `index / (total / ranks)`, so that each rank holds a consecutive block.
+    fn placement(&self, index: usize, total: usize) -> usize {
+        let _ = total;
+        index % self.num_physical_devices().max(1)
+    }
+    /// Checks that every rank passes the same `bytes` (e.g. the program it runs); `what` names
+    /// them in the error. Always `Ok` on the in-process backends; on
+    /// `MpiBackend` (feature `mpi`) an all-gather of BLAKE3 hashes that every rank
+    /// must call in the same order, failing with [`Error::RankMismatch`] naming the ranks
+    /// that differ from rank 0.
+    fn check_ranks_agree(&self, what: &str, bytes: &[u8]) -> Result<()> {
+        let _ = (what, bytes);
+        Ok(())
+    }
+    /// Ends the whole job after an unrecoverable error on this process: on
+    /// `MpiBackend` (feature `mpi`) it prints nothing and calls `MPI_Abort`, which
+    /// stops every rank (without it, the other ranks would wait for this one forever); on the
+    /// in-process backends it does nothing and returns.
+    fn abort_job(&self, code: i32) {
+        let _ = code;
     }
     /// Copies `tn`'s buffer in `src` into `dst` (now, on this thread).
     fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
@@ -498,6 +563,61 @@ pub trait Backend: Send + Sync {
         }
         self.core().cc.unsafe_cleanup();
     }
+}
+
+/// [`Backend::prepare_transfer`] between two contexts of this process (the default, and the
+/// MPI backend's within a rank).
+pub(crate) fn prepare_transfer_in_process(
+    tn: &Tnode,
+    into_merge_buffer: MergeBufferUse,
+    dst: &Context,
+    src: &Context,
+) -> Result<Option<Transfer>> {
+    src.check_live()?;
+    dst.check_live()?;
+    let Some(src_buf) = src.get_buffer(tn) else {
+        if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
+            return Err(Error::Usage(format!(
+                "device_to_device: tensor {} is not in the source context {}",
+                tn.name(),
+                src.label()
+            )));
+        }
+        return Ok(None);
+    };
+    let device = ctx_device(dst)?;
+    let dst_buf = match into_merge_buffer {
+        MergeBufferUse::No => {
+            let Some(dst_buf) = dst.get_buffer(tn) else {
+                return Ok(None);
+            };
+            Some(dst_buf)
+        }
+        _ => {
+            if dst.expected_merge_node() != Some(tn) {
+                return Err(Error::MergeNodeMismatch {
+                    context: dst.label().to_string(),
+                    expected: dst.expected_merge_node().map(Tnode::name),
+                    actual: tn.name(),
+                });
+            }
+            None
+        }
+    };
+    Ok(Some(Transfer(Arc::new(TransferInner {
+        description: format!(
+            "device_to_device {} {:?} {} -> {}",
+            tn.name(),
+            into_merge_buffer,
+            src.label(),
+            dst.label()
+        ),
+        tn: tn.clone(),
+        mode: into_merge_buffer,
+        device,
+        src_buf,
+        dst_buf,
+    }))))
 }
 
 /// One worker thread and one FIFO queue per physical device (each core of the machine),
@@ -591,13 +711,20 @@ impl Backend for SyncBackend {
     }
 }
 
-/// A backend chosen by name: `multicore` or `sync`.
+/// A backend chosen by name: `multicore`, `sync`, or `mpi` ([`MpiBackend`], which
+/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]).
+///
+/// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
 pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
     match name {
         "multicore" => Ok(Box::new(MulticoreBackend::new())),
         "sync" => Ok(Box::new(SyncBackend::new())),
+        #[cfg(feature = "mpi")]
+        "mpi" => Ok(Box::new(super::mpi::MpiBackend::new()?)),
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => Err(Error::MpiNotBuilt),
         other => Err(Error::Usage(format!(
-            "unknown backend {other:?}: expected multicore or sync"
+            "unknown backend {other:?}: expected multicore, sync or mpi"
         ))),
     }
 }

@@ -6,6 +6,9 @@ pub mod cc;
 pub mod context;
 pub mod device;
 pub mod devices;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod reduce;
 pub mod sexp;
 pub mod task;
 
@@ -16,3 +19,5 @@ pub use device::{Device, Event, PhysicalDevice};
 pub use devices::{
     backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer,
 };
+#[cfg(feature = "mpi")]
+pub use mpi::MpiBackend;

@@ -13,6 +13,14 @@
 //!    by the static index `step`) and records the step's loss;
 //! 4. the parameters are copied from device 0 to the other devices.
 //!
+//! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
+//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
+//! each rank's block into its first device (the rank's *leader*), the leaders then all-reduce
+//! the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every leader applies
+//! the same SGD update (so the parameters stay identical on every rank) and copies the
+//! parameters to the other devices of its block: the Horovod pattern. With one rank this is
+//! exactly the steps above.
+//!
 //! The host never waits for a device inside a step: it schedules the steps of an epoch and
 //! the devices order their work among themselves with events ([`Backend::record_event`],
 //! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
@@ -115,7 +123,8 @@ pub struct TrainConfig {
     pub learning_rate: f64,
     /// Weight decay (L2 penalty factor in the SGD step).
     pub weight_decay: f64,
-    /// Number of virtual devices; `None`: [`default_devices`].
+    /// Number of virtual devices (over all ranks, a multiple of [`Backend::num_ranks`]);
+    /// `None`: [`default_devices`].
     pub devices: Option<usize>,
     /// `Streaming` or `Copy`: how gradients reach the merging device.
     pub merge: MergeBufferUse,
@@ -159,8 +168,11 @@ pub struct PhaseTimes {
 pub struct TrainReport {
     /// The backend's name.
     pub backend: String,
-    /// Number of virtual devices used.
+    /// Number of virtual devices used (over all ranks).
     pub devices: usize,
+    /// Number of processes the devices were spread over ([`Backend::num_ranks`]: 1 but for
+    /// the MPI backend, where each rank holds `devices / ranks` of them).
+    pub ranks: usize,
     /// Mean batch loss of each epoch.
     pub epoch_losses: Vec<f64>,
     /// Fraction of the dataset's points classified correctly after training.
@@ -199,7 +211,8 @@ impl TrainReport {
 
 /// The number of devices to use by default: the backend's physical devices times its
 /// suggested virtual devices per physical device, reduced to the largest number that divides
-/// `batch` (each device gets an equal slice).
+/// `batch` (each device gets an equal slice) and is a multiple of the backend's ranks (each
+/// rank holds as many).
 ///
 /// # Errors
 ///
@@ -207,10 +220,11 @@ impl TrainReport {
 pub fn default_devices(backend: &dyn Backend, batch: usize) -> Result<usize> {
     let per = backend.suggested_num_virtual_devices(&backend.get_device(0)?);
     let n = (backend.num_physical_devices() * per).max(1);
+    let ranks = backend.num_ranks().max(1);
     Ok((1..=n)
         .rev()
-        .find(|d| batch.is_multiple_of(*d))
-        .unwrap_or(1))
+        .find(|d| batch.is_multiple_of(*d) && d.is_multiple_of(ranks))
+        .unwrap_or(ranks))
 }
 
 fn hosted(label: &[&str], dims: &[usize], prec: Prec, values: Vec<f64>) -> Result<Tnode> {
@@ -255,8 +269,13 @@ struct Plan {
     devs: Vec<Dev>,
     slot: StaticSymbol,
     step: StaticSymbol,
-    /// In tree order: rounds with stride 1, 2, 4, ...
+    /// In tree order within each rank's group: rounds with stride 1, 2, 4, ...
     merges: Vec<MergeJob>,
+    /// The first device of each rank's group (device 0 on the in-process backends).
+    leaders: Vec<usize>,
+    /// What the leaders all-reduce across ranks (the gradients and the loss), when there are
+    /// several ranks, and the leaders' contexts.
+    all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
     copies: Vec<CopyJob>,
 }
 
@@ -274,48 +293,55 @@ impl Plan {
         params: &[Tnode],
         merge: MergeBufferUse,
     ) -> Result<Plan> {
-        let n_dev = devs.len();
+        let ranks = backend.num_ranks().max(1);
+        let group = devs.len() / ranks;
+        let leaders: Vec<usize> = (0..ranks).map(|r| r * group).collect();
         let mut merges = vec![];
-        let mut stride = 1;
-        while stride < n_dev {
-            for to in (0..n_dev).step_by(2 * stride) {
-                let from = to + stride;
-                if from >= n_dev {
-                    continue;
+        for &base in &leaders {
+            let mut stride = 1;
+            while stride < group {
+                for local in (0..group).step_by(2 * stride) {
+                    if local + stride >= group {
+                        continue;
+                    }
+                    let (to, from) = (base + local, base + local + stride);
+                    let (dt, df) = (&devs[to], &devs[from]);
+                    let work = merge_nodes
+                        .iter()
+                        .zip(&dt.merges)
+                        .map(|(g, r)| {
+                            let t = backend.prepare_transfer(g, merge, r.context(), &df.ctx)?;
+                            let t = t.ok_or_else(|| {
+                                Error::Usage(format!("gradient {} is not on a device", g.name()))
+                            })?;
+                            Ok((t, r.clone()))
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    merges.push(MergeJob {
+                        to,
+                        from,
+                        description: format!(
+                            "merge the gradients of {} into {}",
+                            df.device.name(),
+                            dt.device.name()
+                        ),
+                        work: work.into(),
+                    });
                 }
-                let (dt, df) = (&devs[to], &devs[from]);
-                let work = merge_nodes
-                    .iter()
-                    .zip(&dt.merges)
-                    .map(|(g, r)| {
-                        let t = backend.prepare_transfer(g, merge, r.context(), &df.ctx)?;
-                        let t = t.ok_or_else(|| {
-                            Error::Usage(format!("gradient {} is not on a device", g.name()))
-                        })?;
-                        Ok((t, r.clone()))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                merges.push(MergeJob {
-                    to,
-                    from,
-                    description: format!(
-                        "merge the gradients of {} into {}",
-                        df.device.name(),
-                        dt.device.name()
-                    ),
-                    work: work.into(),
-                });
+                stride *= 2;
             }
-            stride *= 2;
         }
-        let d0 = &devs[0];
         let mut copies = vec![];
-        for (to, d) in devs.iter().enumerate().skip(1) {
+        for (to, d) in devs.iter().enumerate() {
+            let leader = &devs[to / group * group];
+            if to % group == 0 {
+                continue;
+            }
             let work = params
                 .iter()
                 .map(|p| {
                     backend
-                        .prepare_transfer(p, MergeBufferUse::No, &d.ctx, &d0.ctx)?
+                        .prepare_transfer(p, MergeBufferUse::No, &d.ctx, &leader.ctx)?
                         .ok_or_else(|| {
                             Error::Usage(format!("parameter {} is not on a device", p.name()))
                         })
@@ -323,15 +349,21 @@ impl Plan {
                 .collect::<Result<Vec<_>>>()?;
             copies.push(CopyJob {
                 to,
-                description: format!("copy the parameters from {}", d0.device.name()),
+                description: format!("copy the parameters from {}", leader.device.name()),
                 work: work.into(),
             });
         }
+        let all_reduce = (ranks > 1).then(|| {
+            let ctxs = leaders.iter().map(|&l| devs[l].ctx.clone()).collect();
+            (merge_nodes.to_vec(), ctxs)
+        });
         Ok(Plan {
             devs,
             slot,
             step,
             merges,
+            leaders,
+            all_reduce,
             copies,
         })
     }
@@ -374,26 +406,33 @@ impl Plan {
                 }),
             )?;
         }
-        // 3. Update on device 0.
-        let d0 = &devs[0];
-        d0.update.bindings().set_symbol(&self.step, s as i64)?;
-        d0.update.schedule()?;
-        // 4. Parameters back to the other devices.
-        if !self.copies.is_empty() {
-            let updated = backend.record_event(&d0.device);
-            for job in &self.copies {
-                let (updated, work) = (updated.clone(), job.work.clone());
-                backend.schedule(
-                    &devs[job.to].device,
-                    Task::new(job.description.clone(), move || {
-                        updated.wait();
-                        for t in work.iter() {
-                            part(t.description(), t.run())?;
-                        }
-                        Ok(())
-                    }),
-                )?;
-            }
+        // 3. Across ranks: the leaders' gradients and losses are all-reduced (MPI).
+        if let Some((nodes, ctxs)) = &self.all_reduce {
+            backend.all_reduce(nodes, ctxs)?;
+        }
+        // 4. Update on every leader (device 0 on the in-process backends; on MPI every rank
+        //    applies the same update to the same parameters, so they stay identical).
+        let mut updated = vec![];
+        for &l in &self.leaders {
+            let d = &devs[l];
+            d.update.bindings().set_symbol(&self.step, s as i64)?;
+            d.update.schedule()?;
+            updated.push(backend.record_event(&d.device));
+        }
+        // 5. Parameters from the leader to the other devices of its group.
+        let group = n_dev / self.leaders.len();
+        for job in &self.copies {
+            let (updated, work) = (updated[job.to / group].clone(), job.work.clone());
+            backend.schedule(
+                &devs[job.to].device,
+                Task::new(job.description.clone(), move || {
+                    updated.wait();
+                    for t in work.iter() {
+                        part(t.description(), t.run())?;
+                    }
+                    Ok(())
+                }),
+            )?;
         }
         Ok(())
     }
@@ -455,6 +494,16 @@ pub fn train(
             cfg.batch
         ));
     }
+    let ranks = backend.num_ranks().max(1);
+    if !n_dev.is_multiple_of(ranks) {
+        return usage(format!(
+            "{n_dev} devices cannot be spread evenly over {ranks} ranks (the devices are the \
+             total over all ranks)"
+        ));
+    }
+    let group = n_dev / ranks;
+    // This rank's group leader: the device whose results this process reads.
+    let me = backend.rank() * group;
     let prec = cfg.prec;
     let m = cfg.batch / n_dev;
     let per_epoch = data.len() / cfg.batch;
@@ -523,10 +572,10 @@ pub fn train(
     // Devices, contexts, routines, initial copies.
     let t0 = Instant::now();
     let mut devs: Vec<Dev> = vec![];
-    let physical = backend.num_physical_devices().max(1);
     let params = mlp.params();
     for i in 0..n_dev {
-        let device = backend.new_virtual_device(&backend.get_device(i % physical)?)?;
+        let physical = backend.get_device(backend.placement(i, n_dev))?;
+        let device = backend.new_virtual_device(&physical)?;
         let root = backend.init(&device)?;
         let (ctx, rs) = backend.link_batch(&[], &root, &batch)?;
         let mut rs = rs
@@ -539,7 +588,7 @@ pub fn train(
         let grad = rs.remove(0);
         let mut initial = vec![&data_x, &data_t];
         initial.extend(&params);
-        if i == 0 {
+        if i % group == 0 {
             initial.extend([&lr_schedule, &eval_x]);
         }
         for tn in initial {
@@ -607,8 +656,11 @@ pub fn train(
             on_epoch(e + 1, mean);
         }
         if epoch < cfg.epochs {
-            backend.to_host(&devs[0].ctx, &history)?;
-            readback = Some((epoch, backend.record_event(&devs[0].device)));
+            // Every rank makes the same calls; each runs only on its own leader.
+            for &l in &plan.leaders {
+                backend.to_host(&devs[l].ctx, &history)?;
+            }
+            readback = Some((epoch, backend.record_event(&devs[me].device)));
         }
     }
     // The last parameter copies, and any failure.
@@ -620,15 +672,17 @@ pub fn train(
     let train_time = t_train.elapsed();
     phases.waiting = waiting;
 
-    // Evaluation on device 0.
+    // Evaluation on device 0 (on every rank's leader: their parameters are the same).
     let t0 = Instant::now();
-    let d0 = &devs[0];
-    d0.infer.schedule()?;
-    backend.to_host(&d0.ctx, &scores)?;
-    for p in &params {
-        backend.to_host(&d0.ctx, p)?;
+    for &l in &plan.leaders {
+        let d = &devs[l];
+        d.infer.schedule()?;
+        backend.to_host(&d.ctx, &scores)?;
+        for p in &params {
+            backend.to_host(&d.ctx, p)?;
+        }
     }
-    backend.await_device(&d0.device)?;
+    backend.await_device(&devs[me].device)?;
     let predicted = scores
         .host_values()
         .ok_or_else(|| Error::Usage("scores are not hosted".into()))?;
@@ -643,6 +697,7 @@ pub fn train(
     Ok(TrainReport {
         backend: backend.name().to_string(),
         devices: n_dev,
+        ranks,
         epoch_losses,
         accuracy: correct as f64 / data.len() as f64,
         steps,

@@ -86,6 +86,9 @@ impl Machine for Single<'_> {
     ) -> Result<(), String> {
         Err("copying between devices needs a multi-device program".into())
     }
+    fn all_reduce(&mut self, _: &(String, Tnode), _: &[usize]) -> Result<(), String> {
+        Err("all_reduce needs a multi-device program".into())
+    }
     fn load_from_host(&mut self, tensor: &Tnode, _: usize) -> Result<(), String> {
         self.be
             .from_host(self.ctx, tensor)
@@ -122,11 +125,68 @@ fn execute(
     )
 }
 
+/// The device backend of a multi-device program, created before the program runs (for
+/// `"backend": "mpi"` this initializes MPI), so that after an error the caller can print it
+/// and stop the whole MPI job ([`Job::abort`]).
+pub struct Job {
+    be: Option<Box<dyn Backend>>,
+}
+
+impl Job {
+    /// The backend of `built` (none for a single-device program).
+    pub fn new(built: &Built) -> Result<Job, ProgramError> {
+        if built.devices.is_none() {
+            return Ok(Job { be: None });
+        }
+        let be = backend_by_name(&built.backend)
+            .map_err(|e| ProgramError::nowhere(format!("choosing the backend: {e}")))?;
+        Ok(Job { be: Some(be) })
+    }
+
+    /// Under MPI, checks that every rank runs the same program file (`text`).
+    pub fn check_same_program(&self, text: &str) -> Result<(), ProgramError> {
+        match &self.be {
+            Some(be) => be
+                .check_ranks_agree("the program file", text.as_bytes())
+                .map_err(|e| ProgramError::nowhere(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// No backend: a single-device program, or one the interpreter simulates.
+    pub fn none() -> Job {
+        Job { be: None }
+    }
+
+    /// This process's rank (0 but under MPI).
+    pub fn rank(&self) -> usize {
+        self.be.as_ref().map_or(0, |b| b.rank())
+    }
+
+    /// The number of ranks (1 but under MPI).
+    pub fn ranks(&self) -> usize {
+        self.be.as_ref().map_or(1, |b| b.num_ranks())
+    }
+
+    /// Stops every rank of the MPI job (does nothing on the in-process backends).
+    pub fn abort(&self) {
+        if let Some(be) = &self.be {
+            be.abort_job(1);
+        }
+    }
+
+    fn backend(&self) -> Result<&dyn Backend, ProgramError> {
+        self.be
+            .as_deref()
+            .ok_or_else(|| ProgramError::nowhere("a multi-device run without a device backend"))
+    }
+}
+
 /// A multi-device run: the backend, every device's context and routines, and what each
 /// device's pending work reads from other devices (so that the CLI never lets a device
 /// overwrite a buffer another device still reads).
 struct Devices<'a> {
-    be: Box<dyn Backend>,
+    be: &'a dyn Backend,
     devices: Vec<Device>,
     contexts: Vec<Context>,
     routines: Vec<Vec<Routine>>,
@@ -271,6 +331,17 @@ impl Machine for Devices<'_> {
         }
         Ok(())
     }
+    fn all_reduce(&mut self, tensor: &(String, Tnode), devices: &[usize]) -> Result<(), String> {
+        let go = |this: &mut Self| -> arrayjit::Result<()> {
+            // The sum overwrites every listed device's buffer of the tensor.
+            for &d in devices {
+                this.before_write(d)?;
+            }
+            let ctxs: Vec<Context> = devices.iter().map(|&d| this.contexts[d].clone()).collect();
+            this.be.all_reduce(std::slice::from_ref(&tensor.1), &ctxs)
+        };
+        go(self).map_err(|e| e.to_string())
+    }
 }
 
 /// The printed tensors' host values, in print order.
@@ -292,11 +363,11 @@ pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, Progr
 }
 
 /// A multi-device run: every routine is linked on every device (device `i` on physical
-/// device `i mod P`), hosted tensors are copied to every device first, the plan's steps are
-/// scheduled, and at the end every device is awaited and hosted tensors are copied back from
-/// device 0.
-fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
-    let mut run = prepare_devices(built, n)?;
+/// device [`Backend::placement`]: `i mod P` in process, a block of devices per rank under
+/// MPI), hosted tensors are copied to every device first, the plan's steps are scheduled, and
+/// at the end every device is awaited and hosted tensors are copied back from device 0.
+fn run_devices(built: &Built, job: &Job, n: usize) -> Result<RunResult, ProgramError> {
+    let mut run = prepare_devices(built, job.backend()?, n)?;
     let result = steps::execute(&mut run, &built.plan).and_then(|()| {
         for d in 0..n {
             run.await_device(d)
@@ -324,16 +395,30 @@ fn run_devices(built: &Built, n: usize) -> Result<RunResult, ProgramError> {
 
 /// Creates the devices, compiles every routine once, links them on every device and copies
 /// hosted tensors to every device.
-fn prepare_devices(built: &Built, n: usize) -> Result<Devices<'_>, ProgramError> {
+fn prepare_devices<'a>(
+    built: &'a Built,
+    be: &'a dyn Backend,
+    n: usize,
+) -> Result<Devices<'a>, ProgramError> {
     let lib = |what: &'static str| {
         move |e: arrayjit::Error| ProgramError::nowhere(format!("{what}: {e}"))
     };
-    let be = backend_by_name(&built.backend).map_err(lib("choosing the backend"))?;
     be.initialize(Config::default());
-    let phys = be.num_physical_devices();
+    let ranks = be.num_ranks();
+    if !n.is_multiple_of(ranks) {
+        return Err(ProgramError::at(
+            json_path!["devices"],
+            format!(
+                "{n} devices cannot be spread evenly over {ranks} MPI ranks (\"devices\" \
+                 counts the devices of all ranks: use a multiple of {ranks})"
+            ),
+        ));
+    }
     let mut devices = vec![];
     for i in 0..n {
-        let p = be.get_device(i % phys).map_err(lib("creating devices"))?;
+        let p = be
+            .get_device(be.placement(i, n))
+            .map_err(lib("creating devices"))?;
         devices.push(be.new_virtual_device(&p).map_err(lib("creating devices"))?);
     }
     let mut contexts = vec![];
@@ -420,9 +505,9 @@ impl RunResult {
 /// A printed tensor that does not live in the context (no routine materializes it, e.g. it is
 /// used by no routine, or only read where the backend reads host data directly) prints its
 /// host values, i.e. its init.
-pub fn run(built: &Built) -> Result<RunResult, ProgramError> {
+pub fn run(built: &Built, job: &Job) -> Result<RunResult, ProgramError> {
     if let Some(n) = built.devices {
-        return run_devices(built, n);
+        return run_devices(built, job, n);
     }
     let (be, ctx, routines, _) = prepare_single(built)?;
     execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
@@ -553,7 +638,12 @@ impl BenchResult {
 ///
 /// All executions together may execute at most [`MAX_EXECUTED_STEPS`] run steps; more is an
 /// error naming `--runs` (checked before anything is compiled).
-pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, ProgramError> {
+pub fn bench(
+    built: &Built,
+    job: &Job,
+    warmup: usize,
+    runs: usize,
+) -> Result<BenchResult, ProgramError> {
     let rounds = warmup.checked_add(runs).ok_or_else(|| {
         ProgramError::nowhere(format!("--warmup {warmup} plus --runs {runs} overflows"))
     })?;
@@ -576,7 +666,7 @@ pub fn bench(built: &Built, warmup: usize, runs: usize) -> Result<BenchResult, P
         ));
     }
     if let Some(n) = built.devices {
-        let mut devices = prepare_devices(built, n)?;
+        let mut devices = prepare_devices(built, job.backend()?, n)?;
         let compile_ms = devices.compile_ms;
         let result = (|| {
             for i in 0..rounds {

@@ -19,8 +19,8 @@
 //!   `"copy"` sets the destination's merge buffer to a copy of them, `"streaming"` makes the
 //!   destination's merge buffer follow the source's values (it is refreshed before each
 //!   routine the destination runs, as the merge buffer then points at the source's buffer);
-//!   `from_host` / `to_host` copy between the memory and the host arrays, `await` does
-//!   nothing.
+//!   `from_host` / `to_host` copy between the memory and the host arrays, `all_reduce` sums
+//!   the devices' values and stores the sum on each, `await` does nothing.
 //!
 //! Values are therefore those of the compiled code up to the differences documented in
 //! [`arrayjit::interp`] (intermediate results of single and half expressions kept in `f64`,
@@ -34,7 +34,7 @@ use crate::program::build::{Built, ProgramError};
 use crate::program::format::MergeDecl;
 use crate::steps::{self, quote, Machine};
 use arrayjit::interp::{self, Memory};
-use arrayjit::ir::{Assignments, Buffer, FetchOp, MemoryMode, StaticSymbol, Tnode};
+use arrayjit::ir::{Assignments, Buffer, FetchOp, MemoryMode, Prec, StaticSymbol, Tnode};
 use arrayjit::loops::Llc;
 use arrayjit::lower;
 use std::collections::HashSet;
@@ -268,6 +268,39 @@ impl Sim<'_> {
     }
 }
 
+impl Sim<'_> {
+    /// Sums the tensor's values over the devices (in the order listed, accumulating as the
+    /// backends do: singles and halves in `f32`, doubles in `f64`, bytes modulo 256) and
+    /// stores the sum, rounded to the tensor's precision, on each of them.
+    fn all_reduce_values(&mut self, tn: &Tnode, devices: &[usize]) -> arrayjit::Result<()> {
+        if !self.on_device.contains(tn) {
+            return Err(arrayjit::Error::AllReduce {
+                tensor: tn.name(),
+                msg: "the tensor is not on the devices (no routine uses it)".into(),
+            });
+        }
+        let prec = tn.prec();
+        let acc_round = |v: f64| match prec {
+            Prec::Half | Prec::Single => v as f32 as f64,
+            Prec::Double => v,
+            Prec::Byte => Prec::Byte.round(v),
+        };
+        let mut sum = interp::zeroed_values(tn)?;
+        for &d in devices {
+            for (s, v) in sum.iter_mut().zip(self.values(d, tn)?) {
+                *s = acc_round(*s + v);
+            }
+        }
+        for s in &mut sum {
+            *s = prec.round(*s);
+        }
+        for &d in devices {
+            self.devices[d].mem.set(tn, sum.clone())?;
+        }
+        Ok(())
+    }
+}
+
 impl Machine for Sim<'_> {
     fn multi_device(&self) -> bool {
         self.built.devices.is_some()
@@ -308,6 +341,10 @@ impl Machine for Sim<'_> {
             .mem
             .store_to_hosts([tensor])
             .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn all_reduce(&mut self, tensor: &(String, Tnode), devices: &[usize]) -> Result<(), String> {
+        self.all_reduce_values(&tensor.1, devices)
             .map_err(|e| e.to_string())
     }
     fn await_devices(&mut self, _: Option<usize>) -> Result<(), String> {

@@ -208,6 +208,18 @@ fn cache(action: &CacheAction) -> Result<String, String> {
     }
 }
 
+/// After an error on an MPI rank: prints it as `rank R: error: ...` and stops every rank of
+/// the job (they would wait for this one); on a single process, returns the message.
+fn stop_job(job: &exec::Job, msg: String) -> String {
+    if job.ranks() > 1 {
+        // One write, so that the lines of ranks failing at once do not interleave.
+        let line = format!("rank {}: error: {msg}\n", job.rank());
+        eprint!("{line}");
+        job.abort();
+    }
+    msg
+}
+
 /// Runs a command; `Ok` is what to print on stdout, `Err` a rendered error message.
 fn execute(cmd: &Command) -> Result<String, String> {
     use program::render_program_error as render;
@@ -218,9 +230,17 @@ fn execute(cmd: &Command) -> Result<String, String> {
         }
         Command::Bench { file, warmup, runs } => {
             let (built, text) = program::load(file)?;
-            let result =
-                exec::bench(&built, *warmup, *runs).map_err(|e| render(file, &text, &e))?;
-            Ok(result.to_json())
+            let job = exec::Job::new(&built).map_err(|e| render(file, &text, &e))?;
+            job.check_same_program(&text)
+                .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
+            let result = exec::bench(&built, &job, *warmup, *runs)
+                .map_err(|e| render(file, &text, &e))
+                .map_err(|msg| stop_job(&job, msg))?;
+            Ok(if job.rank() == 0 {
+                result.to_json()
+            } else {
+                String::new()
+            })
         }
         Command::Run {
             file,
@@ -228,12 +248,25 @@ fn execute(cmd: &Command) -> Result<String, String> {
             interpret,
         } => {
             let (built, text) = program::load(file)?;
+            // The interpreter simulates the devices in this process (MPI or not).
+            let job = if *interpret {
+                exec::Job::none()
+            } else {
+                exec::Job::new(&built).map_err(|e| render(file, &text, &e))?
+            };
+            job.check_same_program(&text)
+                .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
             let result = if *interpret {
                 interpret::run(&built)
             } else {
-                exec::run(&built)
+                exec::run(&built, &job)
             }
-            .map_err(|e| render(file, &text, &e))?;
+            .map_err(|e| render(file, &text, &e))
+            .map_err(|msg| stop_job(&job, msg))?;
+            if job.rank() != 0 {
+                // Every rank computes the same; only rank 0 prints.
+                return Ok(String::new());
+            }
             let printed = result.printed();
             match format {
                 Format::Json => output::to_json(&printed),

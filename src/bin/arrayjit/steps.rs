@@ -41,6 +41,8 @@ pub trait Machine {
     fn store_to_host(&mut self, tensor: &Tnode, device: usize) -> Result<(), String>;
     /// Waits for a device (`None`: all of them).
     fn await_devices(&mut self, device: Option<usize>) -> Result<(), String>;
+    /// Sums the tensor `(name, node)` over the devices, leaving the sum on each of them.
+    fn all_reduce(&mut self, tensor: &(String, Tnode), devices: &[usize]) -> Result<(), String>;
 }
 
 /// Runs the steps on the machine, in order.
@@ -101,6 +103,20 @@ pub fn execute(m: &mut impl Machine, steps: &[PlanStep]) -> Result<(), ProgramEr
             PlanStep::Await { device, path } => m
                 .await_devices(*device)
                 .map_err(|e| ProgramError::at(path.clone(), e))?,
+            PlanStep::AllReduce {
+                tensor,
+                devices,
+                path,
+            } => {
+                if !m.multi_device() {
+                    return Err(ProgramError::at(
+                        path.clone(),
+                        "all_reduce needs a multi-device program",
+                    ));
+                }
+                m.all_reduce(tensor, devices)
+                    .map_err(|e| ProgramError::at(path.clone(), e))?
+            }
         }
     }
     Ok(())

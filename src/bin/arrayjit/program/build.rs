@@ -117,6 +117,15 @@ pub enum PlanStep {
         /// Where the step is.
         path: JsonPath,
     },
+    /// Sum a tensor over devices, leaving the sum on each of them.
+    AllReduce {
+        /// The tensor's name and node.
+        tensor: (String, Tnode),
+        /// The devices taking part (distinct, at least one).
+        devices: Vec<usize>,
+        /// Where the step is.
+        path: JsonPath,
+    },
 }
 
 /// Everything built from a program.
@@ -815,6 +824,43 @@ fn plan(steps: &[Step], path: &[Seg], env: &PlanEnv<'_>) -> Res<(Vec<PlanStep>, 
                     path: here.clone(),
                 });
             }
+            Step::AllReduce { tensor, devices } => {
+                if !env.multi {
+                    return Err(ProgramError::at(
+                        with(&here, json_path!["all_reduce"]),
+                        "all_reduce needs a multi-device program (\"devices\": N)",
+                    ));
+                }
+                let tensor = env.tensor(tensor, with(&here, json_path!["all_reduce"]))?;
+                let devices = match devices {
+                    None => (0..env.devices).collect(),
+                    Some(list) => {
+                        let mut out: Vec<usize> = vec![];
+                        for (i, d) in list.iter().enumerate() {
+                            let d = env.device(Some(*d), with(&here, json_path!["devices", i]))?;
+                            if out.contains(&d) {
+                                return Err(ProgramError::at(
+                                    with(&here, json_path!["devices", i]),
+                                    format!("device {d} is listed twice"),
+                                ));
+                            }
+                            out.push(d);
+                        }
+                        if out.is_empty() {
+                            return Err(ProgramError::at(
+                                with(&here, json_path!["devices"]),
+                                "an all_reduce needs at least one device",
+                            ));
+                        }
+                        out
+                    }
+                };
+                out.push(PlanStep::AllReduce {
+                    tensor,
+                    devices,
+                    path: here.clone(),
+                });
+            }
             Step::Await { device } => {
                 let device = match device {
                     Some(d) => Some(env.device(Some(*d), with(&here, json_path!["await"]))?),
@@ -961,11 +1007,11 @@ pub fn build(prog: &Program, base_dir: &Path) -> Res<Built> {
         ));
     }
     let backend = prog.backend.clone().unwrap_or_else(|| "multicore".into());
-    if !matches!(backend.as_str(), "multicore" | "sync") {
+    if !matches!(backend.as_str(), "multicore" | "sync" | "mpi") {
         return Err(ProgramError::at(
             json_path!["backend"],
             format!(
-                "unknown backend {}: expected \"multicore\" or \"sync\"",
+                "unknown backend {}: expected \"multicore\", \"sync\" or \"mpi\"",
                 quote(&backend)
             ),
         ));

@@ -94,7 +94,8 @@ pub struct Program {
     /// backend.
     #[serde(default)]
     pub devices: Option<usize>,
-    /// The device backend for a multi-device run: `"multicore"` (default) or `"sync"`.
+    /// The device backend for a multi-device run: `"multicore"` (default), `"sync"` or
+    /// `"mpi"` (run under `mpirun`; `devices` counts the devices of all ranks).
     #[serde(default)]
     pub backend: Option<String>,
     /// The tensors, in declaration order.
@@ -416,6 +417,14 @@ pub enum Step {
         /// The device, or `None` for all devices.
         device: Option<usize>,
     },
+    /// `{"all_reduce": TENSOR, "devices": [D, ...] | "all"}`: afterwards every listed device
+    /// holds the sum of the listed devices' values of the tensor.
+    AllReduce {
+        /// The tensor summed.
+        tensor: String,
+        /// The devices taking part, or `None` for all (the default).
+        devices: Option<Vec<usize>>,
+    },
 }
 
 /// How a `copy` step uses the destination device's merge buffer.
@@ -461,6 +470,37 @@ impl<'de> Deserialize<'de> for UniqueBindings {
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+/// The value of an `all_reduce` step's `"devices"`: a list of devices or `"all"`.
+#[derive(Clone, Debug, PartialEq)]
+struct DeviceList(Option<Vec<usize>>);
+
+impl<'de> Deserialize<'de> for DeviceList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DeviceList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of device numbers or \"all\"")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<DeviceList, A::Error> {
+                let mut out = vec![];
+                while let Some(d) = seq.next_element::<usize>()? {
+                    out.push(d);
+                }
+                Ok(DeviceList(Some(out)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DeviceList, E> {
+                if v == "all" {
+                    Ok(DeviceList(None))
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(v), &self))
+                }
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -817,6 +857,8 @@ const STEP_FIELDS: &[&str] = &[
     "from_host",
     "to_host",
     "await",
+    "all_reduce",
+    "devices",
 ];
 
 impl<'de> Deserialize<'de> for Step {
@@ -828,7 +870,8 @@ impl<'de> Deserialize<'de> for Step {
                 f.write_str(
                     "a run step: {\"routine\": NAME, \"bindings\": {...}}, \
                      {\"repeat\": N, \"steps\": [...]}, {\"copy\": T, \"from\": S, \"to\": D}, \
-                     {\"from_host\": T}, {\"to_host\": T} or {\"await\": D}",
+                     {\"from_host\": T}, {\"to_host\": T}, {\"await\": D} or \
+                     {\"all_reduce\": T, \"devices\": [D, ...]}",
                 )
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Step, A::Error> {
@@ -844,6 +887,8 @@ impl<'de> Deserialize<'de> for Step {
                 let mut from_host: Option<String> = None;
                 let mut to_host: Option<String> = None;
                 let mut await_: Option<AwaitTarget> = None;
+                let mut all_reduce: Option<String> = None;
+                let mut devices: Option<DeviceList> = None;
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "routine" => put(&mut map, &mut routine, "routine")?,
@@ -858,6 +903,8 @@ impl<'de> Deserialize<'de> for Step {
                         "from_host" => put(&mut map, &mut from_host, "from_host")?,
                         "to_host" => put(&mut map, &mut to_host, "to_host")?,
                         "await" => put(&mut map, &mut await_, "await")?,
+                        "all_reduce" => put(&mut map, &mut all_reduce, "all_reduce")?,
+                        "devices" => put(&mut map, &mut devices, "devices")?,
                         other => return Err(de::Error::unknown_field(other, STEP_FIELDS)),
                     }
                 }
@@ -868,11 +915,12 @@ impl<'de> Deserialize<'de> for Step {
                     from_host.is_some(),
                     to_host.is_some(),
                     await_.is_some(),
+                    all_reduce.is_some(),
                 ];
                 if kinds.iter().filter(|k| **k).count() > 1 {
                     return Err(de::Error::custom(
                         "a run step has exactly one of \"routine\", \"repeat\", \"copy\", \
-                         \"from_host\", \"to_host\", \"await\"",
+                         \"from_host\", \"to_host\", \"await\", \"all_reduce\"",
                     ));
                 }
                 // Keys that belong to another kind of step.
@@ -884,6 +932,7 @@ impl<'de> Deserialize<'de> for Step {
                         ("from", from.is_some()),
                         ("to", to.is_some()),
                         ("merge", merge.is_some()),
+                        ("devices", devices.is_some()),
                     ];
                     for (k, p) in present {
                         if p && !ok.contains(&k) {
@@ -930,10 +979,18 @@ impl<'de> Deserialize<'de> for Step {
                     stray(&[])?;
                     return Ok(Step::Await { device });
                 }
+                if let Some(tensor) = all_reduce {
+                    stray(&["devices"])?;
+                    return Ok(Step::AllReduce {
+                        tensor,
+                        devices: devices.and_then(|d| d.0),
+                    });
+                }
                 Err(de::Error::custom(
                     "a run step needs \"routine\" (with optional \"bindings\" and \"device\"), \
                      \"repeat\" (with \"steps\"), \"copy\" (with \"from\", \"to\", \"merge\"), \
-                     \"from_host\", \"to_host\" or \"await\"",
+                     \"from_host\", \"to_host\", \"await\" or \"all_reduce\" (with optional \
+                     \"devices\")",
                 ))
             }
         }
