@@ -861,8 +861,8 @@ impl Backend for MpiBackend {
     fn rank(&self) -> usize {
         self.rank
     }
-    /// Rank `index · R / total` (for `total` a multiple of the `R` ranks: consecutive blocks
-    /// of `total / R` devices per rank).
+    /// Rank `⌊index · R / total⌋`: consecutive blocks of devices per rank, as even as they can
+    /// be (`total / R` each when `R` divides `total`; some ranks hold none when `total < R`).
     fn placement(&self, index: usize, total: usize) -> usize {
         (index * self.size / total.max(1)).min(self.size - 1)
     }

@@ -404,16 +404,6 @@ fn prepare_devices<'a>(
         move |e: arrayjit::Error| ProgramError::nowhere(format!("{what}: {e}"))
     };
     be.initialize(Config::default());
-    let ranks = be.num_ranks();
-    if !n.is_multiple_of(ranks) {
-        return Err(ProgramError::at(
-            json_path!["devices"],
-            format!(
-                "{n} devices cannot be spread evenly over {ranks} MPI ranks (\"devices\" \
-                 counts the devices of all ranks: use a multiple of {ranks})"
-            ),
-        ));
-    }
     let mut devices = vec![];
     for i in 0..n {
         let p = be
