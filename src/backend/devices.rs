@@ -565,18 +565,22 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// [`Backend::prepare_transfer`] between two contexts of this process (the default, and the
-/// MPI backend's within a rank).
-pub(crate) fn prepare_transfer_in_process(
+/// The checks `device_to_device` makes on every backend, and the buffers it copies between:
+/// both contexts live; the node in the source (else an error if the destination holds it or
+/// the copy goes into a merge buffer, `None` otherwise); into a merge buffer, the destination
+/// context expects the node ([`Error::MergeNodeMismatch`]); for `No`, the destination's own
+/// buffer (`None` when it holds none: nothing to copy).
+#[allow(clippy::type_complexity)]
+pub(crate) fn transfer_buffers(
     tn: &Tnode,
-    into_merge_buffer: MergeBufferUse,
+    mode: MergeBufferUse,
     dst: &Context,
     src: &Context,
-) -> Result<Option<Transfer>> {
+) -> Result<Option<(BufferPtr, Option<BufferPtr>)>> {
     src.check_live()?;
     dst.check_live()?;
     let Some(src_buf) = src.get_buffer(tn) else {
-        if dst.contains(tn) || into_merge_buffer != MergeBufferUse::No {
+        if dst.contains(tn) || mode != MergeBufferUse::No {
             return Err(Error::Usage(format!(
                 "device_to_device: tensor {} is not in the source context {}",
                 tn.name(),
@@ -585,14 +589,11 @@ pub(crate) fn prepare_transfer_in_process(
         }
         return Ok(None);
     };
-    let device = ctx_device(dst)?;
-    let dst_buf = match into_merge_buffer {
-        MergeBufferUse::No => {
-            let Some(dst_buf) = dst.get_buffer(tn) else {
-                return Ok(None);
-            };
-            Some(dst_buf)
-        }
+    let dst_buf = match mode {
+        MergeBufferUse::No => match dst.get_buffer(tn) {
+            Some(b) => Some(b),
+            None => return Ok(None),
+        },
         _ => {
             if dst.expected_merge_node() != Some(tn) {
                 return Err(Error::MergeNodeMismatch {
@@ -604,6 +605,21 @@ pub(crate) fn prepare_transfer_in_process(
             None
         }
     };
+    Ok(Some((src_buf, dst_buf)))
+}
+
+/// [`Backend::prepare_transfer`] between two contexts of this process (the default, and the
+/// MPI backend's within a rank).
+pub(crate) fn prepare_transfer_in_process(
+    tn: &Tnode,
+    into_merge_buffer: MergeBufferUse,
+    dst: &Context,
+    src: &Context,
+) -> Result<Option<Transfer>> {
+    let Some((src_buf, dst_buf)) = transfer_buffers(tn, into_merge_buffer, dst, src)? else {
+        return Ok(None);
+    };
+    let device = ctx_device(dst)?;
     Ok(Some(Transfer(Arc::new(TransferInner {
         description: format!(
             "device_to_device {} {:?} {} -> {}",

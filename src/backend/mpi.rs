@@ -67,7 +67,7 @@ use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
 use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Task};
 use super::context::Context;
 use super::device::{Device, PhysicalDevice};
-use super::devices::{Backend, DeviceCore, MergeBufferUse, Transfer};
+use super::devices::{transfer_buffers, Backend, DeviceCore, MergeBufferUse, Transfer};
 use super::reduce::{self, Acc};
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Prec, Tnode};
@@ -522,33 +522,8 @@ impl MpiBackend {
         src: &Context,
         (dst_dev, src_dev): (&Device, &Device),
     ) -> Result<bool> {
-        src.check_live()?;
-        dst.check_live()?;
-        let Some(src_buf) = src.get_buffer(tn) else {
-            if dst.contains(tn) || mode != MergeBufferUse::No {
-                return Err(Error::Usage(format!(
-                    "device_to_device: tensor {} is not in the source context {}",
-                    tn.name(),
-                    src.label()
-                )));
-            }
+        let Some((src_buf, dst_buf)) = transfer_buffers(tn, mode, dst, src)? else {
             return Ok(false);
-        };
-        let dst_buf = match mode {
-            MergeBufferUse::No => match dst.get_buffer(tn) {
-                Some(b) => Some(b),
-                None => return Ok(false),
-            },
-            _ => {
-                if dst.expected_merge_node() != Some(tn) {
-                    return Err(Error::MergeNodeMismatch {
-                        context: dst.label().to_string(),
-                        expected: dst.expected_merge_node().map(Tnode::name),
-                        actual: tn.name(),
-                    });
-                }
-                None
-            }
         };
         let tag = (self.tags.fetch_add(1, Ordering::SeqCst) % TAGS) as i32;
         let (src_rank, dst_rank) = (Self::owner(src_dev), Self::owner(dst_dev));
