@@ -11,6 +11,10 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 static NEXT_CTX: AtomicUsize = AtomicUsize::new(1);
 
+/// Whether any context was ever finalized in this process: until one is, `check_live` has
+/// nothing to look for (the common case, checked on every routine run).
+static ANY_FINALIZED: AtomicBool = AtomicBool::new(false);
+
 struct Inner {
     id: usize,
     label: String,
@@ -102,6 +106,9 @@ impl Context {
     /// Fails ([`Error::ContextFinalized`]) if this context or one it descends from was
     /// finalized: their buffers are released, so nothing may use them any more.
     pub fn check_live(&self) -> Result<()> {
+        if !ANY_FINALIZED.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let mut c = Some(self);
         while let Some(ctx) = c {
             if ctx.0.finalized.load(Ordering::SeqCst) {
@@ -161,6 +168,7 @@ impl Context {
     /// no context and no routine holds it any more (the parent's buffers stay with the
     /// parent). Does not wait for devices: see `Backend::finalize`.
     pub fn finalize(&self) {
+        ANY_FINALIZED.store(true, Ordering::SeqCst);
         self.0.finalized.store(true, Ordering::SeqCst);
         let released =
             std::mem::take(&mut *self.0.buffers.write().unwrap_or_else(|p| p.into_inner()));
