@@ -246,20 +246,45 @@ enum Guard<'a> {
 /// another thread holds a conflicting lock.
 pub fn lock_all<'a>(buffers: &mut [(&'a DeviceBuffer, bool)]) -> Access<'a> {
     buffers.sort_by_key(|(b, _)| b.ptr.as_ptr() as usize);
-    let mut guards = Vec::with_capacity(buffers.len());
-    let mut i = 0;
-    while i < buffers.len() {
-        let (b, mut write) = buffers[i];
-        while i + 1 < buffers.len() && std::ptr::eq(buffers[i + 1].0, b) {
-            i += 1;
-            write |= buffers[i].1;
+    lock_sorted(buffers.iter().copied())
+}
+
+/// A lock plan for [`lock_planned`]: the buffers in address order, each once, exclusive if
+/// any entry asks for it (what [`lock_all`] works out on every call, done once).
+pub(crate) fn plan_locks(mut buffers: Vec<(BufferPtr, bool)>) -> Arc<[(BufferPtr, bool)]> {
+    buffers.sort_by_key(|(b, _)| b.ptr.as_ptr() as usize);
+    let mut plan: Vec<(BufferPtr, bool)> = Vec::with_capacity(buffers.len());
+    for (b, write) in buffers {
+        match plan.last_mut() {
+            Some((last, w)) if Arc::ptr_eq(last, &b) => *w |= write,
+            _ => plan.push((b, write)),
+        }
+    }
+    plan.into()
+}
+
+/// Locks the buffers of a plan made by [`plan_locks`] (no sorting on the way).
+pub(crate) fn lock_planned(plan: &[(BufferPtr, bool)]) -> Access<'_> {
+    lock_sorted(plan.iter().map(|(b, w)| (&**b, *w)))
+}
+
+/// Locks buffers given in address order; consecutive entries for one buffer lock it once.
+fn lock_sorted<'a>(sorted: impl Iterator<Item = (&'a DeviceBuffer, bool)>) -> Access<'a> {
+    let mut sorted = sorted.peekable();
+    let mut guards = Vec::with_capacity(sorted.size_hint().0);
+    while let Some((b, mut write)) = sorted.next() {
+        while let Some(&(next, w)) = sorted.peek() {
+            if !std::ptr::eq(next, b) {
+                break;
+            }
+            write |= w;
+            sorted.next();
         }
         guards.push(if write {
             Guard::Write(b.write_lock())
         } else {
             Guard::Read(b.read_lock())
         });
-        i += 1;
     }
     Access { _guards: guards }
 }

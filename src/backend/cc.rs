@@ -1,7 +1,7 @@
 //! The cc no-device backend: compiles with the system C compiler and runs routines
 //! synchronously on the calling thread.
 
-use super::buffer::{lock_all, BufferPtr, DeviceBuffer};
+use super::buffer::{lock_all, lock_planned, plan_locks, BufferPtr, DeviceBuffer};
 use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
@@ -95,6 +95,8 @@ pub struct Routine {
     warned_unwritten: Arc<AtomicBool>,
     /// The context buffers with whether the code writes them (see `Routine::accesses`).
     accesses: Arc<[(BufferPtr, bool)]>,
+    /// The buffers a run locks (its context buffers and scratch; see `lock_planned`).
+    lock_plan: Arc<[(BufferPtr, bool)]>,
 }
 
 impl Routine {
@@ -218,17 +220,17 @@ impl Routine {
         };
         // Every buffer the code touches is locked for the whole run: exclusively where it
         // writes (context buffers it stores to, and its scratch), shared where it only reads.
-        let n_ctx = sig.buffers.len();
-        let mut locks: Vec<(&DeviceBuffer, bool)> = self
-            .buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (&**b, i >= n_ctx || sig.writes[i]))
-            .collect();
-        if let Some(m) = &merge {
-            locks.push((&**m, false));
-        }
-        let _access = lock_all(&mut locks);
+        // The plan is made at link; the merge buffer, which can change between runs, joins it
+        // here.
+        let _access = match &merge {
+            None => lock_planned(&self.lock_plan),
+            Some(m) => {
+                let mut locks: Vec<(&DeviceBuffer, bool)> =
+                    self.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
+                locks.push((&**m, false));
+                lock_all(&mut locks)
+            }
+        };
         if !self.warned_unwritten.load(Ordering::Relaxed) {
             self.warn_unwritten_reads();
         }
@@ -781,6 +783,14 @@ impl CcBackend {
             .zip(&compiled.sig.writes)
             .map(|(b, &w)| (b.clone(), w))
             .collect();
+        // Context buffers as the code uses them; scratch is always written.
+        let lock_plan = plan_locks(
+            accesses
+                .iter()
+                .cloned()
+                .chain(buffers[accesses.len()..].iter().map(|b| (b.clone(), true)))
+                .collect(),
+        );
         tracing::debug!(
             target: "arrayjit::backend",
             routine = name,
@@ -801,6 +811,7 @@ impl CcBackend {
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),
             warned_unwritten: Arc::default(),
+            lock_plan,
             accesses,
         })
     }
