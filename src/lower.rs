@@ -93,8 +93,15 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
             let ok = match ix {
                 AxisIndex::Fixed(i) => *i < d,
                 AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
-                // Never produced by projections.
-                AxisIndex::Linear(_) => false,
+                // `offset + Σ coef·iterator` (a flat view, e.g. a fusion buffer): its largest
+                // value must be in range, and every term must be a product iterator.
+                AxisIndex::Linear(l) => l
+                    .terms()
+                    .iter()
+                    .try_fold(l.offset, |max, (s, c)| {
+                        Some(max + c * extent(s)?.checked_sub(1)?)
+                    })
+                    .is_some_and(|max| max < d),
             };
             if !ok {
                 return bad(format!(

@@ -262,6 +262,18 @@ impl Projections {
                     .map(|(_, n)| *n)
                     .unwrap_or(*s),
             ),
+            AxisIndex::Linear(l) => {
+                let terms: Vec<(Symbol, usize)> = l
+                    .terms()
+                    .iter()
+                    .map(|&(s, c)| {
+                        let n = map.iter().find(|(o, _)| *o == s).map_or(s, |(_, n)| *n);
+                        (n, c)
+                    })
+                    .collect();
+                // Renaming keeps the number of distinct terms, so this cannot fail.
+                AxisIndex::linear(&terms, l.offset).unwrap_or(*i)
+            }
             f => *f,
         };
         Projections {

@@ -47,9 +47,11 @@
 //!
 //! [`Backend`]: crate::backend::Backend
 
+mod bucket;
 mod mlp;
 pub mod moons;
 
+pub use bucket::Bucket;
 pub use mlp::{Forward, HostMlp, Layer, Mlp};
 
 use crate::error::{Error, Result};

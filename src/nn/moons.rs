@@ -8,10 +8,16 @@
 //! 2. the gradients (and the loss) are merged into device 0 pairwise in a tree: in rounds
 //!    with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride` through
 //!    `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s buffer
-//!    is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)` for each tensor;
+//!    is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
 //! 3. device 0 applies the SGD update (the learning rate comes from a schedule tensor indexed
 //!    by the static index `step`) and records the step's loss;
 //! 4. the parameters are copied from device 0 to the other devices.
+//!
+//! The gradients and the loss travel as one tensor, and so do the parameters (fusion
+//! buffers, [`Bucket`]): the gradient routine ends by packing the gradients and the loss into
+//! `grads`, and the update unpacks the merged `grads`, updates the parameters and packs them
+//! into `params`, which the gradient routine unpacks first. So a merge is one transfer and one
+//! routine and a parameter copy one transfer, whatever the number of layers.
 //!
 //! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
 //! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
@@ -46,7 +52,7 @@
 //! # }
 //! ```
 
-use super::{Mlp, Rng};
+use super::{merge_add, Bucket, Mlp, Rng};
 use crate::backend::{
     Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
 };
@@ -242,7 +248,8 @@ struct Dev {
     device: Device,
     ctx: Context,
     grad: Routine,
-    merges: Vec<Routine>,
+    /// Adds the fused gradients (and loss) in the merge buffer to this device's.
+    merge: Routine,
     update: Routine,
     infer: Routine,
 }
@@ -252,15 +259,16 @@ struct MergeJob {
     to: usize,
     from: usize,
     description: String,
-    /// Per node: the transfer into `to`'s merge buffer, then the routine adding it.
-    work: Arc<[(Transfer, Routine)]>,
+    /// The transfer of the fused gradients into `to`'s merge buffer, then the routine adding
+    /// them.
+    work: Arc<(Transfer, Routine)>,
 }
 
-/// The parameter copies from device 0 to device `to`.
+/// The copy of the fused parameters from device 0 to device `to`.
 struct CopyJob {
     to: usize,
     description: String,
-    work: Arc<[Transfer]>,
+    work: Arc<Transfer>,
 }
 
 /// What a training step schedules, prepared once: the devices' routines, and the transfers
@@ -273,7 +281,7 @@ struct Plan {
     merges: Vec<MergeJob>,
     /// The first device of each rank's group (device 0 on the in-process backends).
     leaders: Vec<usize>,
-    /// What the leaders all-reduce across ranks (the gradients and the loss), when there are
+    /// What the leaders all-reduce across ranks (the fused gradients and loss), when there are
     /// several ranks, and the leaders' contexts.
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
     copies: Vec<CopyJob>,
@@ -289,8 +297,8 @@ impl Plan {
         backend: &dyn Backend,
         devs: Vec<Dev>,
         (slot, step): (StaticSymbol, StaticSymbol),
-        merge_nodes: &[Tnode],
-        params: &[Tnode],
+        grads: &Tnode,
+        params: &Tnode,
         merge: MergeBufferUse,
     ) -> Result<Plan> {
         let ranks = backend.num_ranks().max(1);
@@ -306,17 +314,12 @@ impl Plan {
                     }
                     let (to, from) = (base + local, base + local + stride);
                     let (dt, df) = (&devs[to], &devs[from]);
-                    let work = merge_nodes
-                        .iter()
-                        .zip(&dt.merges)
-                        .map(|(g, r)| {
-                            let t = backend.prepare_transfer(g, merge, r.context(), &df.ctx)?;
-                            let t = t.ok_or_else(|| {
-                                Error::Usage(format!("gradient {} is not on a device", g.name()))
-                            })?;
-                            Ok((t, r.clone()))
-                        })
-                        .collect::<Result<Vec<_>>>()?;
+                    let t = backend
+                        .prepare_transfer(grads, merge, dt.merge.context(), &df.ctx)?
+                        .ok_or_else(|| {
+                            Error::Usage(format!("gradients {} are not on a device", grads.name()))
+                        })?;
+                    let work = (t, dt.merge.clone());
                     merges.push(MergeJob {
                         to,
                         from,
@@ -325,7 +328,7 @@ impl Plan {
                             df.device.name(),
                             dt.device.name()
                         ),
-                        work: work.into(),
+                        work: Arc::new(work),
                     });
                 }
                 stride *= 2;
@@ -337,25 +340,20 @@ impl Plan {
             if to % group == 0 {
                 continue;
             }
-            let work = params
-                .iter()
-                .map(|p| {
-                    backend
-                        .prepare_transfer(p, MergeBufferUse::No, &d.ctx, &leader.ctx)?
-                        .ok_or_else(|| {
-                            Error::Usage(format!("parameter {} is not on a device", p.name()))
-                        })
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let work = backend
+                .prepare_transfer(params, MergeBufferUse::No, &d.ctx, &leader.ctx)?
+                .ok_or_else(|| {
+                    Error::Usage(format!("parameters {} are not on a device", params.name()))
+                })?;
             copies.push(CopyJob {
                 to,
                 description: format!("copy the parameters from {}", leader.device.name()),
-                work: work.into(),
+                work: Arc::new(work),
             });
         }
         let all_reduce = (ranks > 1).then(|| {
             let ctxs = leaders.iter().map(|&l| devs[l].ctx.clone()).collect();
-            (merge_nodes.to_vec(), ctxs)
+            (vec![grads.clone()], ctxs)
         });
         Ok(Plan {
             devs,
@@ -398,11 +396,9 @@ impl Plan {
                 &devs[job.to].device,
                 Task::new(job.description.clone(), move || {
                     source.wait();
-                    for (t, r) in work.iter() {
-                        part(t.description(), t.run())?;
-                        part(r.name(), r.run_in_task())?;
-                    }
-                    Ok(())
+                    let (t, r) = &*work;
+                    part(t.description(), t.run())?;
+                    part(r.name(), r.run_in_task())
                 }),
             )?;
         }
@@ -427,10 +423,7 @@ impl Plan {
                 &devs[job.to].device,
                 Task::new(job.description.clone(), move || {
                     updated.wait();
-                    for t in work.iter() {
-                        part(t.description(), t.run())?;
-                    }
-                    Ok(())
+                    part(work.description(), work.run())
                 }),
             )?;
         }
@@ -549,21 +542,37 @@ pub fn train(
         projections: einsum::projections("0->{step}", history.dims(), &[loss.dims()], &bindings)?,
     };
 
-    let mut names = vec!["grad".to_string()];
-    let mut code = vec![mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?];
-    let merges = mlp.merge_routines(std::slice::from_ref(&loss));
-    let merge_nodes: Vec<Tnode> = mlp.grads().into_iter().chain([loss.clone()]).collect();
-    for (name, a) in merges {
-        names.push(name);
-        code.push(a);
-    }
-    names.push("sgd_update".into());
-    code.push(Assignments::seq([
-        mlp.sgd_routine(&lr_schedule, &step, cfg.weight_decay)?,
-        Assignments::block("record the step's loss", record),
-    ]));
-    names.push("infer".into());
-    code.push(mlp.infer_routine(&eval_x, &scores)?);
+    // Fusion buffers: the gradients and the loss travel between devices as one tensor, and
+    // so do the parameters, so a merge is one transfer and one routine, and a parameter copy
+    // one transfer, whatever the number of layers.
+    let grads = Bucket::new(
+        &["grads"],
+        &mlp.grads()
+            .into_iter()
+            .chain([loss.clone()])
+            .collect::<Vec<_>>(),
+        MemoryMode::OnDevice,
+    )?;
+    let params = Bucket::new(&["params"], &mlp.params(), MemoryMode::OnDevice)?;
+    let names: Vec<String> = ["grad", "merge_grads", "sgd_update", "infer", "pack_params"]
+        .map(String::from)
+        .into();
+    let code = vec![
+        Assignments::seq([
+            params.unpack()?,
+            mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
+            grads.pack()?,
+        ]),
+        Assignments::block("merge the gradients and the loss", merge_add(grads.flat())),
+        Assignments::seq([
+            grads.unpack()?,
+            mlp.sgd_routine(&lr_schedule, &step, cfg.weight_decay)?,
+            Assignments::block("record the step's loss", record),
+            params.pack()?,
+        ]),
+        mlp.infer_routine(&eval_x, &scores)?,
+        params.pack()?,
+    ];
 
     let t0 = Instant::now();
     let batch = backend.compile_batch(true, Some(&names), None, &bindings, &code)?;
@@ -572,22 +581,23 @@ pub fn train(
     // Devices, contexts, routines, initial copies.
     let t0 = Instant::now();
     let mut devs: Vec<Dev> = vec![];
-    let params = mlp.params();
+    let layer_params = mlp.params();
     for i in 0..n_dev {
         let physical = backend.get_device(backend.placement(i, n_dev))?;
         let device = backend.new_virtual_device(&physical)?;
         let root = backend.init(&device)?;
         let (ctx, rs) = backend.link_batch(&[], &root, &batch)?;
-        let mut rs = rs
+        let rs = rs
             .into_iter()
             .zip(&names)
             .map(|(r, n)| r.ok_or_else(|| Error::Usage(format!("routine {n} was not linked"))))
             .collect::<Result<Vec<Routine>>>()?;
-        let infer = rs.pop().ok_or_else(|| Error::Usage("no routines".into()))?;
-        let update = rs.pop().ok_or_else(|| Error::Usage("no routines".into()))?;
-        let grad = rs.remove(0);
+        let [grad, merge, update, infer, pack_params]: [Routine; 5] =
+            rs.try_into().map_err(|_| {
+                Error::Usage("compile_batch returned the wrong number of routines".into())
+            })?;
         let mut initial = vec![&data_x, &data_t];
-        initial.extend(&params);
+        initial.extend(&layer_params);
         if i % group == 0 {
             initial.extend([&lr_schedule, &eval_x]);
         }
@@ -596,11 +606,13 @@ pub fn train(
                 return usage(format!("tensor {} is not on device {i}", tn.name()));
             }
         }
+        // The gradient routine starts from the parameters' fusion buffer.
+        pack_params.schedule()?;
         devs.push(Dev {
             device,
             ctx,
             grad,
-            merges: rs,
+            merge,
             update,
             infer,
         });
@@ -612,8 +624,8 @@ pub fn train(
         backend,
         devs,
         (slot, step),
-        &merge_nodes,
-        &params,
+        grads.flat(),
+        params.flat(),
         cfg.merge,
     )?;
     let devs = &plan.devs;
@@ -678,7 +690,7 @@ pub fn train(
         let d = &devs[l];
         d.infer.schedule()?;
         backend.to_host(&d.ctx, &scores)?;
-        for p in &params {
+        for p in &layer_params {
             backend.to_host(&d.ctx, p)?;
         }
     }
