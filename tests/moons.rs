@@ -416,3 +416,87 @@ fn multicore_runs_match_the_sync_backend_exactly() {
         }
     });
 }
+
+/// A fusion buffer compiled to C: packing hosted tensors, then unpacking into tensors the
+/// optimizer may inline (no memory mode set) that a product reads, gives the values worked
+/// out here by hand.
+#[test]
+fn buckets_pack_and_unpack_in_compiled_code() {
+    use arrayjit::ir::einsum::projections;
+    use arrayjit::ir::{Assignments, Binop, Buffer, Unop};
+    use arrayjit::{Jit, JitConfig};
+    let w = hosted("w", &[2, 3], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+    let b = hosted("b", &[3], Prec::Single, &[10., 20., 30.]);
+    let packed = nn::Bucket::hosted(&["packed"], &[w.clone(), b.clone()]).unwrap();
+    // The copies the second routine unpacks into, and what it computes from them.
+    let w2 = Tnode::new(&["w2"], &[2, 3], Prec::Single).unwrap();
+    let b2 = Tnode::new(&["b2"], &[3], Prec::Single).unwrap();
+    let copies = nn::Bucket::hosted(&["copies"], &[w2.clone(), b2.clone()]).unwrap();
+    let out = Tnode::hosted(&["out"], &[3], Prec::Single).unwrap();
+    let none = Bindings::empty();
+    let col_sums_plus_b = Assignments::seq([
+        Assignments::AccumUnop {
+            initialize_neutral: true,
+            accum: Binop::Add,
+            op: Unop::Identity,
+            lhs: out.clone(),
+            rhs: Buffer::Node(w2.clone()),
+            projections: projections("ij->j", out.dims(), &[w2.dims()], &none).unwrap(),
+        },
+        Assignments::AccumUnop {
+            initialize_neutral: false,
+            accum: Binop::Add,
+            op: Unop::Relu,
+            lhs: out.clone(),
+            rhs: Buffer::Node(b2.clone()),
+            projections: projections("j->j", out.dims(), &[b2.dims()], &none).unwrap(),
+        },
+    ]);
+    let jit = Jit::new(JitConfig::default()).unwrap();
+    let pack = jit.compile("pack", &none, &packed.pack().unwrap()).unwrap();
+    let use_it = jit
+        .compile(
+            "use",
+            &none,
+            &Assignments::seq([
+                // The packed values, copied as a whole into the other bucket's flat tensor.
+                Assignments::AccumBinop {
+                    initialize_neutral: false,
+                    accum: Binop::Arg2,
+                    op: Binop::Arg2,
+                    lhs: copies.flat().clone(),
+                    rhs1: Buffer::Node(packed.flat().clone()),
+                    rhs2: Buffer::Node(packed.flat().clone()),
+                    projections: projections(
+                        "i,i->i",
+                        copies.flat().dims(),
+                        &[packed.flat().dims(), packed.flat().dims()],
+                        &none,
+                    )
+                    .unwrap(),
+                },
+                copies.unpack().unwrap(),
+                col_sums_plus_b,
+            ]),
+        )
+        .unwrap();
+    let device = jit.device().unwrap();
+    let ctx = jit.context(&device).unwrap();
+    let pack = jit.link(&ctx, &pack).unwrap();
+    let use_it = jit.link(pack.context(), &use_it).unwrap();
+    jit.upload(use_it.context(), &w).unwrap();
+    jit.upload(use_it.context(), &b).unwrap();
+    pack.schedule().unwrap();
+    use_it.schedule().unwrap();
+    jit.download(use_it.context(), packed.flat()).unwrap();
+    jit.download(use_it.context(), &out).unwrap();
+    assert_eq!(
+        packed.flat().host_values().unwrap(),
+        vec![1., 2., 3., 4., 5., 6., 10., 20., 30.]
+    );
+    // out[j] = Σ_i w[i,j] + relu(b[j])
+    assert_eq!(
+        out.host_values().unwrap(),
+        vec![1. + 4. + 10., 2. + 5. + 20., 3. + 6. + 30.]
+    );
+}

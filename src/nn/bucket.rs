@@ -18,14 +18,28 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    /// A bucket labelled `label` for `parts` (all of one precision), with memory mode `mode`
-    /// for the flat tensor.
+    /// A bucket labelled `label` for `parts` (all of one precision) whose flat tensor lives on
+    /// devices only (`OnDevice`): what moves between devices.
     ///
     /// # Errors
     ///
     /// [`Error::Usage`] when `parts` is empty, mixes precisions, or holds a tensor of more than
     /// four axes (a linear index has at most four terms).
-    pub fn new(label: &[&str], parts: &[Tnode], mode: MemoryMode) -> Result<Bucket> {
+    pub fn on_device(label: &[&str], parts: &[Tnode]) -> Result<Bucket> {
+        Bucket::new(label, parts, false)
+    }
+
+    /// Like [`on_device`](Bucket::on_device), with a host array for the flat tensor (zeros
+    /// until copied from a device), so that it can be copied to and from the host.
+    ///
+    /// # Errors
+    ///
+    /// As for [`on_device`](Bucket::on_device).
+    pub fn hosted(label: &[&str], parts: &[Tnode]) -> Result<Bucket> {
+        Bucket::new(label, parts, true)
+    }
+
+    fn new(label: &[&str], parts: &[Tnode], hosted: bool) -> Result<Bucket> {
         let prec: Prec = match parts.first() {
             Some(t) => t.prec(),
             None => return Err(Error::Usage(format!("bucket {label:?}: no tensors"))),
@@ -43,9 +57,12 @@ impl Bucket {
             placed.push((t.clone(), offset));
             offset += t.dims().iter().product::<usize>();
         }
-        let flat = Tnode::builder(label, &[offset], prec)
-            .memory(mode)
-            .build()?;
+        let builder = Tnode::builder(label, &[offset], prec);
+        let flat = if hosted {
+            builder.hosted().build()?
+        } else {
+            builder.memory(MemoryMode::OnDevice).build()?
+        };
         let b = Bucket {
             flat,
             parts: placed,
@@ -152,12 +169,7 @@ mod tests {
         let a = Tnode::new(&["a"], &[2, 3], Prec::Single).unwrap();
         let b = Tnode::new(&["b"], &[4], Prec::Single).unwrap();
         let s = Tnode::new(&["s"], &[1], Prec::Single).unwrap();
-        let bucket = Bucket::new(
-            &["fused"],
-            &[a.clone(), b.clone(), s.clone()],
-            MemoryMode::Materialized,
-        )
-        .unwrap();
+        let bucket = Bucket::hosted(&["fused"], &[a.clone(), b.clone(), s.clone()]).unwrap();
         assert_eq!(bucket.flat().dims(), &[11]);
         let offsets: Vec<usize> = bucket.parts().iter().map(|(_, o)| *o).collect();
         assert_eq!(offsets, vec![0, 6, 10]);
@@ -184,12 +196,12 @@ mod tests {
     fn bad_buckets_are_rejected() {
         let a = Tnode::new(&["a"], &[2], Prec::Single).unwrap();
         let d = Tnode::new(&["d"], &[2], Prec::Double).unwrap();
-        let e = Bucket::new(&["mixed"], &[a, d], MemoryMode::Materialized).unwrap_err();
+        let e = Bucket::on_device(&["mixed"], &[a, d]).unwrap_err();
         assert!(e.to_string().contains("d is"), "{e}");
-        let e = Bucket::new(&["none"], &[], MemoryMode::Materialized).unwrap_err();
+        let e = Bucket::on_device(&["none"], &[]).unwrap_err();
         assert!(e.to_string().contains("no tensors"), "{e}");
         let five = Tnode::new(&["five"], &[2, 2, 2, 2, 2], Prec::Single).unwrap();
-        let e = Bucket::new(&["deep"], &[five], MemoryMode::Materialized).unwrap_err();
+        let e = Bucket::on_device(&["deep"], &[five]).unwrap_err();
         assert!(e.to_string().contains("more than four axes"), "{e}");
     }
 }

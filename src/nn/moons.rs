@@ -545,15 +545,14 @@ pub fn train(
     // Fusion buffers: the gradients and the loss travel between devices as one tensor, and
     // so do the parameters, so a merge is one transfer and one routine, and a parameter copy
     // one transfer, whatever the number of layers.
-    let grads = Bucket::new(
+    let grads = Bucket::on_device(
         &["grads"],
         &mlp.grads()
             .into_iter()
             .chain([loss.clone()])
             .collect::<Vec<_>>(),
-        MemoryMode::OnDevice,
     )?;
-    let params = Bucket::new(&["params"], &mlp.params(), MemoryMode::OnDevice)?;
+    let params = Bucket::on_device(&["params"], &mlp.params())?;
     let names: Vec<String> = ["grad", "merge_grads", "sgd_update", "infer", "pack_params"]
         .map(String::from)
         .into();

@@ -100,6 +100,14 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                 crate::loops::visit_values(&stmt, &mut |v| match v {
                     Llv::Get(t2, i2) if t2 == tn && i2 != idcs => *ok = false,
                     Llv::GetMergeBuffer(t2, _) if t2 == tn => *ok = false,
+                    // The inliner renames iterators, not the terms of linear indices (e.g. a
+                    // read from a fusion buffer): such computations stay materialized.
+                    Llv::Get(_, i2) | Llv::GetMergeBuffer(_, i2)
+                        if i2.iter().any(|i| matches!(i, AxisIndex::Linear(_))) =>
+                    {
+                        *ok = false
+                    }
+                    Llv::EmbedIndex(AxisIndex::Linear(_)) => *ok = false,
                     _ => {}
                 });
             }
