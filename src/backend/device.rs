@@ -562,13 +562,15 @@ impl Device {
         }
         let accesses = task.accesses.take();
         if let Some(acc) = &accesses {
-            for (queue, target) in self.hazard_waits(acc) {
-                self.wait_for(&Event {
-                    device: queue.name.as_str().into(),
-                    shared: queue,
-                    failures: Arc::default(),
-                    target,
-                })?;
+            // The task itself waits first (rather than a waiting task of its own before it).
+            let mut waits = self.hazard_waits(acc);
+            waits.retain(|(queue, target)| !queue.is_complete(*target));
+            if !waits.is_empty() {
+                task = task.after(move || {
+                    for (queue, target) in waits {
+                        queue.wait_until(target);
+                    }
+                });
             }
         }
         // Back-pressure: wait for room.

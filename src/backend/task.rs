@@ -70,6 +70,16 @@ impl Task {
         self.precondition = Some(Box::new(check));
         self
     }
+    /// The task, first running `wait` (on the device, before the work): how the device layer
+    /// makes a task wait for its hazards without a task of its own.
+    pub(crate) fn after(mut self, wait: impl FnOnce() + Send + 'static) -> Task {
+        let work = self.work;
+        self.work = Box::new(move || {
+            wait();
+            work()
+        });
+        self
+    }
     /// Runs the precondition, if any.
     pub fn check(&self) -> Result<()> {
         self.precondition.as_ref().map_or(Ok(()), |c| c())

@@ -132,16 +132,37 @@ impl Bucket {
     ///
     /// None in practice: the projections were checked when the bucket was made.
     pub fn unpack(&self) -> Result<Assignments> {
+        self.unpack_from(&self.flat)
+    }
+
+    /// Copies `src`, a tensor laid out as the flat tensor (e.g. a sum of flat tensors of
+    /// several devices), into every part.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Usage`] when `src`'s dims or precision differ from the flat tensor's.
+    pub fn unpack_from(&self, src: &Tnode) -> Result<Assignments> {
+        if src.dims() != self.flat.dims() || src.prec() != self.flat.prec() {
+            return Err(Error::Usage(format!(
+                "bucket {}: cannot unpack {} ({:?} {:?}), the bucket is {:?} {:?}",
+                self.flat.name(),
+                src.name(),
+                src.dims(),
+                src.prec(),
+                self.flat.dims(),
+                self.flat.prec()
+            )));
+        }
         let mut code = vec![];
         for (t, off) in &self.parts {
             let (mut p, flat) = self.projections(t, *off)?;
-            p.rhs_dims = vec![self.flat.dims().to_vec()];
+            p.rhs_dims = vec![src.dims().to_vec()];
             p.project_rhs = vec![vec![flat]];
-            p.debug_info = format!("unpack {} from {}", t.name(), self.flat.name());
-            code.push(copy(t, &self.flat, p));
+            p.debug_info = format!("unpack {} from {}", t.name(), src.name());
+            code.push(copy(t, src, p));
         }
         Ok(Assignments::block(
-            &format!("unpack {}", self.flat.name()),
+            &format!("unpack {}", src.name()),
             Assignments::seq(code),
         ))
     }

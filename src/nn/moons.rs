@@ -13,6 +13,15 @@
 //!    by the static index `step`) and records the step's loss;
 //! 4. the parameters are copied from device 0 to the other devices.
 //!
+//! When `N` is a power of two (and there is one rank), steps 2 to 4 are an *exchange*
+//! instead (recursive doubling): in round `r = 0 .. log2 N`, devices `i` and `i ^ 2^r` each
+//! add the other's partial sum to their own, into a buffer of the round (`sum = g +
+//! merge(g)`, so `g` stays for the partner to read); after the last round every device holds
+//! the total, and every device applies the same update. That is one cross-device wait per
+//! round on a step's critical path instead of two per step, and no parameter copies. The
+//! partial sums are added in the tree's order, and addition is commutative, so every device
+//! gets the same bits as device 0 gets from the tree.
+//!
 //! The gradients and the loss travel as one tensor, and so do the parameters (fusion
 //! buffers, [`Bucket`]): the gradient routine ends by packing the gradients and the loss into
 //! `grads`, and the update unpacks the merged `grads`, updates the parameters and packs them
@@ -28,11 +37,13 @@
 //! exactly the steps above.
 //!
 //! The host never waits for a device inside a step: it schedules the steps of an epoch and
-//! the devices order their work among themselves with events ([`Backend::record_event`],
-//! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
-//! device other than 0 waits for device 0's update before copying the parameters. Those two
-//! waits also cover the write-after-read hazards (the rules are spelled out on the step
-//! scheduler in the source). The transfers and merge routines of one merge, and the copies of
+//! the devices order their work among themselves. In the tree, with events
+//! ([`Backend::record_event`], [`Backend::wait_for_event`]): a merge target waits for its
+//! source's gradients; every device other than 0 waits for device 0's update before copying
+//! the parameters. Those two waits also cover the write-after-read hazards (the rules are
+//! spelled out on the step scheduler in the source). In the exchange, the device layer's
+//! hazard tracking orders it: each round's transfer and routine are tasks that declare what
+//! they read and write ([`Transfer::task`], [`Routine::schedule`]). The transfers and merge routines of one merge, and the copies of
 //! one device, run as one task, with transfers prepared once ([`Backend::prepare_transfer`]).
 //! The host waits only for the loss history of each epoch, one epoch late (while the next
 //! epoch runs), and for every device at the end.
@@ -52,7 +63,7 @@
 //! # }
 //! ```
 
-use super::{merge_add, Bucket, Mlp, Rng};
+use super::{merge_add, merge_sum, Bucket, Mlp, Rng};
 use crate::backend::{
     Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
 };
@@ -248,8 +259,9 @@ struct Dev {
     device: Device,
     ctx: Context,
     grad: Routine,
-    /// Adds the fused gradients (and loss) in the merge buffer to this device's.
-    merge: Routine,
+    /// The tree merge's routine adding the fused gradients (and loss) in the merge buffer to
+    /// this device's, or the exchange's routine of each round.
+    merges: Vec<Routine>,
     update: Routine,
     infer: Routine,
 }
@@ -281,6 +293,9 @@ struct Plan {
     merges: Vec<MergeJob>,
     /// The first device of each rank's group (device 0 on the in-process backends).
     leaders: Vec<usize>,
+    /// Whether the devices exchange partial sums (every device updates; no copies) instead of
+    /// merging into the leaders.
+    exchange: bool,
     /// What the leaders all-reduce across ranks (the fused gradients and loss), when there are
     /// several ranks, and the leaders' contexts.
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
@@ -297,47 +312,57 @@ impl Plan {
         backend: &dyn Backend,
         devs: Vec<Dev>,
         (slot, step): (StaticSymbol, StaticSymbol),
-        grads: &Tnode,
+        merged: &[&Tnode],
         params: &Tnode,
         merge: MergeBufferUse,
+        exchange: bool,
     ) -> Result<Plan> {
         let ranks = backend.num_ranks().max(1);
         let group = devs.len() / ranks;
         let leaders: Vec<usize> = (0..ranks).map(|r| r * group).collect();
+        let job = |to: usize, from: usize, round: usize, node: &Tnode| -> Result<MergeJob> {
+            let (dt, df) = (&devs[to], &devs[from]);
+            let routine = &dt.merges[round];
+            let t = backend
+                .prepare_transfer(node, merge, routine.context(), &df.ctx)?
+                .ok_or_else(|| {
+                    Error::Usage(format!("gradients {} are not on a device", node.name()))
+                })?;
+            Ok(MergeJob {
+                to,
+                from,
+                description: format!(
+                    "merge the gradients of {} into {}",
+                    df.device.name(),
+                    dt.device.name()
+                ),
+                work: Arc::new((t, routine.clone())),
+            })
+        };
         let mut merges = vec![];
-        for &base in &leaders {
-            let mut stride = 1;
-            while stride < group {
-                for local in (0..group).step_by(2 * stride) {
-                    if local + stride >= group {
-                        continue;
-                    }
-                    let (to, from) = (base + local, base + local + stride);
-                    let (dt, df) = (&devs[to], &devs[from]);
-                    let t = backend
-                        .prepare_transfer(grads, merge, dt.merge.context(), &df.ctx)?
-                        .ok_or_else(|| {
-                            Error::Usage(format!("gradients {} are not on a device", grads.name()))
-                        })?;
-                    let work = (t, dt.merge.clone());
-                    merges.push(MergeJob {
-                        to,
-                        from,
-                        description: format!(
-                            "merge the gradients of {} into {}",
-                            df.device.name(),
-                            dt.device.name()
-                        ),
-                        work: Arc::new(work),
-                    });
+        if exchange {
+            for (round, node) in merged.iter().enumerate() {
+                for to in 0..devs.len() {
+                    merges.push(job(to, to ^ (1 << round), round, node)?);
                 }
-                stride *= 2;
+            }
+        } else {
+            for &base in &leaders {
+                let mut stride = 1;
+                while stride < group {
+                    for local in (0..group).step_by(2 * stride) {
+                        if local + stride < group {
+                            merges.push(job(base + local, base + local + stride, 0, merged[0])?);
+                        }
+                    }
+                    stride *= 2;
+                }
             }
         }
         let mut copies = vec![];
         for (to, d) in devs.iter().enumerate() {
             let leader = &devs[to / group * group];
-            if to % group == 0 {
+            if exchange || to % group == 0 {
                 continue;
             }
             let work = backend
@@ -353,7 +378,7 @@ impl Plan {
         }
         let all_reduce = (ranks > 1).then(|| {
             let ctxs = leaders.iter().map(|&l| devs[l].ctx.clone()).collect();
-            (vec![grads.clone()], ctxs)
+            (vec![merged[0].clone()], ctxs)
         });
         Ok(Plan {
             devs,
@@ -361,6 +386,7 @@ impl Plan {
             step,
             merges,
             leaders,
+            exchange,
             all_reduce,
             copies,
         })
@@ -378,6 +404,9 @@ impl Plan {
     ///
     /// One task per device and phase: the transfers and merge routines of a merge, and the
     /// copies of the parameters, run inside one task.
+    ///
+    /// The exchange schedules each round's transfer and routine as tasks that declare their
+    /// accesses, so the device layer orders them (see the module documentation).
     fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
         let devs = &self.devs;
         let n_dev = devs.len();
@@ -388,19 +417,31 @@ impl Plan {
                 .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
             d.grad.schedule()?;
         }
-        // 2. Tree merge into device 0.
-        for job in &self.merges {
-            let source = backend.record_event(&devs[job.from].device);
-            let work = job.work.clone();
-            backend.schedule(
-                &devs[job.to].device,
-                Task::new(job.description.clone(), move || {
-                    source.wait();
-                    let (t, r) = &*work;
-                    part(t.description(), t.run())?;
-                    part(r.name(), r.run_in_task())
-                }),
-            )?;
+        // 2. Tree merge into device 0, or the exchange rounds.
+        if self.exchange {
+            // The transfer and the routine as tasks that declare what they access: the device
+            // layer makes the routine wait for the partner's writes of the partial sum it reads
+            // (read after write), and the partner's next write of it wait for this read (write
+            // after read), which no event here would cover, since no copy follows.
+            for job in &self.merges {
+                let (t, r) = &*job.work;
+                backend.schedule(&devs[job.to].device, t.task())?;
+                r.schedule()?;
+            }
+        } else {
+            for job in &self.merges {
+                let source = backend.record_event(&devs[job.from].device);
+                let work = job.work.clone();
+                backend.schedule(
+                    &devs[job.to].device,
+                    Task::new(job.description.clone(), move || {
+                        source.wait();
+                        let (t, r) = &*work;
+                        part(t.description(), t.run())?;
+                        part(r.name(), r.run_in_task())
+                    }),
+                )?;
+            }
         }
         // 3. Across ranks: the leaders' gradients and losses are all-reduced (MPI).
         if let Some((nodes, ctxs)) = &self.all_reduce {
@@ -409,11 +450,18 @@ impl Plan {
         // 4. Update on every leader (device 0 on the in-process backends; on MPI every rank
         //    applies the same update to the same parameters, so they stay identical).
         let mut updated = vec![];
-        for &l in &self.leaders {
+        let all: Vec<usize> = if self.exchange {
+            (0..n_dev).collect()
+        } else {
+            self.leaders.clone()
+        };
+        for l in all {
             let d = &devs[l];
             d.update.bindings().set_symbol(&self.step, s as i64)?;
             d.update.schedule()?;
-            updated.push(backend.record_event(&d.device));
+            if !self.exchange {
+                updated.push(backend.record_event(&d.device));
+            }
         }
         // 5. Parameters from the leader to the other devices of its group.
         let group = n_dev / self.leaders.len();
@@ -435,8 +483,8 @@ impl Plan {
 /// `cfg.devices` virtual devices of `backend` (initialized with [`Config::default`] if it is
 /// not initialized yet). `on_epoch(epoch, mean_loss)` is called after each epoch (1-based).
 ///
-/// All routines (gradient, one merge per gradient and for the loss, SGD update, inference)
-/// are compiled in one `compile_batch`, linked on every device, and run as described in the
+/// All routines (gradient, the merge or one exchange routine per round, SGD update,
+/// inference, and the packing of the initial parameters) are compiled in one `compile_batch`, linked on every device, and run as described in the
 /// [module documentation](self). The batches of an epoch are the dataset's consecutive runs
 /// of `batch` points (a remainder smaller than a batch is not trained on), visited in a
 /// random order per epoch (seeded by `cfg.seed`).
@@ -553,25 +601,61 @@ pub fn train(
             .collect::<Vec<_>>(),
     )?;
     let params = Bucket::on_device(&["params"], &mlp.params())?;
-    let names: Vec<String> = ["grad", "merge_grads", "sgd_update", "infer", "pack_params"]
-        .map(String::from)
-        .into();
-    let code = vec![
+    // With a power-of-two number of devices in one process, the devices exchange partial sums
+    // pairwise (recursive doubling): in round r, device i and device i ^ 2^r each add the
+    // other's sum to their own, into `sums[r]`, so after log2(N) rounds every device holds the
+    // total, and every device applies the same update: no parameter copies, and one
+    // cross-device wait per round. The sums are added in the order of the tree merge
+    // (((g0 + g1) + (g2 + g3)) ...), and addition is commutative, so every device gets the
+    // same bits, and the same as the tree merge.
+    let exchange = ranks == 1 && n_dev > 1 && n_dev.is_power_of_two();
+    let rounds = if exchange {
+        n_dev.trailing_zeros() as usize
+    } else {
+        0
+    };
+    let sums = (0..rounds)
+        .map(|r| {
+            Tnode::builder(&["grads", &format!("sum{r}")], grads.flat().dims(), prec)
+                .memory(MemoryMode::OnDevice)
+                .build()
+        })
+        .collect::<Result<Vec<Tnode>>>()?;
+    let total = sums.last().unwrap_or(grads.flat());
+    let mut names = vec!["grad".to_string()];
+    let mut code = vec![Assignments::seq([
+        params.unpack()?,
+        mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
+        grads.pack()?,
+    ])];
+    if exchange {
+        for (r, sum) in sums.iter().enumerate() {
+            let prev = if r == 0 { grads.flat() } else { &sums[r - 1] };
+            names.push(format!("exchange_{r}"));
+            code.push(Assignments::block(
+                &format!("exchange round {r}: add the partner's partial sum"),
+                merge_sum(sum, prev)?,
+            ));
+        }
+    } else {
+        names.push("merge_grads".into());
+        code.push(Assignments::block(
+            "merge the gradients and the loss",
+            merge_add(grads.flat()),
+        ));
+    }
+    let merges = names.len() - 1;
+    names.extend(["sgd_update", "infer", "pack_params"].map(String::from));
+    code.extend([
         Assignments::seq([
-            params.unpack()?,
-            mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
-            grads.pack()?,
-        ]),
-        Assignments::block("merge the gradients and the loss", merge_add(grads.flat())),
-        Assignments::seq([
-            grads.unpack()?,
+            grads.unpack_from(total)?,
             mlp.sgd_routine(&lr_schedule, &step, cfg.weight_decay)?,
             Assignments::block("record the step's loss", record),
             params.pack()?,
         ]),
         mlp.infer_routine(&eval_x, &scores)?,
         params.pack()?,
-    ];
+    ]);
 
     let t0 = Instant::now();
     let batch = backend.compile_batch(true, Some(&names), None, &bindings, &code)?;
@@ -586,19 +670,24 @@ pub fn train(
         let device = backend.new_virtual_device(&physical)?;
         let root = backend.init(&device)?;
         let (ctx, rs) = backend.link_batch(&[], &root, &batch)?;
-        let rs = rs
+        let mut rs = rs
             .into_iter()
             .zip(&names)
             .map(|(r, n)| r.ok_or_else(|| Error::Usage(format!("routine {n} was not linked"))))
             .collect::<Result<Vec<Routine>>>()?;
-        let [grad, merge, update, infer, pack_params]: [Routine; 5] =
-            rs.try_into().map_err(|_| {
+        let [update, infer, pack_params]: [Routine; 3] =
+            rs.split_off(1 + merges).try_into().map_err(|_| {
                 Error::Usage("compile_batch returned the wrong number of routines".into())
             })?;
+        let grad = rs.remove(0);
         let mut initial = vec![&data_x, &data_t];
         initial.extend(&layer_params);
+        if exchange || i % group == 0 {
+            // Every device that updates needs the learning-rate schedule.
+            initial.push(&lr_schedule);
+        }
         if i % group == 0 {
-            initial.extend([&lr_schedule, &eval_x]);
+            initial.push(&eval_x);
         }
         for tn in initial {
             if !backend.from_host(&ctx, tn)? {
@@ -611,7 +700,7 @@ pub fn train(
             device,
             ctx,
             grad,
-            merge,
+            merges: rs,
             update,
             infer,
         });
@@ -619,13 +708,15 @@ pub fn train(
     for d in &devs {
         backend.await_device(&d.device)?;
     }
+    let merged: Vec<&Tnode> = std::iter::once(grads.flat()).chain(&sums).collect();
     let plan = Plan::new(
         backend,
         devs,
         (slot, step),
-        grads.flat(),
+        &merged[..merges],
         params.flat(),
         cfg.merge,
+        exchange,
     )?;
     let devs = &plan.devs;
     let setup_time = t0.elapsed();
