@@ -1102,3 +1102,48 @@ fn all_reduce_sums_over_in_process_devices_in_every_precision() {
         backend.unsafe_cleanup();
     }
 }
+
+/// `Task::then` runs both works in order as one task, skips the second when the first fails
+/// (the error names both), and checks both preconditions when scheduled.
+#[test]
+fn chained_tasks_run_in_order_and_stop_at_the_first_failure() {
+    let b = MulticoreBackend::new();
+    b.initialize(Config::default());
+    let d = b.new_virtual_device(&b.get_device(0).unwrap()).unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (l1, l2) = (log.clone(), log.clone());
+    let chained = Task::new("first", move || {
+        l1.lock().unwrap().push(1);
+        Ok(())
+    })
+    .then(Task::new("second", move || {
+        l2.lock().unwrap().push(2);
+        Ok(())
+    }));
+    assert_eq!(&*chained.description, "first, then second");
+    b.schedule(&d, chained).unwrap();
+    b.await_device(&d).unwrap();
+    assert_eq!(*log.lock().unwrap(), vec![1, 2]);
+
+    let l3 = log.clone();
+    let failing = Task::new("fails", || Err(arrayjit::Error::Usage("boom".into()))).then(
+        Task::new("never", move || {
+            l3.lock().unwrap().push(3);
+            Ok(())
+        }),
+    );
+    b.schedule(&d, failing).unwrap();
+    let err = b.await_device(&d).unwrap_err().to_string();
+    assert!(
+        err.contains("fails, then never") && err.contains("boom"),
+        "{err}"
+    );
+    assert_eq!(*log.lock().unwrap(), vec![1, 2]);
+
+    let refused = Task::new("a", || Ok(())).then(
+        Task::new("b", || Ok(()))
+            .with_precondition(|| Err(arrayjit::Error::Usage("not now".into()))),
+    );
+    let err = b.schedule(&d, refused).unwrap_err().to_string();
+    assert!(err.contains("not now"), "{err}");
+}

@@ -85,7 +85,9 @@ struct BatchEntry {
 #[derive(Clone)]
 pub struct Routine {
     context: Context,
-    name: String,
+    name: Arc<str>,
+    /// The description of its tasks: `routine NAME on DEVICE`.
+    task_description: Arc<str>,
     bindings: RoutineBindings,
     compiled: Arc<Compiled>,
     buffers: Arc<Vec<BufferPtr>>,
@@ -126,17 +128,10 @@ impl Routine {
     pub fn task(&self) -> Task {
         let values = self.bindings.values();
         let r = self.clone();
-        let on = self
-            .device
-            .as_ref()
-            .map(|d| format!(" on {}", d.name()))
-            .unwrap_or_default();
         let ctx = self.context.clone();
-        Task::new(format!("routine {}{on}", self.name), move || {
-            r.run_with(&values)
-        })
-        .with_precondition(move || ctx.check_live())
-        .with_accesses(self.accesses())
+        Task::new(self.task_description.clone(), move || r.run_with(&values))
+            .with_precondition(move || ctx.check_live())
+            .with_accesses(self.accesses())
     }
 
     /// Schedules the routine with the binding values current now: on a device, enqueues it
@@ -205,7 +200,7 @@ impl Routine {
                 }
                 other => {
                     return Err(Error::MergeBufferMismatch {
-                        routine: self.name.clone(),
+                        routine: self.name.to_string(),
                         expected: expected.name(),
                         found: match other {
                             Some((_, tn)) if &tn == expected => {
@@ -798,10 +793,15 @@ impl CcBackend {
             buffers = buffers.len(),
             "linked"
         );
+        let on = ctx
+            .device()
+            .map(|d| format!(" on {}", d.name()))
+            .unwrap_or_default();
         Ok(Routine {
+            task_description: format!("routine {name}{on}").into(),
             device: ctx.device().cloned(),
             context: ctx,
-            name: name.to_string(),
+            name: name.into(),
             bindings: RoutineBindings::for_routine(
                 bindings,
                 name,

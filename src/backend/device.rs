@@ -286,7 +286,7 @@ impl Shared {
                 left.extend(self.batch.drain(..));
                 for (t, failures) in &left {
                     failures.record(Error::Task {
-                        task: t.description.clone(),
+                        task: t.description.to_string(),
                         msg: "the device's worker thread ended before running it".into(),
                     });
                 }
@@ -429,8 +429,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Runs a task, turning a panic or an error into an error that names the task.
-fn run_captured(mut task: Task) -> Result<()> {
-    let description = std::mem::take(&mut task.description);
+fn run_captured(task: Task) -> Result<()> {
+    let description = task.description.to_string();
     match catch_unwind(AssertUnwindSafe(|| task.run())) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::Task {

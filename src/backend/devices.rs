@@ -31,7 +31,7 @@ pub enum MergeBufferUse {
 pub struct Transfer(Arc<TransferInner>);
 
 struct TransferInner {
-    description: String,
+    description: Arc<str>,
     tn: Tnode,
     mode: MergeBufferUse,
     /// The destination's device (whose queue must run the transfer).
@@ -627,7 +627,8 @@ pub(crate) fn prepare_transfer_in_process(
             into_merge_buffer,
             src.label(),
             dst.label()
-        ),
+        )
+        .into(),
         tn: tn.clone(),
         mode: into_merge_buffer,
         device,

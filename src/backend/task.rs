@@ -33,7 +33,7 @@ impl MergeBuffer {
 /// A unit of work: a description (for error messages) and a closure.
 pub struct Task {
     /// What the task does, e.g. `routine forward`.
-    pub description: String,
+    pub description: Arc<str>,
     work: Box<dyn FnOnce() -> Result<()> + Send>,
     /// Checked when the task is scheduled: an error here is returned by `schedule` instead of
     /// queueing the task (a routine's task checks that its context was not finalized).
@@ -46,7 +46,7 @@ pub struct Task {
 impl Task {
     /// A task from a closure.
     pub fn new(
-        description: impl Into<String>,
+        description: impl Into<Arc<str>>,
         work: impl FnOnce() -> Result<()> + Send + 'static,
     ) -> Task {
         Task {
@@ -70,6 +70,39 @@ impl Task {
         self.precondition = Some(Box::new(check));
         self
     }
+    /// One task doing this task's work, then `next`'s (unless this one fails): it declares
+    /// the accesses of both and checks both preconditions. Saves a task's scheduling when
+    /// two always run back to back on one device, such as a transfer into the merge buffer
+    /// and the routine that reads it.
+    pub fn then(self, next: Task) -> Task {
+        let description: Arc<str> =
+            format!("{}, then {}", self.description, next.description).into();
+        let accesses = match (self.accesses, next.accesses) {
+            (None, b) => b,
+            (a, None) => a,
+            (Some(a), Some(b)) => Some(a.iter().chain(b.iter()).cloned().collect()),
+        };
+        let precondition: Option<Box<dyn Fn() -> Result<()> + Send>> =
+            match (self.precondition, next.precondition) {
+                (None, b) => b,
+                (a, None) => a,
+                (Some(a), Some(b)) => Some(Box::new(move || {
+                    a()?;
+                    b()
+                })),
+            };
+        let (first, second) = (self.work, next.work);
+        Task {
+            description,
+            work: Box::new(move || {
+                first()?;
+                second()
+            }),
+            precondition,
+            accesses,
+        }
+    }
+
     /// The task, first running `wait` (on the device, before the work): how the device layer
     /// makes a task wait for its hazards without a task of its own.
     pub(crate) fn after(mut self, wait: impl FnOnce() + Send + 'static) -> Task {

@@ -425,8 +425,7 @@ impl Plan {
             // after read), which no event here would cover, since no copy follows.
             for job in &self.merges {
                 let (t, r) = &*job.work;
-                backend.schedule(&devs[job.to].device, t.task())?;
-                r.schedule()?;
+                backend.schedule(&devs[job.to].device, t.task().then(r.task()))?;
             }
         } else {
             for job in &self.merges {
