@@ -514,12 +514,13 @@ pub trait Backend: Send + Sync {
         0
     }
     /// The physical device that virtual device `index` of `total` goes on, for programs
-    /// that spread `total` devices evenly: `index mod P` on the in-process backends (round
-    /// robin over the cores); on `MpiBackend` (feature `mpi`) the rank
-    /// `index / (total / ranks)`, so that each rank holds a consecutive block.
+    /// that spread `total` devices evenly: `⌊index · P / total⌋` for `P` physical devices
+    /// (each core holds a consecutive block, so that devices next to each other, which a
+    /// tree merge pairs first, share a core); on `MpiBackend` (feature `mpi`) the rank
+    /// `⌊index · R / total⌋`.
     fn placement(&self, index: usize, total: usize) -> usize {
-        let _ = total;
-        index % self.num_physical_devices().max(1)
+        let p = self.num_physical_devices().max(1);
+        (index * p / total.max(1)).min(p - 1)
     }
     /// Checks that every rank passes the same `bytes` (e.g. the program it runs); `what` names
     /// them in the error. Always `Ok` on the in-process backends; on

@@ -64,15 +64,12 @@
 //! ```
 
 use super::{merge_add, merge_sum, Bucket, Mlp, Rng};
-use crate::backend::{
-    Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
-};
+use crate::backend::{Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Transfer};
 use crate::error::{Error, Result};
 use crate::ir::einsum;
 use crate::ir::{
     Assignments, Bindings, Binop, Buffer, InitOp, MemoryMode, Prec, StaticSymbol, Tnode, Unop,
 };
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::HostMlp;
@@ -259,124 +256,151 @@ struct Dev {
     device: Device,
     ctx: Context,
     grad: Routine,
-    /// The tree merge's routine adding the fused gradients (and loss) in the merge buffer to
-    /// this device's, or the exchange's routine of each round.
+    /// The tree merge's routine (`g = g + merge(g)` on the fused gradients and loss), then
+    /// the exchange's routine of each round.
     merges: Vec<Routine>,
     update: Routine,
     infer: Routine,
 }
 
-/// One merge of the tree: `to` adds `from`'s gradients (and loss) to its own.
-struct MergeJob {
-    to: usize,
-    from: usize,
-    description: String,
-    /// The transfer of the fused gradients into `to`'s merge buffer, then the routine adding
-    /// them.
-    work: Arc<(Transfer, Routine)>,
+/// How the devices combine their gradients (module documentation): groups of devices (one
+/// per core, or per rank), each merged into its first device (its leader) in a tree, then
+/// the leaders' sums combined.
+struct Layout {
+    /// Contiguous runs of devices, in order; the first of each is its leader.
+    groups: Vec<Vec<usize>>,
+    /// Rounds of the leaders' exchange (0: one group, or MPI ranks, which all-reduce).
+    rounds: usize,
 }
 
-/// The copy of the fused parameters from device 0 to device `to`.
-struct CopyJob {
+impl Layout {
+    /// Groups by [`Backend::placement`]. Across ranks the leaders all-reduce. In one process,
+    /// the leaders exchange when the groups are a power-of-two number of equal power-of-two
+    /// runs (the exchange then adds in the order of one tree over all devices, so every
+    /// device count gives the same bits on every backend); otherwise all devices form one
+    /// group (one tree into device 0).
+    fn new(backend: &dyn Backend, n_dev: usize) -> Layout {
+        let mut groups: Vec<Vec<usize>> = vec![];
+        let mut last = None;
+        for i in 0..n_dev {
+            let p = backend.placement(i, n_dev);
+            match groups.last_mut() {
+                Some(g) if last == Some(p) => g.push(i),
+                _ => groups.push(vec![i]),
+            }
+            last = Some(p);
+        }
+        if backend.num_ranks() > 1 {
+            return Layout { groups, rounds: 0 };
+        }
+        let size = groups.first().map_or(0, Vec::len);
+        let even = groups.iter().all(|g| g.len() == size);
+        if groups.len() > 1 && groups.len().is_power_of_two() && size.is_power_of_two() && even {
+            let rounds = groups.len().trailing_zeros() as usize;
+            Layout { groups, rounds }
+        } else {
+            Layout {
+                groups: vec![(0..n_dev).collect()],
+                rounds: 0,
+            }
+        }
+    }
+
+    fn leaders(&self) -> Vec<usize> {
+        self.groups.iter().map(|g| g[0]).collect()
+    }
+}
+
+/// One merge: the transfer into `to`'s merge buffer, then the routine adding it.
+struct MergeJob {
     to: usize,
-    description: String,
-    work: Arc<Transfer>,
+    transfer: Transfer,
+    routine: Routine,
 }
 
 /// What a training step schedules, prepared once: the devices' routines, and the transfers
-/// of the merge tree and of the parameter copies, checked when prepared.
+/// of the merges and of the parameter copies, checked when prepared.
 struct Plan {
     devs: Vec<Dev>,
     slot: StaticSymbol,
     step: StaticSymbol,
-    /// In tree order within each rank's group: rounds with stride 1, 2, 4, ...
+    /// In scheduling order: each group's tree (rounds with stride 1, 2, 4, ...), then the
+    /// leaders' exchange rounds.
     merges: Vec<MergeJob>,
-    /// The first device of each rank's group (device 0 on the in-process backends).
+    /// The devices that update: the leaders.
     leaders: Vec<usize>,
-    /// Whether the devices exchange partial sums (every device updates; no copies) instead of
-    /// merging into the leaders.
-    exchange: bool,
     /// What the leaders all-reduce across ranks (the fused gradients and loss), when there are
     /// several ranks, and the leaders' contexts.
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
-    copies: Vec<CopyJob>,
-}
-
-/// Runs a transfer or a routine of a job, naming it in a failure.
-fn part(what: &str, r: Result<()>) -> Result<()> {
-    r.map_err(|e| Error::Usage(format!("{what}: {e}")))
+    /// The parameter copies from each leader to the other devices of its group, with their
+    /// destinations.
+    copies: Vec<(usize, Transfer)>,
 }
 
 impl Plan {
+    /// `merged[r]`: what the exchange's round `r` reads (the fused gradients for round 0,
+    /// then the previous round's sum).
     fn new(
         backend: &dyn Backend,
         devs: Vec<Dev>,
+        layout: &Layout,
         (slot, step): (StaticSymbol, StaticSymbol),
-        merged: &[&Tnode],
-        params: &Tnode,
+        (merged, params): (&[&Tnode], &Tnode),
         merge: MergeBufferUse,
-        exchange: bool,
     ) -> Result<Plan> {
-        let ranks = backend.num_ranks().max(1);
-        let group = devs.len() / ranks;
-        let leaders: Vec<usize> = (0..ranks).map(|r| r * group).collect();
-        let job = |to: usize, from: usize, round: usize, node: &Tnode| -> Result<MergeJob> {
-            let (dt, df) = (&devs[to], &devs[from]);
-            let routine = &dt.merges[round];
-            let t = backend
-                .prepare_transfer(node, merge, routine.context(), &df.ctx)?
+        let job = |to: usize, from: usize, routine: usize, node: &Tnode| -> Result<MergeJob> {
+            let routine = devs[to].merges[routine].clone();
+            let transfer = backend
+                .prepare_transfer(node, merge, routine.context(), &devs[from].ctx)?
                 .ok_or_else(|| {
                     Error::Usage(format!("gradients {} are not on a device", node.name()))
                 })?;
             Ok(MergeJob {
                 to,
-                from,
-                description: format!(
-                    "merge the gradients of {} into {}",
-                    df.device.name(),
-                    dt.device.name()
-                ),
-                work: Arc::new((t, routine.clone())),
+                transfer,
+                routine,
             })
         };
         let mut merges = vec![];
-        if exchange {
-            for (round, node) in merged.iter().enumerate() {
-                for to in 0..devs.len() {
-                    merges.push(job(to, to ^ (1 << round), round, node)?);
-                }
-            }
-        } else {
-            for &base in &leaders {
-                let mut stride = 1;
-                while stride < group {
-                    for local in (0..group).step_by(2 * stride) {
-                        if local + stride < group {
-                            merges.push(job(base + local, base + local + stride, 0, merged[0])?);
-                        }
+        for g in &layout.groups {
+            let mut stride = 1;
+            while stride < g.len() {
+                for local in (0..g.len()).step_by(2 * stride) {
+                    if local + stride < g.len() {
+                        merges.push(job(g[local], g[local + stride], 0, merged[0])?);
                     }
-                    stride *= 2;
                 }
+                stride *= 2;
+            }
+        }
+        let leaders = layout.leaders();
+        for (r, node) in merged.iter().enumerate().take(layout.rounds) {
+            for (l, &to) in leaders.iter().enumerate() {
+                merges.push(job(to, leaders[l ^ (1 << r)], 1 + r, node)?);
             }
         }
         let mut copies = vec![];
-        for (to, d) in devs.iter().enumerate() {
-            let leader = &devs[to / group * group];
-            if exchange || to % group == 0 {
-                continue;
+        for g in &layout.groups {
+            for &to in &g[1..] {
+                copies.push((
+                    to,
+                    backend
+                        .prepare_transfer(
+                            params,
+                            MergeBufferUse::No,
+                            &devs[to].ctx,
+                            &devs[g[0]].ctx,
+                        )?
+                        .ok_or_else(|| {
+                            Error::Usage(format!(
+                                "parameters {} are not on a device",
+                                params.name()
+                            ))
+                        })?,
+                ));
             }
-            let work = backend
-                .prepare_transfer(params, MergeBufferUse::No, &d.ctx, &leader.ctx)?
-                .ok_or_else(|| {
-                    Error::Usage(format!("parameters {} are not on a device", params.name()))
-                })?;
-            copies.push(CopyJob {
-                to,
-                description: format!("copy the parameters from {}", leader.device.name()),
-                work: Arc::new(work),
-            });
         }
-        let all_reduce = (ranks > 1).then(|| {
+        let all_reduce = (backend.num_ranks() > 1).then(|| {
             let ctxs = leaders.iter().map(|&l| devs[l].ctx.clone()).collect();
             (vec![merged[0].clone()], ctxs)
         });
@@ -386,27 +410,18 @@ impl Plan {
             step,
             merges,
             leaders,
-            exchange,
             all_reduce,
             copies,
         })
     }
 
-    /// Schedules training step `s` on batch `k` of the epoch (module documentation),
-    /// ordering the devices' work with events instead of awaiting them:
-    /// - a merge target waits for its source's event (the source's gradients are final), so
-    ///   it reads them after they are written; the source writes them again only in the next
-    ///   step, after its parameter copy, which waits for device 0's update, which comes after
-    ///   every merge (each target is merged onward into device 0 later in the tree);
-    /// - every other device waits for device 0's event after the update before copying the
-    ///   parameters; device 0 overwrites them in the next update only after every device's
-    ///   next gradients were merged into it, which each device computes after its copy.
-    ///
-    /// One task per device and phase: the transfers and merge routines of a merge, and the
-    /// copies of the parameters, run inside one task.
-    ///
-    /// The exchange schedules each round's transfer and routine as tasks that declare their
-    /// accesses, so the device layer orders them (see the module documentation).
+    /// Schedules training step `s` on batch `k` of the epoch (module documentation). Every
+    /// task declares what it reads and writes (routine tasks, [`Transfer::task`], and the two
+    /// joined by [`Task::then`](crate::backend::Task::then) for a merge), so the device layer orders the devices' work:
+    /// a merge waits for its source's gradients (read after write), a source's next
+    /// gradients wait for the merges reading them (write after read), a copy waits for its
+    /// leader's update, and the leader's next update for the copies reading its parameters.
+    /// The host never waits.
     fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
         let devs = &self.devs;
         let n_dev = devs.len();
@@ -417,62 +432,26 @@ impl Plan {
                 .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
             d.grad.schedule()?;
         }
-        // 2. Tree merge into device 0, or the exchange rounds.
-        if self.exchange {
-            // The transfer and the routine as tasks that declare what they access: the device
-            // layer makes the routine wait for the partner's writes of the partial sum it reads
-            // (read after write), and the partner's next write of it wait for this read (write
-            // after read), which no event here would cover, since no copy follows.
-            for job in &self.merges {
-                let (t, r) = &*job.work;
-                backend.schedule(&devs[job.to].device, t.task().then(r.task()))?;
-            }
-        } else {
-            for job in &self.merges {
-                let source = backend.record_event(&devs[job.from].device);
-                let work = job.work.clone();
-                backend.schedule(
-                    &devs[job.to].device,
-                    Task::new(job.description.clone(), move || {
-                        source.wait();
-                        let (t, r) = &*work;
-                        part(t.description(), t.run())?;
-                        part(r.name(), r.run_in_task())
-                    }),
-                )?;
-            }
+        // 2. The groups' trees, then the leaders' exchange rounds.
+        for job in &self.merges {
+            backend.schedule(
+                &devs[job.to].device,
+                job.transfer.task().then(job.routine.task()),
+            )?;
         }
         // 3. Across ranks: the leaders' gradients and losses are all-reduced (MPI).
         if let Some((nodes, ctxs)) = &self.all_reduce {
             backend.all_reduce(nodes, ctxs)?;
         }
-        // 4. Update on every leader (device 0 on the in-process backends; on MPI every rank
-        //    applies the same update to the same parameters, so they stay identical).
-        let mut updated = vec![];
-        let all: Vec<usize> = if self.exchange {
-            (0..n_dev).collect()
-        } else {
-            self.leaders.clone()
-        };
-        for l in all {
+        // 4. Every leader updates (they hold the same sums, so their parameters stay equal).
+        for &l in &self.leaders {
             let d = &devs[l];
             d.update.bindings().set_symbol(&self.step, s as i64)?;
             d.update.schedule()?;
-            if !self.exchange {
-                updated.push(backend.record_event(&d.device));
-            }
         }
-        // 5. Parameters from the leader to the other devices of its group.
-        let group = n_dev / self.leaders.len();
-        for job in &self.copies {
-            let (updated, work) = (updated[job.to / group].clone(), job.work.clone());
-            backend.schedule(
-                &devs[job.to].device,
-                Task::new(job.description.clone(), move || {
-                    updated.wait();
-                    part(work.description(), work.run())
-                }),
-            )?;
+        // 5. Parameters from the leaders to the other devices of their groups.
+        for (to, t) in &self.copies {
+            backend.schedule(&devs[*to].device, t.task())?;
         }
         Ok(())
     }
@@ -541,9 +520,16 @@ pub fn train(
              total over all ranks)"
         ));
     }
-    let group = n_dev / ranks;
-    // This rank's group leader: the device whose results this process reads.
-    let me = backend.rank() * group;
+    let layout = Layout::new(backend, n_dev);
+    let leaders = layout.leaders();
+    // This rank's leader: the device whose results this process reads (device 0 in one
+    // process); every rank evaluates on its own.
+    let me = if ranks > 1 {
+        backend.rank() * (n_dev / ranks)
+    } else {
+        0
+    };
+    let readers = if ranks > 1 { leaders.clone() } else { vec![0] };
     let prec = cfg.prec;
     let m = cfg.batch / n_dev;
     let per_epoch = data.len() / cfg.batch;
@@ -600,20 +586,9 @@ pub fn train(
             .collect::<Vec<_>>(),
     )?;
     let params = Bucket::on_device(&["params"], &mlp.params())?;
-    // With a power-of-two number of devices in one process, the devices exchange partial sums
-    // pairwise (recursive doubling): in round r, device i and device i ^ 2^r each add the
-    // other's sum to their own, into `sums[r]`, so after log2(N) rounds every device holds the
-    // total, and every device applies the same update: no parameter copies, and one
-    // cross-device wait per round. The sums are added in the order of the tree merge
-    // (((g0 + g1) + (g2 + g3)) ...), and addition is commutative, so every device gets the
-    // same bits, and the same as the tree merge.
-    let exchange = ranks == 1 && n_dev > 1 && n_dev.is_power_of_two();
-    let rounds = if exchange {
-        n_dev.trailing_zeros() as usize
-    } else {
-        0
-    };
-    let sums = (0..rounds)
+    // The leaders' exchange (module documentation): round `r` adds the partner's partial
+    // sum to this leader's into `sums[r]`.
+    let sums = (0..layout.rounds)
         .map(|r| {
             Tnode::builder(&["grads", &format!("sum{r}")], grads.flat().dims(), prec)
                 .memory(MemoryMode::OnDevice)
@@ -621,26 +596,21 @@ pub fn train(
         })
         .collect::<Result<Vec<Tnode>>>()?;
     let total = sums.last().unwrap_or(grads.flat());
-    let mut names = vec!["grad".to_string()];
-    let mut code = vec![Assignments::seq([
-        params.unpack()?,
-        mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
-        grads.pack()?,
-    ])];
-    if exchange {
-        for (r, sum) in sums.iter().enumerate() {
-            let prev = if r == 0 { grads.flat() } else { &sums[r - 1] };
-            names.push(format!("exchange_{r}"));
-            code.push(Assignments::block(
-                &format!("exchange round {r}: add the partner's partial sum"),
-                merge_sum(sum, prev)?,
-            ));
-        }
-    } else {
-        names.push("merge_grads".into());
+    let mut names = vec!["grad".to_string(), "merge_grads".to_string()];
+    let mut code = vec![
+        Assignments::seq([
+            params.unpack()?,
+            mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
+            grads.pack()?,
+        ]),
+        Assignments::block("merge the gradients and the loss", merge_add(grads.flat())),
+    ];
+    for (r, sum) in sums.iter().enumerate() {
+        let prev = if r == 0 { grads.flat() } else { &sums[r - 1] };
+        names.push(format!("exchange_{r}"));
         code.push(Assignments::block(
-            "merge the gradients and the loss",
-            merge_add(grads.flat()),
+            &format!("exchange round {r}: add the partner's partial sum"),
+            merge_sum(sum, prev)?,
         ));
     }
     let merges = names.len() - 1;
@@ -681,12 +651,9 @@ pub fn train(
         let grad = rs.remove(0);
         let mut initial = vec![&data_x, &data_t];
         initial.extend(&layer_params);
-        if exchange || i % group == 0 {
-            // Every device that updates needs the learning-rate schedule.
-            initial.push(&lr_schedule);
-        }
-        if i % group == 0 {
-            initial.push(&eval_x);
+        if leaders.contains(&i) {
+            // The leaders update and evaluate.
+            initial.extend([&lr_schedule, &eval_x]);
         }
         for tn in initial {
             if !backend.from_host(&ctx, tn)? {
@@ -711,11 +678,10 @@ pub fn train(
     let plan = Plan::new(
         backend,
         devs,
+        &layout,
         (slot, step),
-        &merged[..merges],
-        params.flat(),
+        (&merged, params.flat()),
         cfg.merge,
-        exchange,
     )?;
     let devs = &plan.devs;
     let setup_time = t0.elapsed();
@@ -758,7 +724,7 @@ pub fn train(
         }
         if epoch < cfg.epochs {
             // Every rank makes the same calls; each runs only on its own leader.
-            for &l in &plan.leaders {
+            for &l in &readers {
                 backend.to_host(&devs[l].ctx, &history)?;
             }
             readback = Some((epoch, backend.record_event(&devs[me].device)));
@@ -775,7 +741,7 @@ pub fn train(
 
     // Evaluation on device 0 (on every rank's leader: their parameters are the same).
     let t0 = Instant::now();
-    for &l in &plan.leaders {
+    for &l in &readers {
         let d = &devs[l];
         d.infer.schedule()?;
         backend.to_host(&d.ctx, &scores)?;

@@ -363,8 +363,8 @@ pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, Progr
 }
 
 /// A multi-device run: every routine is linked on every device (device `i` on physical
-/// device [`Backend::placement`]: `i mod P` in process, a block of devices per rank under
-/// MPI), hosted tensors are copied to every device first, the plan's steps are scheduled, and
+/// device [`Backend::placement`]: a block of consecutive devices per core in process, and
+/// per rank under MPI), hosted tensors are copied to every device first, the plan's steps are scheduled, and
 /// at the end every device is awaited and hosted tensors are copied back from device 0.
 fn run_devices(built: &Built, job: &Job, n: usize) -> Result<RunResult, ProgramError> {
     let mut run = prepare_devices(built, job.backend()?, n)?;
