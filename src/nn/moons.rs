@@ -1,52 +1,46 @@
 //! The two-moons demo (OCANNL's `moons_demo_parallel`): a 2-H-H-1 ReLU MLP trained with a
 //! hinge loss and SGD, data-parallel over the virtual devices of any [`Backend`].
 //!
-//! One training step on `N` devices:
+//! One training step on `N` devices, in *groups* of consecutive devices (one group per core
+//! that holds devices, [`Backend::placement`]; one per rank over MPI), the first device of
+//! each group being its *leader*:
 //! 1. every device runs the gradient routine on its slice of the batch (the dataset is
 //!    resident on every device as `[slots, batch/N, 2]`; a static index `slot` selects the
 //!    slice, so a step copies nothing from the host);
-//! 2. the gradients (and the loss) are merged into device 0 pairwise in a tree: in rounds
-//!    with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride` through
-//!    `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s buffer
-//!    is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
-//! 3. device 0 applies the SGD update (the learning rate comes from a schedule tensor indexed
-//!    by the static index `step`) and records the step's loss;
-//! 4. the parameters are copied from device 0 to the other devices.
+//! 2. each group's gradients (and loss) are merged into its leader pairwise in a tree: in
+//!    rounds with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride`
+//!    through `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s
+//!    buffer is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
+//! 3. the leaders combine their sums: over MPI they all-reduce them
+//!    ([`Backend::all_reduce`], `MPI_Allreduce`); in one process they *exchange* them by
+//!    recursive doubling: in round `r = 0 .. log2 L` leaders `l` and `l ^ 2^r` each add the
+//!    other's partial sum to their own, into a buffer of the round (`sum = g + merge(g)`, so
+//!    `g` stays for the partner to read);
+//! 4. every leader applies the same SGD update (the learning rate comes from a schedule
+//!    tensor indexed by the static index `step`) and records the step's loss, so the
+//!    parameters stay identical on every leader;
+//! 5. the parameters are copied from each leader to the other devices of its group.
 //!
-//! When `N` is a power of two (and there is one rank), steps 2 to 4 are an *exchange*
-//! instead (recursive doubling): in round `r = 0 .. log2 N`, devices `i` and `i ^ 2^r` each
-//! add the other's partial sum to their own, into a buffer of the round (`sum = g +
-//! merge(g)`, so `g` stays for the partner to read); after the last round every device holds
-//! the total, and every device applies the same update. That is one cross-device wait per
-//! round on a step's critical path instead of two per step, and no parameter copies. The
-//! partial sums are added in the tree's order, and addition is commutative, so every device
-//! gets the same bits as device 0 gets from the tree.
+//! The exchange needs a power-of-two number of equal power-of-two groups; then it adds in the
+//! order of one tree over all devices (((g0 + g1) + (g2 + g3)) ...), and addition is
+//! commutative, so every leader gets the same bits, and every backend and device count the
+//! same results. Otherwise all devices form one group, merged into device 0. With 2 devices
+//! on 2 cores a step has one cross-core wait (the exchange) and no copies; with 8, the 4
+//! devices of a core merge on their own core and only the leaders' exchange crosses cores.
+//! This is the Horovod pattern; over MPI the ranks are the groups.
 //!
 //! The gradients and the loss travel as one tensor, and so do the parameters (fusion
 //! buffers, [`Bucket`]): the gradient routine ends by packing the gradients and the loss into
-//! `grads`, and the update unpacks the merged `grads`, updates the parameters and packs them
+//! `grads`, and the update unpacks the combined sum, updates the parameters and packs them
 //! into `params`, which the gradient routine unpacks first. So a merge is one transfer and one
 //! routine and a parameter copy one transfer, whatever the number of layers.
 //!
-//! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
-//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
-//! each rank's block into its first device (the rank's *leader*), the leaders then all-reduce
-//! the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every leader applies
-//! the same SGD update (so the parameters stay identical on every rank) and copies the
-//! parameters to the other devices of its block: the Horovod pattern. With one rank this is
-//! exactly the steps above.
-//!
-//! The host never waits for a device inside a step: it schedules the steps of an epoch and
-//! the devices order their work among themselves. In the tree, with events
-//! ([`Backend::record_event`], [`Backend::wait_for_event`]): a merge target waits for its
-//! source's gradients; every device other than 0 waits for device 0's update before copying
-//! the parameters. Those two waits also cover the write-after-read hazards (the rules are
-//! spelled out on the step scheduler in the source). In the exchange, the device layer's
-//! hazard tracking orders it: each round's transfer and routine are tasks that declare what
-//! they read and write ([`Transfer::task`], [`Routine::schedule`]). The transfers and merge routines of one merge, and the copies of
-//! one device, run as one task, with transfers prepared once ([`Backend::prepare_transfer`]).
-//! The host waits only for the loss history of each epoch, one epoch late (while the next
-//! epoch runs), and for every device at the end.
+//! The host never waits for a device inside a step: it schedules the steps of an epoch, and
+//! every task declares the buffers it reads and writes (routine tasks, [`Transfer::task`],
+//! and a merge's transfer and routine joined into one task), so the device layer's hazard
+//! tracking orders the devices' work, with transfers prepared once
+//! ([`Backend::prepare_transfer`]). The host waits only for the loss history of each epoch,
+//! one epoch late (while the next epoch runs), and for every device at the end.
 //!
 //! ```no_run
 //! use arrayjit::backend::MulticoreBackend;
