@@ -132,27 +132,7 @@ impl Bucket {
     ///
     /// None in practice: the projections were checked when the bucket was made.
     pub fn unpack(&self) -> Result<Assignments> {
-        self.unpack_from(&self.flat)
-    }
-
-    /// Copies `src`, a tensor laid out as the flat tensor (e.g. a sum of flat tensors of
-    /// several devices), into every part.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Usage`] when `src`'s dims or precision differ from the flat tensor's.
-    pub fn unpack_from(&self, src: &Tnode) -> Result<Assignments> {
-        if src.dims() != self.flat.dims() || src.prec() != self.flat.prec() {
-            return Err(Error::Usage(format!(
-                "bucket {}: cannot unpack {} ({:?} {:?}), the bucket is {:?} {:?}",
-                self.flat.name(),
-                src.name(),
-                src.dims(),
-                src.prec(),
-                self.flat.dims(),
-                self.flat.prec()
-            )));
-        }
+        let src = &self.flat;
         let mut code = vec![];
         for (t, off) in &self.parts {
             let (mut p, flat) = self.projections(t, *off)?;

@@ -504,38 +504,6 @@ pub fn merge_add(g: &Tnode) -> Assignments {
     )
 }
 
-/// One round of an exchange between devices: `sum = g + merge(g)`, adding the copy of `g`
-/// that another device put into this device's merge buffer to this device's own `g`, into
-/// `sum` (so that `g` stays as it was for the other device to read).
-///
-/// # Errors
-///
-/// [`Error::Assignment`] when `sum`'s dims differ from `g`'s.
-pub fn merge_sum(sum: &Tnode, g: &Tnode) -> Result<Assignments> {
-    if sum.dims() != g.dims() {
-        return Err(Error::Assignment(format!(
-            "merge_sum into {} (dims {:?}): {} has dims {:?}",
-            sum.name(),
-            sum.dims(),
-            g.name(),
-            g.dims()
-        )));
-    }
-    let p = Projections {
-        debug_info: "exchange (pointwise)".into(),
-        ..Projections::pointwise(g.dims(), 2)
-    };
-    Ok(binop(
-        false,
-        Binop::Arg2,
-        Binop::Add,
-        sum,
-        Buffer::Node(g.clone()),
-        Buffer::MergeBuffer(g.clone()),
-        p,
-    ))
-}
-
 /// One SGD step with weight decay, `p = p - lr·(g + wd·p)`, written as `p -= lr_wd·p` then
 /// `p -= lr·g`, where `lr` and `lr_wd` (= `lr·wd`) are scalar (`[1]`) nodes computed in the
 /// same routine (e.g. from a learning-rate schedule and a static step index).

@@ -1,46 +1,41 @@
 //! The two-moons demo (OCANNL's `moons_demo_parallel`): a 2-H-H-1 ReLU MLP trained with a
 //! hinge loss and SGD, data-parallel over the virtual devices of any [`Backend`].
 //!
-//! One training step on `N` devices, in *groups* of consecutive devices (one group per core
-//! that holds devices, [`Backend::placement`]; one per rank over MPI), the first device of
-//! each group being its *leader*:
+//! One training step on `N` devices:
 //! 1. every device runs the gradient routine on its slice of the batch (the dataset is
 //!    resident on every device as `[slots, batch/N, 2]`; a static index `slot` selects the
 //!    slice, so a step copies nothing from the host);
-//! 2. each group's gradients (and loss) are merged into its leader pairwise in a tree: in
-//!    rounds with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride`
-//!    through `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s
-//!    buffer is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
-//! 3. the leaders combine their sums: over MPI they all-reduce them
-//!    ([`Backend::all_reduce`], `MPI_Allreduce`); in one process they *exchange* them by
-//!    recursive doubling: in round `r = 0 .. log2 L` leaders `l` and `l ^ 2^r` each add the
-//!    other's partial sum to their own, into a buffer of the round (`sum = g + merge(g)`, so
-//!    `g` stays for the partner to read);
-//! 4. every leader applies the same SGD update (the learning rate comes from a schedule
-//!    tensor indexed by the static index `step`) and records the step's loss, so the
-//!    parameters stay identical on every leader;
-//! 5. the parameters are copied from each leader to the other devices of its group.
-//!
-//! The exchange needs a power-of-two number of equal power-of-two groups; then it adds in the
-//! order of one tree over all devices (((g0 + g1) + (g2 + g3)) ...), and addition is
-//! commutative, so every leader gets the same bits, and every backend and device count the
-//! same results. Otherwise all devices form one group, merged into device 0. With 2 devices
-//! on 2 cores a step has one cross-core wait (the exchange) and no copies; with 8, the 4
-//! devices of a core merge on their own core and only the leaders' exchange crosses cores.
-//! This is the Horovod pattern; over MPI the ranks are the groups.
+//! 2. the gradients (and the loss) are merged into device 0 pairwise in a tree: in rounds
+//!    with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride` through
+//!    `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s buffer
+//!    is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
+//! 3. device 0 applies the SGD update (the learning rate comes from a schedule tensor indexed
+//!    by the static index `step`) and records the step's loss;
+//! 4. the parameters are copied from device 0 to the other devices.
 //!
 //! The gradients and the loss travel as one tensor, and so do the parameters (fusion
 //! buffers, [`Bucket`]): the gradient routine ends by packing the gradients and the loss into
-//! `grads`, and the update unpacks the combined sum, updates the parameters and packs them
+//! `grads`, and the update unpacks the merged `grads`, updates the parameters and packs them
 //! into `params`, which the gradient routine unpacks first. So a merge is one transfer and one
 //! routine and a parameter copy one transfer, whatever the number of layers.
 //!
-//! The host never waits for a device inside a step: it schedules the steps of an epoch, and
-//! every task declares the buffers it reads and writes (routine tasks, [`Transfer::task`],
-//! and a merge's transfer and routine joined into one task), so the device layer's hazard
-//! tracking orders the devices' work, with transfers prepared once
-//! ([`Backend::prepare_transfer`]). The host waits only for the loss history of each epoch,
-//! one epoch late (while the next epoch runs), and for every device at the end.
+//! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
+//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
+//! each rank's block into its first device (the rank's *leader*), the leaders then all-reduce
+//! the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every leader applies
+//! the same SGD update (so the parameters stay identical on every rank) and copies the
+//! parameters to the other devices of its block: the Horovod pattern. With one rank this is
+//! exactly the steps above.
+//!
+//! The host never waits for a device inside a step: it schedules the steps of an epoch and
+//! the devices order their work among themselves with events ([`Backend::record_event`],
+//! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
+//! device other than 0 waits for device 0's update before copying the parameters. Those two
+//! waits also cover the write-after-read hazards (the rules are spelled out on the step
+//! scheduler in the source). The transfers and merge routines of one merge, and the copies of
+//! one device, run as one task, with transfers prepared once ([`Backend::prepare_transfer`]).
+//! The host waits only for the loss history of each epoch, one epoch late (while the next
+//! epoch runs), and for every device at the end.
 //!
 //! ```no_run
 //! use arrayjit::backend::MulticoreBackend;
@@ -57,13 +52,16 @@
 //! # }
 //! ```
 
-use super::{merge_add, merge_sum, Bucket, Mlp, Rng};
-use crate::backend::{Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Transfer};
+use super::{merge_add, Bucket, Mlp, Rng};
+use crate::backend::{
+    Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
+};
 use crate::error::{Error, Result};
 use crate::ir::einsum;
 use crate::ir::{
     Assignments, Bindings, Binop, Buffer, InitOp, MemoryMode, Prec, StaticSymbol, Tnode, Unop,
 };
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::HostMlp;
@@ -250,153 +248,112 @@ struct Dev {
     device: Device,
     ctx: Context,
     grad: Routine,
-    /// The tree merge's routine (`g = g + merge(g)` on the fused gradients and loss), then
-    /// the exchange's routine of each round.
-    merges: Vec<Routine>,
+    /// Adds the fused gradients (and loss) in the merge buffer to this device's.
+    merge: Routine,
     update: Routine,
     infer: Routine,
 }
 
-/// How the devices combine their gradients (module documentation): groups of devices (one
-/// per core, or per rank), each merged into its first device (its leader) in a tree, then
-/// the leaders' sums combined.
-struct Layout {
-    /// Contiguous runs of devices, in order; the first of each is its leader.
-    groups: Vec<Vec<usize>>,
-    /// Rounds of the leaders' exchange (0: one group, or MPI ranks, which all-reduce).
-    rounds: usize,
-}
-
-impl Layout {
-    /// Groups by [`Backend::placement`]. Across ranks the leaders all-reduce. In one process,
-    /// the leaders exchange when the groups are a power-of-two number of equal power-of-two
-    /// runs (the exchange then adds in the order of one tree over all devices, so every
-    /// device count gives the same bits on every backend); otherwise all devices form one
-    /// group (one tree into device 0).
-    fn new(backend: &dyn Backend, n_dev: usize) -> Layout {
-        let mut groups: Vec<Vec<usize>> = vec![];
-        let mut last = None;
-        for i in 0..n_dev {
-            let p = backend.placement(i, n_dev);
-            match groups.last_mut() {
-                Some(g) if last == Some(p) => g.push(i),
-                _ => groups.push(vec![i]),
-            }
-            last = Some(p);
-        }
-        if backend.num_ranks() > 1 {
-            return Layout { groups, rounds: 0 };
-        }
-        let size = groups.first().map_or(0, Vec::len);
-        let even = groups.iter().all(|g| g.len() == size);
-        if groups.len() > 1 && groups.len().is_power_of_two() && size.is_power_of_two() && even {
-            let rounds = groups.len().trailing_zeros() as usize;
-            Layout { groups, rounds }
-        } else {
-            Layout {
-                groups: vec![(0..n_dev).collect()],
-                rounds: 0,
-            }
-        }
-    }
-
-    fn leaders(&self) -> Vec<usize> {
-        self.groups.iter().map(|g| g[0]).collect()
-    }
-}
-
-/// One merge: the transfer into `to`'s merge buffer, then the routine adding it.
+/// One merge of the tree: `to` adds `from`'s gradients (and loss) to its own.
 struct MergeJob {
     to: usize,
-    transfer: Transfer,
-    routine: Routine,
+    from: usize,
+    description: String,
+    /// The transfer of the fused gradients into `to`'s merge buffer, then the routine adding
+    /// them.
+    work: Arc<(Transfer, Routine)>,
+}
+
+/// The copy of the fused parameters from device 0 to device `to`.
+struct CopyJob {
+    to: usize,
+    description: String,
+    work: Arc<Transfer>,
 }
 
 /// What a training step schedules, prepared once: the devices' routines, and the transfers
-/// of the merges and of the parameter copies, checked when prepared.
+/// of the merge tree and of the parameter copies, checked when prepared.
 struct Plan {
     devs: Vec<Dev>,
     slot: StaticSymbol,
     step: StaticSymbol,
-    /// In scheduling order: each group's tree (rounds with stride 1, 2, 4, ...), then the
-    /// leaders' exchange rounds.
+    /// In tree order within each rank's group: rounds with stride 1, 2, 4, ...
     merges: Vec<MergeJob>,
-    /// The devices that update: the leaders.
+    /// The first device of each rank's group (device 0 on the in-process backends).
     leaders: Vec<usize>,
     /// What the leaders all-reduce across ranks (the fused gradients and loss), when there are
     /// several ranks, and the leaders' contexts.
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
-    /// The parameter copies from each leader to the other devices of its group, with their
-    /// destinations.
-    copies: Vec<(usize, Transfer)>,
+    copies: Vec<CopyJob>,
+}
+
+/// Runs a transfer or a routine of a job, naming it in a failure.
+fn part(what: &str, r: Result<()>) -> Result<()> {
+    r.map_err(|e| Error::Usage(format!("{what}: {e}")))
 }
 
 impl Plan {
-    /// `merged[r]`: what the exchange's round `r` reads (the fused gradients for round 0,
-    /// then the previous round's sum).
     fn new(
         backend: &dyn Backend,
         devs: Vec<Dev>,
-        layout: &Layout,
         (slot, step): (StaticSymbol, StaticSymbol),
-        (merged, params): (&[&Tnode], &Tnode),
+        grads: &Tnode,
+        params: &Tnode,
         merge: MergeBufferUse,
     ) -> Result<Plan> {
-        let job = |to: usize, from: usize, routine: usize, node: &Tnode| -> Result<MergeJob> {
-            let routine = devs[to].merges[routine].clone();
-            let transfer = backend
-                .prepare_transfer(node, merge, routine.context(), &devs[from].ctx)?
-                .ok_or_else(|| {
-                    Error::Usage(format!("gradients {} are not on a device", node.name()))
-                })?;
-            Ok(MergeJob {
-                to,
-                transfer,
-                routine,
-            })
-        };
+        let ranks = backend.num_ranks().max(1);
+        let group = devs.len() / ranks;
+        let leaders: Vec<usize> = (0..ranks).map(|r| r * group).collect();
         let mut merges = vec![];
-        for g in &layout.groups {
+        for &base in &leaders {
             let mut stride = 1;
-            while stride < g.len() {
-                for local in (0..g.len()).step_by(2 * stride) {
-                    if local + stride < g.len() {
-                        merges.push(job(g[local], g[local + stride], 0, merged[0])?);
+            while stride < group {
+                for local in (0..group).step_by(2 * stride) {
+                    if local + stride >= group {
+                        continue;
                     }
+                    let (to, from) = (base + local, base + local + stride);
+                    let (dt, df) = (&devs[to], &devs[from]);
+                    let t = backend
+                        .prepare_transfer(grads, merge, dt.merge.context(), &df.ctx)?
+                        .ok_or_else(|| {
+                            Error::Usage(format!("gradients {} are not on a device", grads.name()))
+                        })?;
+                    let work = (t, dt.merge.clone());
+                    merges.push(MergeJob {
+                        to,
+                        from,
+                        description: format!(
+                            "merge the gradients of {} into {}",
+                            df.device.name(),
+                            dt.device.name()
+                        ),
+                        work: Arc::new(work),
+                    });
                 }
                 stride *= 2;
             }
         }
-        let leaders = layout.leaders();
-        for (r, node) in merged.iter().enumerate().take(layout.rounds) {
-            for (l, &to) in leaders.iter().enumerate() {
-                merges.push(job(to, leaders[l ^ (1 << r)], 1 + r, node)?);
-            }
-        }
         let mut copies = vec![];
-        for g in &layout.groups {
-            for &to in &g[1..] {
-                copies.push((
-                    to,
-                    backend
-                        .prepare_transfer(
-                            params,
-                            MergeBufferUse::No,
-                            &devs[to].ctx,
-                            &devs[g[0]].ctx,
-                        )?
-                        .ok_or_else(|| {
-                            Error::Usage(format!(
-                                "parameters {} are not on a device",
-                                params.name()
-                            ))
-                        })?,
-                ));
+        for (to, d) in devs.iter().enumerate() {
+            let leader = &devs[to / group * group];
+            if to % group == 0 {
+                continue;
             }
+            let work = backend
+                .prepare_transfer(params, MergeBufferUse::No, &d.ctx, &leader.ctx)?
+                .ok_or_else(|| {
+                    Error::Usage(format!("parameters {} are not on a device", params.name()))
+                })?;
+            copies.push(CopyJob {
+                to,
+                description: format!("copy the parameters from {}", leader.device.name()),
+                work: Arc::new(work),
+            });
         }
-        let all_reduce = (backend.num_ranks() > 1).then(|| {
+        let all_reduce = (ranks > 1).then(|| {
             let ctxs = leaders.iter().map(|&l| devs[l].ctx.clone()).collect();
-            (vec![merged[0].clone()], ctxs)
+            (vec![grads.clone()], ctxs)
         });
         Ok(Plan {
             devs,
@@ -409,13 +366,18 @@ impl Plan {
         })
     }
 
-    /// Schedules training step `s` on batch `k` of the epoch (module documentation). Every
-    /// task declares what it reads and writes (routine tasks, [`Transfer::task`], and the two
-    /// joined by [`Task::then`](crate::backend::Task::then) for a merge), so the device layer orders the devices' work:
-    /// a merge waits for its source's gradients (read after write), a source's next
-    /// gradients wait for the merges reading them (write after read), a copy waits for its
-    /// leader's update, and the leader's next update for the copies reading its parameters.
-    /// The host never waits.
+    /// Schedules training step `s` on batch `k` of the epoch (module documentation),
+    /// ordering the devices' work with events instead of awaiting them:
+    /// - a merge target waits for its source's event (the source's gradients are final), so
+    ///   it reads them after they are written; the source writes them again only in the next
+    ///   step, after its parameter copy, which waits for device 0's update, which comes after
+    ///   every merge (each target is merged onward into device 0 later in the tree);
+    /// - every other device waits for device 0's event after the update before copying the
+    ///   parameters; device 0 overwrites them in the next update only after every device's
+    ///   next gradients were merged into it, which each device computes after its copy.
+    ///
+    /// One task per device and phase: the transfers and merge routines of a merge, and the
+    /// copies of the parameters, run inside one task.
     fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
         let devs = &self.devs;
         let n_dev = devs.len();
@@ -426,26 +388,44 @@ impl Plan {
                 .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
             d.grad.schedule()?;
         }
-        // 2. The groups' trees, then the leaders' exchange rounds.
+        // 2. Tree merge into device 0.
         for job in &self.merges {
+            let source = backend.record_event(&devs[job.from].device);
+            let work = job.work.clone();
             backend.schedule(
                 &devs[job.to].device,
-                job.transfer.task().then(job.routine.task()),
+                Task::new(job.description.clone(), move || {
+                    source.wait();
+                    let (t, r) = &*work;
+                    part(t.description(), t.run())?;
+                    part(r.name(), r.run_in_task())
+                }),
             )?;
         }
         // 3. Across ranks: the leaders' gradients and losses are all-reduced (MPI).
         if let Some((nodes, ctxs)) = &self.all_reduce {
             backend.all_reduce(nodes, ctxs)?;
         }
-        // 4. Every leader updates (they hold the same sums, so their parameters stay equal).
+        // 4. Update on every leader (device 0 on the in-process backends; on MPI every rank
+        //    applies the same update to the same parameters, so they stay identical).
+        let mut updated = vec![];
         for &l in &self.leaders {
             let d = &devs[l];
             d.update.bindings().set_symbol(&self.step, s as i64)?;
             d.update.schedule()?;
+            updated.push(backend.record_event(&d.device));
         }
-        // 5. Parameters from the leaders to the other devices of their groups.
-        for (to, t) in &self.copies {
-            backend.schedule(&devs[*to].device, t.task())?;
+        // 5. Parameters from the leader to the other devices of its group.
+        let group = n_dev / self.leaders.len();
+        for job in &self.copies {
+            let (updated, work) = (updated[job.to / group].clone(), job.work.clone());
+            backend.schedule(
+                &devs[job.to].device,
+                Task::new(job.description.clone(), move || {
+                    updated.wait();
+                    part(work.description(), work.run())
+                }),
+            )?;
         }
         Ok(())
     }
@@ -455,8 +435,8 @@ impl Plan {
 /// `cfg.devices` virtual devices of `backend` (initialized with [`Config::default`] if it is
 /// not initialized yet). `on_epoch(epoch, mean_loss)` is called after each epoch (1-based).
 ///
-/// All routines (gradient, the merge or one exchange routine per round, SGD update,
-/// inference, and the packing of the initial parameters) are compiled in one `compile_batch`, linked on every device, and run as described in the
+/// All routines (gradient, one merge per gradient and for the loss, SGD update, inference)
+/// are compiled in one `compile_batch`, linked on every device, and run as described in the
 /// [module documentation](self). The batches of an epoch are the dataset's consecutive runs
 /// of `batch` points (a remainder smaller than a batch is not trained on), visited in a
 /// random order per epoch (seeded by `cfg.seed`).
@@ -514,16 +494,9 @@ pub fn train(
              total over all ranks)"
         ));
     }
-    let layout = Layout::new(backend, n_dev);
-    let leaders = layout.leaders();
-    // This rank's leader: the device whose results this process reads (device 0 in one
-    // process); every rank evaluates on its own.
-    let me = if ranks > 1 {
-        backend.rank() * (n_dev / ranks)
-    } else {
-        0
-    };
-    let readers = if ranks > 1 { leaders.clone() } else { vec![0] };
+    let group = n_dev / ranks;
+    // This rank's group leader: the device whose results this process reads.
+    let me = backend.rank() * group;
     let prec = cfg.prec;
     let m = cfg.batch / n_dev;
     let per_epoch = data.len() / cfg.batch;
@@ -580,45 +553,25 @@ pub fn train(
             .collect::<Vec<_>>(),
     )?;
     let params = Bucket::on_device(&["params"], &mlp.params())?;
-    // The leaders' exchange (module documentation): round `r` adds the partner's partial
-    // sum to this leader's into `sums[r]`.
-    let sums = (0..layout.rounds)
-        .map(|r| {
-            Tnode::builder(&["grads", &format!("sum{r}")], grads.flat().dims(), prec)
-                .memory(MemoryMode::OnDevice)
-                .build()
-        })
-        .collect::<Result<Vec<Tnode>>>()?;
-    let total = sums.last().unwrap_or(grads.flat());
-    let mut names = vec!["grad".to_string(), "merge_grads".to_string()];
-    let mut code = vec![
+    let names: Vec<String> = ["grad", "merge_grads", "sgd_update", "infer", "pack_params"]
+        .map(String::from)
+        .into();
+    let code = vec![
         Assignments::seq([
             params.unpack()?,
             mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
             grads.pack()?,
         ]),
         Assignments::block("merge the gradients and the loss", merge_add(grads.flat())),
-    ];
-    for (r, sum) in sums.iter().enumerate() {
-        let prev = if r == 0 { grads.flat() } else { &sums[r - 1] };
-        names.push(format!("exchange_{r}"));
-        code.push(Assignments::block(
-            &format!("exchange round {r}: add the partner's partial sum"),
-            merge_sum(sum, prev)?,
-        ));
-    }
-    let merges = names.len() - 1;
-    names.extend(["sgd_update", "infer", "pack_params"].map(String::from));
-    code.extend([
         Assignments::seq([
-            grads.unpack_from(total)?,
+            grads.unpack()?,
             mlp.sgd_routine(&lr_schedule, &step, cfg.weight_decay)?,
             Assignments::block("record the step's loss", record),
             params.pack()?,
         ]),
         mlp.infer_routine(&eval_x, &scores)?,
         params.pack()?,
-    ]);
+    ];
 
     let t0 = Instant::now();
     let batch = backend.compile_batch(true, Some(&names), None, &bindings, &code)?;
@@ -633,20 +586,18 @@ pub fn train(
         let device = backend.new_virtual_device(&physical)?;
         let root = backend.init(&device)?;
         let (ctx, rs) = backend.link_batch(&[], &root, &batch)?;
-        let mut rs = rs
+        let rs = rs
             .into_iter()
             .zip(&names)
             .map(|(r, n)| r.ok_or_else(|| Error::Usage(format!("routine {n} was not linked"))))
             .collect::<Result<Vec<Routine>>>()?;
-        let [update, infer, pack_params]: [Routine; 3] =
-            rs.split_off(1 + merges).try_into().map_err(|_| {
+        let [grad, merge, update, infer, pack_params]: [Routine; 5] =
+            rs.try_into().map_err(|_| {
                 Error::Usage("compile_batch returned the wrong number of routines".into())
             })?;
-        let grad = rs.remove(0);
         let mut initial = vec![&data_x, &data_t];
         initial.extend(&layer_params);
-        if leaders.contains(&i) {
-            // The leaders update and evaluate.
+        if i % group == 0 {
             initial.extend([&lr_schedule, &eval_x]);
         }
         for tn in initial {
@@ -660,7 +611,7 @@ pub fn train(
             device,
             ctx,
             grad,
-            merges: rs,
+            merge,
             update,
             infer,
         });
@@ -668,13 +619,12 @@ pub fn train(
     for d in &devs {
         backend.await_device(&d.device)?;
     }
-    let merged: Vec<&Tnode> = std::iter::once(grads.flat()).chain(&sums).collect();
     let plan = Plan::new(
         backend,
         devs,
-        &layout,
         (slot, step),
-        (&merged, params.flat()),
+        grads.flat(),
+        params.flat(),
         cfg.merge,
     )?;
     let devs = &plan.devs;
@@ -718,7 +668,7 @@ pub fn train(
         }
         if epoch < cfg.epochs {
             // Every rank makes the same calls; each runs only on its own leader.
-            for &l in &readers {
+            for &l in &plan.leaders {
                 backend.to_host(&devs[l].ctx, &history)?;
             }
             readback = Some((epoch, backend.record_event(&devs[me].device)));
@@ -735,7 +685,7 @@ pub fn train(
 
     // Evaluation on device 0 (on every rank's leader: their parameters are the same).
     let t0 = Instant::now();
-    for &l in &readers {
+    for &l in &plan.leaders {
         let d = &devs[l];
         d.infer.schedule()?;
         backend.to_host(&d.ctx, &scores)?;
