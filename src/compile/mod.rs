@@ -109,8 +109,9 @@ fn sanitize_stem(stem: &str) -> String {
 /// With [`CompilerConfig::cache_dir`] set, the target is resolved first
 /// ([`Target::resolve`], memoized) and the object is looked up in the cache under a key
 /// covering the source, the runtime header, the command, the compiler's identity and the
-/// target's fingerprint; the key is compiled into the object and checked when an entry is
-/// used, and an entry that does not check out is deleted and compiled again.
+/// target's fingerprint; the object key (the same without the target) is compiled into the
+/// object and checked when an entry is used, and an entry that does not check out is deleted
+/// and compiled again.
 ///
 /// A compile error carries the tail of the compiler's output (at most 200 lines and 16 KiB);
 /// when that is not all of it, the message names a file with all of it (the debug

@@ -13,7 +13,9 @@
 //! (keyed by the compiler's identity and the flags) and, with a cache directory, in a file
 //! `target-<hash>` there, keyed by the compiler's identity, the flags and — when a flag
 //! mentions `native` — the CPU's identity (a hash of `/proc/cpuinfo`'s `model name`, `flags`,
-//! `Features` and `CPU part` lines), so a cache hit in a fresh process runs no compiler.
+//! `Features` and `CPU part` lines), so a cache hit in a fresh process runs no compiler. When
+//! nothing is remembered, the first compile need not wait for the probe: see the `speculate`
+//! module.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
