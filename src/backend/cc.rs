@@ -507,8 +507,16 @@ impl CcBackend {
     ) -> Result<T> {
         let cfg = self.compiler_config()?;
         if let Some(s) = speculate.then(|| Speculation::start(&cfg)).flatten() {
-            if let Some(done) = make(&cfg, &s.vector_target(), Some(&s))? {
-                return Ok(done);
+            match make(&cfg, &s.vector_target(), Some(&s)) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                // An error of code generation for the guess only counts if the probe agrees
+                // with the guess.
+                Err(e) => {
+                    if s.confirmed()? {
+                        return Err(e);
+                    }
+                }
             }
         }
         let target = Self::vector_target(&cfg);

@@ -18,8 +18,10 @@
 //! the probe has answered; see the `cache` module). If they disagree, or the probe fails, the
 //! compile is killed and its output discarded, and the caller generates and compiles again for
 //! the probed target (the ordinary path, which also reports a failing probe). A probe that
-//! timed out is the error at once, as on the ordinary path. So a wrong guess costs time, never
-//! correctness.
+//! timed out is the error at once, as on the ordinary path. Errors of the work for the guess
+//! (code generation, the compile) are only reported once the probe has confirmed the guess
+//! ([`Speculation::confirmed`]); otherwise the work is redone for the probed target. So a
+//! wrong guess costs time, never correctness.
 
 use std::sync::{Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
@@ -149,6 +151,12 @@ impl Speculation {
             }),
             Answer::Target(_) | Answer::Failed => Ok(Verdict::Disproved),
         }
+    }
+
+    /// Waits for the probe: whether it agrees with the guess. A probe that timed out is
+    /// [`Error::CompileTimeout`].
+    pub(crate) fn confirmed(&self) -> Result<bool> {
+        Ok(matches!(self.verdict()?, Verdict::Confirmed(_)))
     }
 
     /// The probe's answer: the first caller joins the probe's thread, the others wait for it.
