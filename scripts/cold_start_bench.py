@@ -12,8 +12,10 @@ Alternates, N times:
   probe   the target probe alone (`<cc> <arch flags> <extra flags> -E -dM -x c /dev/null`);
   cached  `arrayjit run` with a warm cache directory (whole process), and `arrayjit bench`'s
           `compile_ms` with it (the library's part: compile_batch, a cache hit).
-Prints medians, minima and maxima in milliseconds, the median of the paired differences
-cold - gcc, and the load average (the machine may be shared: compare medians).
+Each iteration waits until the machine's CPUs were at least 90% idle for half a second (at
+most IDLE_WAIT seconds, default 60, then it runs anyway and counts as loaded), so that other
+work on a shared machine disturbs the comparison less. Prints medians, minima and maxima in
+milliseconds, the median of the paired differences cold - gcc, and the load average.
 """
 import json, os, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -40,6 +42,25 @@ print("compile:", cmd)
 print("probe:  ", probe)
 
 
+def idle_fraction(seconds=0.5):
+    def sample():
+        f = list(map(int, open("/proc/stat").readline().split()[1:]))
+        return sum(f), f[3] + f[4]
+    t1, i1 = sample()
+    time.sleep(seconds)
+    t2, i2 = sample()
+    return (i2 - i1) / max(t2 - t1, 1)
+
+
+def wait_for_idle():
+    """Whether the machine became idle within IDLE_WAIT seconds."""
+    end = time.time() + float(os.environ.get("IDLE_WAIT", "60"))
+    while time.time() < end:
+        if idle_fraction() >= 0.9:
+            return True
+    return False
+
+
 def wall(argv, **kw):
     t = time.perf_counter()
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, **kw)
@@ -47,11 +68,13 @@ def wall(argv, **kw):
 
 
 res = {}
+loaded = 0
 warm = {b: tempfile.mkdtemp(prefix="ajbench-warm-") for b in bins}
 for b in bins:
     subprocess.run([b, "run", prog], env={**env, "ARRAYJIT_CACHE_DIR": warm[b]}, check=True,
                    stdout=subprocess.DEVNULL)
 for _ in range(N):
+    loaded += not wait_for_idle()
     for b in bins:
         d = tempfile.mkdtemp(prefix="ajbench-cold-")
         res.setdefault(("cold", b), []).append(wall([b, "run", prog], env={**env, "ARRAYJIT_CACHE_DIR": d}))
@@ -73,6 +96,7 @@ for (what, b), v in res.items():
 for b in bins:
     d = [c - g for c, g in zip(res[("cold", b)], res[("gcc", "")])]
     print(f"{'cold - gcc':18} {b:45} median {statistics.median(d):7.2f} (paired)")
+print(f"iterations run on a loaded machine: {loaded} of {N}")
 print("load average:", open("/proc/loadavg").read().strip())
 for d in [dbg, *warm.values()]:
     shutil.rmtree(d)
