@@ -447,13 +447,18 @@ fn cache_is_shared_between_processes() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    // Every run of the compiler, as (probe?, arguments).
+    // Every run of the compiler, as (probe?, arguments); each process's runs with its probe
+    // first (the probe and the compile run at the same time when the target is guessed).
     let runs = || -> Vec<(bool, String)> {
-        fs::read_to_string(&log)
+        let mut r: Vec<(bool, String)> = fs::read_to_string(&log)
             .unwrap_or_default()
             .lines()
             .map(|l| (l.contains("-E -dM"), l.to_string()))
-            .collect()
+            .collect();
+        for pair in r.chunks_mut(2) {
+            pair.sort_by_key(|(probe, _)| !probe);
+        }
+        r
     };
     let first = run("");
     let r = runs();

@@ -6,7 +6,7 @@ use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
 use crate::codegen::{self, Generated, RoutineSignature};
-use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary};
+use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary, Speculation};
 use crate::error::{Error, Result};
 use crate::ir::{
     check_static_value, Assignments, Bindings, MemoryMode, MemoryModes, Ndarray, RoutineBindings,
@@ -479,10 +479,43 @@ impl CcBackend {
     /// compile itself reports what is wrong with the compiler.
     fn resolve(&self) -> Result<(CompilerConfig, VectorTarget)> {
         let cfg = self.compiler_config()?;
-        let target = compile::Target::resolve(&cfg)
-            .map(|t| t.vector_target(cfg.intrinsics))
-            .unwrap_or_default();
+        let target = Self::vector_target(&cfg);
         Ok((cfg, target))
+    }
+
+    /// What `cfg`'s compiler makes of its architecture flags, as code generation sees it (see
+    /// [`CcBackend::resolve`]).
+    fn vector_target(cfg: &CompilerConfig) -> VectorTarget {
+        compile::Target::resolve(cfg)
+            .map(|t| t.vector_target(cfg.intrinsics))
+            .unwrap_or_default()
+    }
+
+    /// Generates and compiles code with `make(config, target, speculation)`. With
+    /// `speculate` (code compiled now) and a target that is not remembered yet, first for a
+    /// guess at the target while the target probe runs (see [`Speculation`]); `make` returns
+    /// `None` when the probe disproved the guess, and then runs again for the probed target.
+    fn for_target<T>(
+        &self,
+        speculate: bool,
+        make: impl Fn(&CompilerConfig, &VectorTarget, Option<&Speculation>) -> Result<Option<T>>,
+    ) -> Result<T> {
+        let cfg = self.compiler_config()?;
+        if let Some(s) = speculate.then(|| Speculation::start(&cfg)).flatten() {
+            match make(&cfg, &s.vector_target(), Some(&s)) {
+                Ok(Some(done)) => return Ok(done),
+                Ok(None) => {}
+                // An error of code generation for the guess only counts if the probe agrees
+                // with the guess.
+                Err(e) => {
+                    if s.confirmed()? {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let target = Self::vector_target(&cfg);
+        make(&cfg, &target, None)?.ok_or_else(not_built)
     }
 
     /// Compiles one routine. With `shared: true` the C is compiled now and the code can be
@@ -497,45 +530,57 @@ impl CcBackend {
     ) -> Result<Code> {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
-        let (cfg, target) = self.resolve()?;
-        let trace = cfg.trace_dir.as_deref();
-        let optimized = self.optimize_one(&name, asgns, &target, trace.is_some())?;
-        let generated = codegen::generate(&[(&optimized, bindings)], &target, trace)?;
-        let source = generated.source();
-        let dumps = dumps(&optimized, asgns, 0);
-        let state = if shared {
-            CodeState::Compiled(Arc::new(Self::build_one(&generated, &dumps, &cfg)?))
-        } else {
-            CodeState::Postponed(Box::new(Postponed { generated, dumps }))
-        };
-        Ok(Code {
-            source,
-            name,
-            bindings: bindings.clone(),
-            optimized,
-            state,
+        self.for_target(shared, |cfg, target, speculation| {
+            let trace = cfg.trace_dir.as_deref();
+            let optimized = self.optimize_one(&name, asgns, target, trace.is_some())?;
+            let generated = codegen::generate(&[(&optimized, bindings)], target, trace)?;
+            let source = generated.source();
+            let dumps = dumps(&optimized, asgns, 0);
+            let state = if shared {
+                match Self::build_one(&generated, &dumps, cfg, speculation)? {
+                    Some(c) => CodeState::Compiled(Arc::new(c)),
+                    None => return Ok(None),
+                }
+            } else {
+                CodeState::Postponed(Box::new(Postponed { generated, dumps }))
+            };
+            Ok(Some(Code {
+                source,
+                name: name.clone(),
+                bindings: bindings.clone(),
+                optimized,
+                state,
+            }))
         })
     }
 
     /// Compiles generated code holding exactly one routine.
+    /// `None`: `speculation`'s guess was disproved (see [`CcBackend::build`]).
     fn build_one(
         generated: &Generated,
         dumps: &[DebugFile],
         cfg: &CompilerConfig,
-    ) -> Result<Compiled> {
-        Self::build(generated, dumps, cfg)?
+        speculation: Option<&Speculation>,
+    ) -> Result<Option<Compiled>> {
+        let Some(mut compiled) = Self::build(generated, dumps, cfg, speculation)? else {
+            return Ok(None);
+        };
+        compiled
             .pop()
+            .map(Some)
             .ok_or_else(|| Error::Internal("no routine was generated".into()))
     }
 
     /// Compiles generated code: its parts are dealt out to files of similar weight (see
     /// [`plan_files`]), compiled by up to `ARRAYJIT_COMPILE_JOBS` compiler processes at once.
-    /// Returns one compiled routine per signature, in order.
+    /// Returns one compiled routine per signature, in order; `None` if the code was generated
+    /// for `speculation`'s guess at the target and the probe disproved it.
     fn build(
         generated: &Generated,
         dumps: &[DebugFile],
         cfg: &CompilerConfig,
-    ) -> Result<Vec<Compiled>> {
+        speculation: Option<&Speculation>,
+    ) -> Result<Option<Vec<Compiled>>> {
         let jobs = cfg.compile_jobs;
         let weights: Vec<usize> = generated.parts.iter().map(|p| p.weight).collect();
         let files = plan_files(&weights, jobs);
@@ -556,7 +601,7 @@ impl CcBackend {
                 (generated.file(parts), stem)
             })
             .collect();
-        let libs = compile_files(cfg, &sources, dumps, jobs).map_err(|(k, e)| {
+        let libs = compile_files(cfg, speculation, &sources, dumps, jobs).map_err(|(k, e)| {
             // Name the routines of the file the compiler failed on.
             let mut names: Vec<&str> = vec![];
             for &p in &files[k] {
@@ -569,6 +614,9 @@ impl CcBackend {
             }
             Error::in_routine(&names.join(", "), e)
         })?;
+        let Some(libs) = libs.into_iter().collect::<Option<Vec<_>>>() else {
+            return Ok(None);
+        };
         let mut lib_of_part = vec![0usize; generated.parts.len()];
         for (f, parts) in files.iter().enumerate() {
             for &p in parts {
@@ -598,7 +646,8 @@ impl CcBackend {
                     entries,
                 })
             })
-            .collect()
+            .collect::<Result<_>>()
+            .map(Some)
     }
 
     /// Lowers, optimizes and prints the C of a batch without compiling it (what
@@ -678,35 +727,38 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
-        let (cfg, target) = self.resolve()?;
-        let (entries, source, generated, all_dumps) = self.prepare_batch(
-            names,
-            occupancy,
-            bindings,
-            asgns,
-            &target,
-            cfg.trace_dir.as_deref(),
-        )?;
-        let entries = entries
-            .into_iter()
-            .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
-            .collect();
-        let (compiled, postponed) = if shared {
-            let compiled = Self::build(&generated, &all_dumps, &cfg)?;
-            (Some(compiled.into_iter().map(Arc::new).collect()), None)
-        } else {
-            let p = Postponed {
-                generated,
-                dumps: all_dumps,
+        self.for_target(shared, |cfg, target, speculation| {
+            let (entries, source, generated, all_dumps) = self.prepare_batch(
+                names,
+                occupancy,
+                bindings,
+                asgns,
+                target,
+                cfg.trace_dir.as_deref(),
+            )?;
+            let entries = entries
+                .into_iter()
+                .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
+                .collect();
+            let (compiled, postponed) = if shared {
+                let Some(compiled) = Self::build(&generated, &all_dumps, cfg, speculation)? else {
+                    return Ok(None);
+                };
+                (Some(compiled.into_iter().map(Arc::new).collect()), None)
+            } else {
+                let p = Postponed {
+                    generated,
+                    dumps: all_dumps,
+                };
+                (None, Some(Box::new(p)))
             };
-            (None, Some(Box::new(p)))
-        };
-        Ok(CodeBatch {
-            source,
-            bindings: bindings.clone(),
-            entries,
-            compiled: Mutex::new(compiled),
-            postponed,
+            Ok(Some(CodeBatch {
+                source,
+                bindings: bindings.clone(),
+                entries,
+                compiled: Mutex::new(compiled),
+                postponed,
+            }))
         })
     }
 
@@ -722,7 +774,8 @@ impl CcBackend {
             .as_ref()
             .ok_or_else(|| Error::Internal("a batch with neither code nor compiled code".into()))?;
         let compiled: Vec<Arc<Compiled>> =
-            Self::build(&p.generated, &p.dumps, &self.compiler_config()?)?
+            Self::build(&p.generated, &p.dumps, &self.compiler_config()?, None)?
+                .ok_or_else(not_built)?
                 .into_iter()
                 .map(Arc::new)
                 .collect();
@@ -829,11 +882,10 @@ impl CcBackend {
         self.check_initialized()?;
         let compiled = match &code.state {
             CodeState::Compiled(c) => c.clone(),
-            CodeState::Postponed(p) => Arc::new(Self::build_one(
-                &p.generated,
-                &p.dumps,
-                &self.compiler_config()?,
-            )?),
+            CodeState::Postponed(p) => Arc::new(
+                Self::build_one(&p.generated, &p.dumps, &self.compiler_config()?, None)?
+                    .ok_or_else(not_built)?,
+            ),
         };
         Self::make_routine(
             &code.name,
@@ -976,26 +1028,37 @@ fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
     files
 }
 
+/// The error for a compile without a speculation that reports a disproved guess (which
+/// cannot happen).
+fn not_built() -> Error {
+    Error::Internal("a compile for the probed target was discarded".into())
+}
+
 /// Compiles and loads `(source, stem)` files with at most `jobs` compiler processes at once;
 /// the debug dumps are kept with the first file. The first failure (in file order) is
-/// returned.
+/// returned. With a speculation, a file is `None` when the probe disproved the guess.
 fn compile_files(
     cfg: &CompilerConfig,
+    speculation: Option<&Speculation>,
     files: &[(String, String)],
     dumps: &[DebugFile],
     jobs: usize,
-) -> std::result::Result<Vec<Arc<LoadedLibrary>>, (usize, Error)> {
+) -> std::result::Result<Vec<Option<Arc<LoadedLibrary>>>, (usize, Error)> {
     use std::sync::atomic::AtomicUsize;
     let compile_one = |k: usize| {
         let (src, stem) = &files[k];
         let dumps: &[DebugFile] = if k == 0 { dumps } else { &[] };
-        compile::compile_and_load(cfg, src, stem, dumps).map_err(|e| (k, e))
+        match speculation {
+            Some(s) => compile::compile_and_load_speculative(cfg, s, src, stem, dumps),
+            None => compile::compile_and_load(cfg, src, stem, dumps).map(Some),
+        }
+        .map_err(|e| (k, e))
     };
     if files.len() <= 1 || jobs <= 1 {
         return (0..files.len()).map(compile_one).collect();
     }
     let next = AtomicUsize::new(0);
-    type Compiled = std::result::Result<Arc<LoadedLibrary>, (usize, Error)>;
+    type Compiled = std::result::Result<Option<Arc<LoadedLibrary>>, (usize, Error)>;
     let results: Mutex<Vec<Option<Compiled>>> =
         Mutex::new((0..files.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
@@ -1092,6 +1155,87 @@ impl fmt::Debug for CodeBatch {
 #[cfg(test)]
 mod tests {
     use super::{plan_files, FILE_WEIGHT};
+    use crate::compile::{self, CompilerConfig, TargetUse};
+    use crate::ir::einsum::projections;
+    use crate::ir::{Assignments, Bindings, Binop, Buffer, InitOp, Prec, Tnode};
+    use crate::target::{Isa, VectorTarget};
+    use crate::{Jit, JitConfig};
+
+    /// Compiles, runs and checks row sums of squares with `cfg`.
+    fn row_sums(cfg: &CompilerConfig) {
+        let x = Tnode::with_init(&["x"], &[2, 3], Prec::Single, &InitOp::RangeOverOffsets).unwrap();
+        let s = Tnode::hosted(&["s"], &[2], Prec::Single).unwrap();
+        let none = Bindings::empty();
+        let code = Assignments::AccumBinop {
+            initialize_neutral: true,
+            accum: Binop::Add,
+            op: Binop::Mul,
+            lhs: s.clone(),
+            rhs1: Buffer::Node(x.clone()),
+            rhs2: Buffer::Node(x.clone()),
+            projections: projections("ij,ij->i", s.dims(), &[x.dims(), x.dims()], &none).unwrap(),
+        };
+        let jit = Jit::new(JitConfig {
+            compiler: Some(cfg.clone()),
+            synchronous: true,
+            ..JitConfig::default()
+        })
+        .unwrap();
+        let code = jit.compile("sum_of_squares", &none, &code).unwrap();
+        let device = jit.device().unwrap();
+        let ctx = jit.context(&device).unwrap();
+        let routine = jit.link(&ctx, &code).unwrap();
+        jit.upload(routine.context(), &x).unwrap();
+        routine.schedule().unwrap();
+        jit.download(routine.context(), &s).unwrap();
+        assert_eq!(s.host_values(), Some(vec![5.0, 50.0]));
+    }
+
+    /// A guess the probe disproves makes the backend generate and compile again for the
+    /// probed target: correct results, and only the probed target's object in the cache,
+    /// which an ordinary compile then hits (the cache holds nothing more).
+    #[test]
+    fn a_disproved_guess_compiles_again_for_the_probed_target() {
+        let cache = tempfile::tempdir().unwrap();
+        let base = CompilerConfig::from_env().expect("a C compiler is needed for this test");
+        let cfg = CompilerConfig {
+            arch_flags: vec!["-march=native".into()],
+            debug_dir: None,
+            trace_dir: None,
+            cache_dir: Some(cache.path().to_path_buf()),
+            ..base
+        };
+        let objects = || {
+            std::fs::read_dir(cache.path())
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .path()
+                        .extension()
+                        .is_some_and(|x| x == "so")
+                })
+                .count()
+        };
+        let wrong = TargetUse {
+            vector: VectorTarget {
+                isa: Isa::Generic,
+                vector_bytes: 8,
+                ..VectorTarget::default()
+            },
+            avx512fp16: false,
+        };
+        compile::force_guess(Some(wrong));
+        row_sums(&cfg);
+        compile::force_guess(None);
+        assert_eq!(objects(), 1);
+        row_sums(&cfg);
+        assert_eq!(
+            objects(),
+            1,
+            "the ordinary compile did not hit the stored object"
+        );
+    }
 
     #[test]
     fn files_are_a_multiple_of_the_jobs_and_bounded_in_weight() {

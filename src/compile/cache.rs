@@ -1,17 +1,20 @@
 //! The compile cache: shared objects stored under a key, checked before use.
 //!
-//! The key is a BLAKE3 hash (64 hexadecimal digits) of the C source, the runtime header, the full compiler command, the
-//! compiler's identity (resolved path, size, modification time) and the
+//! An object is compiled from the C source, the runtime header and the full compiler command,
+//! by the compiler with its identity (resolved path, size, modification time): the
+//! [`ObjectKey`], a BLAKE3 hash (64 hexadecimal digits) of these, is compiled into the object,
+//! as the exported array `arrayjit_cache_key_<object key>` holding it (appended to the source
+//! that is compiled, not to the source the key is computed from). The entry's key adds the
 //! [`Target::fingerprint`] (what the compiler makes of the architecture flags on this
-//! machine). The key is also compiled into the object, as the exported array
-//! `arrayjit_cache_key_<key>` holding the key (appended to the source that is compiled, not
-//! to the source the key is computed from), and the stored file ends with a trailer that the
-//! loader ignores: the key, the object's BLAKE3 checksum and a magic number.
+//! machine) to the object key, so that the target need not be known when the compile starts
+//! (see the `speculate` module); the stored file ends with a trailer that the loader ignores:
+//! the entry's key, the object's BLAKE3 checksum and a magic number.
 //!
 //! A cache entry is only opened if its trailer names its key and its checksum matches (so a
 //! truncated, damaged or foreign file is never handed to `dlopen`), and only used if the
-//! loaded object's symbol holds the key; anything else (another program's library copied over
-//! the entry, another entry, a truncated or garbage file) is deleted and compiled again.
+//! loaded object's symbol holds the object key; anything else (another program's library
+//! copied over the entry, another entry, a truncated or garbage file) is deleted and compiled
+//! again. Objects are only stored under a key whose target fingerprint is the probed target's.
 //!
 //! The cache is bounded ([`CompilerConfig::cache_max_bytes`], `ARRAYJIT_CACHE_MAX`): a hit
 //! sets its entry's modification time to now, and after storing an entry the least recently
@@ -29,12 +32,56 @@ use super::target::Target;
 use super::{hash_hex, RUNTIME_HEADER};
 use crate::{Error, Result};
 
+/// What an object is compiled from: its key (64 hexadecimal digits) covers the C source,
+/// the runtime header, the full command and the compiler's identity, and is compiled into the
+/// object ([`ObjectKey::marker`]).
+pub(super) struct ObjectKey {
+    key: String,
+}
+
+impl ObjectKey {
+    /// The key of compiling `source` with `command` under `config`, or `None` when the
+    /// compiler cannot be identified (then the cache is bypassed rather than risk reusing
+    /// another compiler's output).
+    pub(super) fn new(config: &CompilerConfig, source: &str, command: &str) -> Option<ObjectKey> {
+        let identity = program_identity(&config.compiler)?;
+        let key = hash_hex(&[
+            b"arrayjit-object-v4",
+            config.compiler.as_os_str().as_encoded_bytes(),
+            identity.as_bytes(),
+            command.as_bytes(),
+            RUNTIME_HEADER.as_bytes(),
+            source.as_bytes(),
+        ]);
+        Some(ObjectKey { key })
+    }
+
+    /// The name of the symbol that carries the key in the object.
+    fn symbol(&self) -> String {
+        format!("arrayjit_cache_key_{}", self.key)
+    }
+
+    /// The C text appended to the source that is compiled: an exported, always-kept array
+    /// named after the key and holding it.
+    pub(super) fn marker(&self) -> String {
+        let sym = self.symbol();
+        format!(
+            "\n/* arrayjit compile cache key */\n\
+             extern const char {sym}[];\n\
+             __attribute__((visibility(\"default\"), used)) const char {sym}[] = \"{}\";\n",
+            self.key
+        )
+    }
+}
+
 /// One cache entry: `<cache dir>/<key>.so`.
 pub(super) struct CacheEntry {
     /// The entry's path.
     pub path: PathBuf,
-    /// The key (64 hexadecimal digits).
+    /// The entry's key (64 hexadecimal digits): the object key and the target's fingerprint.
     key: String,
+    /// The key compiled into the object.
+    object: ObjectKey,
     /// The cache's size limit for objects ([`CompilerConfig::cache_max_bytes`]).
     max_bytes: u64,
 }
@@ -50,48 +97,24 @@ pub(super) enum Lookup {
 }
 
 impl CacheEntry {
-    /// The entry for compiling `source` with `command` under `config` for `target`, or `None`
-    /// when the compiler cannot be identified (then the cache is bypassed rather than risk
-    /// reusing another compiler's output).
+    /// The entry in `dir` for the object `object` compiled for `target` under `config`.
     pub(super) fn new(
         dir: &Path,
         config: &CompilerConfig,
-        source: &str,
-        command: &str,
+        object: ObjectKey,
         target: &Target,
-    ) -> Option<CacheEntry> {
-        let identity = program_identity(&config.compiler)?;
+    ) -> CacheEntry {
         let key = hash_hex(&[
-            b"arrayjit-cache-v3",
-            config.compiler.as_os_str().as_encoded_bytes(),
-            identity.as_bytes(),
-            command.as_bytes(),
-            RUNTIME_HEADER.as_bytes(),
+            b"arrayjit-cache-v4",
+            object.key.as_bytes(),
             target.fingerprint.as_bytes(),
-            source.as_bytes(),
         ]);
-        Some(CacheEntry {
+        CacheEntry {
             path: dir.join(format!("{key}.so")),
             key,
+            object,
             max_bytes: config.cache_max_bytes,
-        })
-    }
-
-    /// The name of the symbol that carries the key in the object.
-    fn symbol(&self) -> String {
-        format!("arrayjit_cache_key_{}", self.key)
-    }
-
-    /// The C text appended to the source that is compiled for this entry: an exported,
-    /// always-kept array named after the key and holding it.
-    pub(super) fn marker(&self) -> String {
-        let sym = self.symbol();
-        format!(
-            "\n/* arrayjit compile cache key */\n\
-             extern const char {sym}[];\n\
-             __attribute__((visibility(\"default\"), used)) const char {sym}[] = \"{}\";\n",
-            self.key
-        )
+        }
     }
 
     /// Looks the entry up. An entry that exists but is not this key's object is deleted.
@@ -120,7 +143,7 @@ impl CacheEntry {
             return self.discard("is damaged (its checksum does not match)".into());
         }
         drop(bytes);
-        let sym = self.symbol();
+        let sym = self.object.symbol();
         let lib = match open_library(&self.path) {
             Ok(lib) => lib,
             Err(e) => return self.discard(format!("cannot be loaded: {e}")),
@@ -132,7 +155,7 @@ impl CacheEntry {
                 return self.discard(msg);
             }
         };
-        let expected = format!("{}\0", self.key);
+        let expected = format!("{}\0", self.object.key);
         // SAFETY: `addr` is the non-null address of the symbol `arrayjit_cache_key_<key>`,
         // which only the marker this module appends defines: a `const char` array of exactly
         // `key.len() + 1` bytes (the key and its terminating NUL), mapped read-only for as long
@@ -480,8 +503,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let key = "0123456789abcdef".repeat(4);
         let entry = CacheEntry {
-            path: dir.path().join(format!("{key}.so")),
-            key: key.clone(),
+            path: dir.path().join(format!("{}.so", "e".repeat(64))),
+            key: "e".repeat(64),
+            object: ObjectKey { key: key.clone() },
             max_bytes: 1 << 30,
         };
         let build = |name: &str, source: &str| {
@@ -498,7 +522,7 @@ mod tests {
         };
         let good = build(
             "good",
-            &format!("int f(void) {{ return 1; }}\n{}", entry.marker()),
+            &format!("int f(void) {{ return 1; }}\n{}", entry.object.marker()),
         );
         entry.store(&good);
         assert!(matches!(entry.lookup(), Lookup::Hit(_)));

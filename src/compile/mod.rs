@@ -14,6 +14,7 @@
 //! - `config`: [`CompilerConfig`], read strictly from the environment;
 //! - `detect`: the `cc` crate's compiler choice, remembered in the cache directory;
 //! - `target`: [`Target`], what the compiler makes of the architecture flags;
+//! - `speculate`: compiling for a guessed target while the target probe runs;
 //! - `cache`: the compile cache (key, integrity check, storing);
 //! - `debug`: what a compile keeps in the debug directory;
 //! - `run`: running the compiler (timeout, process group, output tail);
@@ -35,6 +36,7 @@ mod detect;
 mod load;
 mod run;
 mod sanitize;
+mod speculate;
 mod target;
 
 pub use cache::{CacheFiles, CacheInfo, CompileCache};
@@ -43,12 +45,18 @@ pub use config::{CompilerConfig, DEFAULT_CACHE_MAX_BYTES, GCC_SPEED_FLAGS, GCC_W
 pub use load::{EntryFn, LoadedLibrary};
 pub use target::{Arch, CacheSizes, CompilerFamily, Features, Target};
 
-use cache::{CacheEntry, Lookup};
+use cache::{CacheEntry, Lookup, ObjectKey};
 use cleanup::WorkDir;
 pub use debug::DebugFile;
 use debug::{check_debug_files, DebugOutput};
 use load::open_library;
-use run::{run_compiler, Captured, ProgramRun};
+use run::{start_compiler, Captured, ProgramRun};
+#[cfg(test)]
+pub(crate) use speculate::force_guess;
+pub(crate) use speculate::Speculation;
+#[cfg(test)]
+pub(crate) use speculate::TargetUse;
+use speculate::Verdict;
 
 use crate::{Error, Result};
 
@@ -101,8 +109,9 @@ fn sanitize_stem(stem: &str) -> String {
 /// With [`CompilerConfig::cache_dir`] set, the target is resolved first
 /// ([`Target::resolve`], memoized) and the object is looked up in the cache under a key
 /// covering the source, the runtime header, the command, the compiler's identity and the
-/// target's fingerprint; the key is compiled into the object and checked when an entry is
-/// used, and an entry that does not check out is deleted and compiled again.
+/// target's fingerprint; the object key (the same without the target) is compiled into the
+/// object and checked when an entry is used, and an entry that does not check out is deleted
+/// and compiled again.
 ///
 /// A compile error carries the tail of the compiler's output (at most 200 lines and 16 KiB);
 /// when that is not all of it, the message names a file with all of it (the debug
@@ -130,19 +139,55 @@ pub fn compile_and_load(
     file_stem: &str,
     debug_files: &[DebugFile],
 ) -> Result<Arc<LoadedLibrary>> {
+    instrumented(config, file_stem, || {
+        compile_and_load_uninstrumented(config, None, source, file_stem, debug_files)
+    })?
+    .ok_or_else(|| Error::Internal("a compile for the probed target was discarded".into()))
+}
+
+/// [`compile_and_load`] for `source` generated for `speculation`'s guess at the target, while
+/// the target probe runs (see the `speculate` module): the compile starts at once, and when
+/// the probe answers, `Ok(None)` if it disproves the guess (the compile is killed and
+/// discarded; generate the code again for [`Target::resolve`]'s target and compile it with
+/// [`compile_and_load`]). Otherwise as [`compile_and_load`], and the object is stored under
+/// the key a compile for the probed target uses.
+pub(crate) fn compile_and_load_speculative(
+    config: &CompilerConfig,
+    speculation: &Speculation,
+    source: &str,
+    file_stem: &str,
+    debug_files: &[DebugFile],
+) -> Result<Option<Arc<LoadedLibrary>>> {
+    instrumented(config, file_stem, || {
+        compile_and_load_uninstrumented(config, Some(speculation), source, file_stem, debug_files)
+    })
+}
+
+/// Runs a compile, logging its outcome and duration.
+fn instrumented(
+    config: &CompilerConfig,
+    file_stem: &str,
+    compile: impl FnOnce() -> Result<Option<Arc<LoadedLibrary>>>,
+) -> Result<Option<Arc<LoadedLibrary>>> {
     let start = std::time::Instant::now();
-    let r = compile_and_load_uninstrumented(config, source, file_stem, debug_files);
+    let r = compile();
     let ms = start.elapsed().as_secs_f64() * 1e3;
     match &r {
-        Ok(lib) if lib.from_cache() => {
+        Ok(Some(lib)) if lib.from_cache() => {
             tracing::debug!(target: "arrayjit::compile", stem = file_stem, ms, "cache hit")
         }
-        Ok(_) => tracing::info!(
+        Ok(Some(_)) => tracing::info!(
             target: "arrayjit::compile",
             stem = file_stem,
             ms,
             compiler = %config.compiler.display(),
             "compiled (cache miss)"
+        ),
+        Ok(None) => tracing::debug!(
+            target: "arrayjit::compile",
+            stem = file_stem,
+            ms,
+            "the target probe disproved the guessed target: compile discarded"
         ),
         Err(e) => {
             // At info, not warn: the failure is also the returned error, which callers report.
@@ -168,23 +213,28 @@ fn target_and_flags(config: &CompilerConfig) -> Result<(Result<Target>, Cow<'_, 
         t => t,
     };
     let has_fp16 = target.as_ref().is_ok_and(|t| t.features.avx512fp16);
-    let config = if has_fp16 && !config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
+    Ok((target, flags_for(config, has_fp16)))
+}
+
+/// `config`, with [`NO_FP16_FLAG`] added when the target has AVX512-FP16 (`has_fp16`).
+fn flags_for(config: &CompilerConfig, has_fp16: bool) -> Cow<'_, CompilerConfig> {
+    if has_fp16 && !config.extra_flags.iter().any(|f| f == NO_FP16_FLAG) {
         let mut c = config.clone();
         c.extra_flags.push(NO_FP16_FLAG.to_string());
         Cow::Owned(c)
     } else {
         Cow::Borrowed(config)
-    };
-    Ok((target, config))
+    }
 }
 
 fn compile_and_load_uninstrumented(
     config: &CompilerConfig,
+    speculation: Option<&Speculation>,
     source: &str,
     file_stem: &str,
     debug_files: &[DebugFile],
-) -> Result<Arc<LoadedLibrary>> {
-    let err = match compile_once(config, source, file_stem, debug_files) {
+) -> Result<Option<Arc<LoadedLibrary>>> {
+    let err = match compile_for(config, speculation, source, file_stem, debug_files) {
         Ok(lib) => return Ok(lib),
         Err(e) => e,
     };
@@ -202,6 +252,10 @@ fn compile_and_load_uninstrumented(
     else {
         return Err(err);
     };
+    if speculation.is_some() {
+        // The ordinary compile (for the probed target) looks into the failure.
+        return Ok(None);
+    }
     // Whose fault is it? A compiler that builds and loads a trivial library works: the failure
     // is the source's (or the flags'), and a fresh detection would not help.
     if compiler_works(config) {
@@ -214,7 +268,7 @@ fn compile_and_load_uninstrumented(
                 compiler: fresh,
                 ..config.clone()
             };
-            compile_once(&retry, source, file_stem, debug_files)
+            compile_for(&retry, None, source, file_stem, debug_files)
         }
         _ => Err(note_remembered(err, &file, &config.compiler)),
     }
@@ -231,8 +285,9 @@ fn compiler_works(config: &CompilerConfig) -> bool {
         timeout: config.timeout.min(std::time::Duration::from_secs(30)),
         ..config.clone()
     };
-    compile_once(
+    compile_for(
         &check,
+        None,
         "int arrayjit_compiler_check(void) { return 0; }\n",
         "compiler_check",
         &[],
@@ -275,14 +330,25 @@ fn note_remembered(err: Error, file: &Path, compiler: &Path) -> Error {
     }
 }
 
-/// One compile as documented at [`compile_and_load`], without the re-detection.
-fn compile_once(
+/// One compile as documented at [`compile_and_load`], without the re-detection; with a
+/// speculation, as documented at [`compile_and_load_speculative`] (`Ok(None)`: the guess was
+/// disproved). Without one, the result is always `Some`.
+fn compile_for(
     config: &CompilerConfig,
+    speculation: Option<&Speculation>,
     source: &str,
     file_stem: &str,
     debug_files_in: &[DebugFile],
-) -> Result<Arc<LoadedLibrary>> {
-    let (target, config) = target_and_flags(config)?;
+) -> Result<Option<Arc<LoadedLibrary>>> {
+    // The target and the flags: probed (or remembered), or from the guess until the probe
+    // answers (the target then comes with the verdict, below).
+    let (mut target, config) = match speculation {
+        None => {
+            let (t, c) = target_and_flags(config)?;
+            (Some(t), c)
+        }
+        Some(s) => (None, flags_for(config, s.avx512fp16())),
+    };
     let config = &*config;
     let stem = sanitize_stem(file_stem);
     let debug_files = check_debug_files(debug_files_in)?;
@@ -306,47 +372,89 @@ fn compile_once(
         d.write(".cmd", &format!("{command}\n"))?;
     }
 
-    // The compile cache (see the `cache` module): needs the target, resolved once per
-    // process (or read from the cache directory).
-    let entry = match &config.cache_dir {
-        Some(dir) => CacheEntry::new(dir, config, source, &command, &target?),
+    // The compile cache (see the `cache` module): the object key is known now, the entry's key
+    // once the target is.
+    let object = match &config.cache_dir {
+        Some(_) => ObjectKey::new(config, source, &command),
         None => None,
     };
-    let mut cache_note = None;
-    if let Some(e) = &entry {
+    let marker = object.as_ref().map(ObjectKey::marker);
+    let entry_for = |object: Option<ObjectKey>, target: Option<Result<Target>>| {
+        let (Some(dir), Some(target)) = (&config.cache_dir, target) else {
+            return Ok(None);
+        };
+        let target = target?;
+        Ok(object.map(|o| CacheEntry::new(dir, config, o, &target)))
+    };
+    let hit = |e: &CacheEntry, note: &mut Option<String>| -> Result<Option<Arc<LoadedLibrary>>> {
         match e.lookup() {
             Lookup::Hit(lib) => {
                 if let Some(d) = &debug {
                     d.write(".log", &format!("[cache hit: {}]\n", e.path.display()))?;
                 }
-                return Ok(Arc::new(LoadedLibrary {
+                Ok(Some(Arc::new(LoadedLibrary {
                     lib,
-                    name: stem,
+                    name: stem.clone(),
                     path: e.path.clone(),
                     debug_source: debug_source(),
                     from_cache: true,
-                }));
+                })))
             }
-            Lookup::Miss => {}
-            Lookup::Discarded(why) => cache_note = Some(format!("{why}: deleted, compiling again")),
+            Lookup::Miss => Ok(None),
+            Lookup::Discarded(why) => {
+                *note = Some(format!("{why}: deleted, compiling again"));
+                Ok(None)
+            }
+        }
+    };
+    let mut cache_note = None;
+    let mut entry = None;
+    let mut object = object;
+    if speculation.is_none() {
+        entry = entry_for(object.take(), target.take())?;
+        if let Some(e) = &entry {
+            if let Some(lib) = hit(e, &mut cache_note)? {
+                return Ok(Some(lib));
+            }
         }
     }
 
     let root = config.temp_root.clone().unwrap_or_else(std::env::temp_dir);
     let tmp = WorkDir::create(&root)?;
-    let compiled_source: Cow<str> = match &entry {
-        Some(e) => Cow::Owned(format!("{source}{}", e.marker())),
+    let compiled_source: Cow<str> = match &marker {
+        Some(m) => Cow::Owned(format!("{source}{m}")),
         None => Cow::Borrowed(source),
     };
     write_file(&tmp.path().join(&src_name), &compiled_source)?;
     write_file(&tmp.path().join("arrayjit.h"), RUNTIME_HEADER)?;
 
-    let run = run_compiler(
+    let running = start_compiler(
         config,
         &config.os_args(&src_name, &lib_name),
         tmp.path(),
         &command,
     )?;
+    if let Some(s) = speculation {
+        // Dropping `running` on an early return kills and reaps the compiler.
+        match s.verdict()? {
+            Verdict::Disproved => {
+                running.kill();
+                tmp.close()?;
+                return Ok(None);
+            }
+            Verdict::Confirmed(t) => {
+                entry = entry_for(object.take(), Some(Ok(t)))?;
+                if let Some(e) = &entry {
+                    if let Some(lib) = hit(e, &mut cache_note)? {
+                        running.kill();
+                        tmp.close()?;
+                        return Ok(Some(lib));
+                    }
+                }
+            }
+        }
+    }
+    let run = running.wait()?;
     if let Some(d) = &debug {
         d.write_log(cache_note.as_deref(), &run.output)?;
     }
@@ -359,14 +467,14 @@ fn compile_once(
     if !run.status.success() {
         // GCC 12 sometimes emits invalid AVX-512 assembly from valid C (e.g. the mnemonic
         // `vinsert<i128vldq>`, which the assembler rejects). That is the compiler's bug, not
-        // the program's: retry once without AVX-512.
+        // the program's: retry once without AVX-512 (the target is known by now).
         if !config.extra_flags.iter().any(|f| f == AVX512_FALLBACK_FLAG)
             && run.output.contains(b"Assembler messages")?
         {
             let mut retry = config.clone();
             retry.extra_flags.push(AVX512_FALLBACK_FLAG.to_string());
             tmp.close()?;
-            return compile_once(&retry, source, file_stem, debug_files_in);
+            return compile_for(&retry, None, source, file_stem, debug_files_in);
         }
         let output = failure_output(&run, &stem, &root, debug.as_ref())?;
         return Err(Error::Compile {
@@ -385,13 +493,13 @@ fn compile_once(
     }
     tmp.close()?;
 
-    Ok(Arc::new(LoadedLibrary {
+    Ok(Some(Arc::new(LoadedLibrary {
         lib,
         name: stem,
         path: lib_path,
         debug_source: debug_source(),
         from_cache: false,
-    }))
+    })))
 }
 
 /// The compiler's output for a compile error: its tail, with a pointer to a file holding all

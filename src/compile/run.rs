@@ -7,11 +7,11 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 
-use super::cleanup::{kill_process_group, spawn_registered};
+use super::cleanup::{kill_process_group, spawn_registered, Group};
 use super::config::{is_bare_name, CompilerConfig};
 use crate::{Error, Result};
 
@@ -38,6 +38,32 @@ pub(super) fn run_compiler(
     dir: &Path,
     command: &str,
 ) -> Result<ProgramRun> {
+    start_compiler(config, args, dir, command)?.wait()
+}
+
+/// A compiler started by [`start_compiler`]: its process group is killed when the timeout
+/// expires, and it is waited for by [`Running::wait`] or killed and reaped by
+/// [`Running::kill`] (or when dropped).
+pub(super) struct Running {
+    child: Child,
+    group: Option<Group>,
+    /// Told when the compiler has exited (or is being killed); the watchdog then ends.
+    done: Option<mpsc::Sender<()>>,
+    /// The watchdog thread: true if it killed the compiler.
+    watchdog: Option<thread::JoinHandle<bool>>,
+    stdout: Option<File>,
+    stderr: Option<File>,
+    command: String,
+}
+
+/// Starts `config`'s compiler with `args` in `dir` (see [`run_compiler`]) and returns without
+/// waiting for it.
+pub(super) fn start_compiler(
+    config: &CompilerConfig,
+    args: &[OsString],
+    dir: &Path,
+    command: &str,
+) -> Result<Running> {
     // The compiler runs in `dir`, so a relative compiler path must be made absolute first.
     let program = config.program()?;
 
@@ -92,8 +118,8 @@ pub(super) fn run_compiler(
     })?;
     drop(cmd); // closes our copies of the child's output descriptors
 
-    // A watchdog thread kills the compiler's process group when the timeout expires; this
-    // thread waits for the compiler itself.
+    // A watchdog thread kills the compiler's process group when the timeout expires; the
+    // caller waits for the compiler itself.
     let pid = child.id() as i32;
     let timeout = config.timeout;
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -114,28 +140,80 @@ pub(super) fn run_compiler(
             return Err(Error::io("starting the compiler watchdog thread", e));
         }
     };
-    // Wait for the compiler to exit without reaping it, so that its process group id stays
-    // ours until the watchdog and the signal registry have let go of it.
-    let exited = wait_exited(pid);
-    let _ = done_tx.send(());
-    // The watchdog never panics; treat a panic as "did not kill".
-    let killed = watchdog.join().unwrap_or(false);
-    group.unregister();
-    if let Err(e) = exited {
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(Error::io(format!("waiting for {command}"), e));
-    }
-    let status = child
-        .wait()
-        .map_err(|e| Error::io(format!("waiting for {command}"), e))?;
-
-    Ok(ProgramRun {
-        status,
-        // A compiler that finished successfully just as the timeout expired still counts.
-        timed_out: killed && !status.success(),
-        output: Captured { stdout, stderr },
+    Ok(Running {
+        child,
+        group: Some(group),
+        done: Some(done_tx),
+        watchdog: Some(watchdog),
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+        command: command.to_string(),
     })
+}
+
+impl Running {
+    /// Waits for the compiler to exit (or be killed by the watchdog) and reaps it.
+    pub(super) fn wait(mut self) -> Result<ProgramRun> {
+        // Wait for the compiler to exit without reaping it, so that its process group id stays
+        // ours until the watchdog and the signal registry have let go of it.
+        if let Err(e) = wait_exited(self.child.id() as i32) {
+            self.kill_and_reap();
+            return Err(Error::io(format!("waiting for {}", self.command), e));
+        }
+        let killed = self.stop_watchdog();
+        if let Some(g) = self.group.take() {
+            g.unregister();
+        }
+        let status = self
+            .child
+            .wait()
+            .map_err(|e| Error::io(format!("waiting for {}", self.command), e))?;
+        let (Some(stdout), Some(stderr)) = (self.stdout.take(), self.stderr.take()) else {
+            return Err(Error::Internal("a compiler run waited for twice".into()));
+        };
+        Ok(ProgramRun {
+            status,
+            // A compiler that finished successfully just as the timeout expired still counts.
+            timed_out: killed && !status.success(),
+            output: Captured { stdout, stderr },
+        })
+    }
+
+    /// Kills the compiler and every process it started, and reaps it.
+    pub(super) fn kill(mut self) {
+        self.kill_and_reap();
+    }
+
+    /// Ends the watchdog (if it is still running); whether it killed the compiler.
+    fn stop_watchdog(&mut self) -> bool {
+        drop(self.done.take());
+        // The watchdog never panics; treat a panic as "did not kill".
+        self.watchdog
+            .take()
+            .is_some_and(|w| w.join().unwrap_or(false))
+    }
+
+    /// Kills and reaps the compiler unless it was reaped already (its group is then gone).
+    fn kill_and_reap(&mut self) {
+        if self.group.is_none() {
+            return;
+        }
+        // The leader is not reaped yet, so its process group id is still ours.
+        kill_process_group(self.child.id() as i32);
+        let _ = wait_exited(self.child.id() as i32);
+        self.stop_watchdog();
+        if let Some(g) = self.group.take() {
+            g.unregister();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    /// A compiler neither waited for nor killed (an early return) is killed and reaped.
+    fn drop(&mut self) {
+        self.kill_and_reap();
+    }
 }
 
 /// Blocks until the child `pid` has exited, leaving it unreaped (`waitid` with `WNOWAIT`).

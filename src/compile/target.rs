@@ -13,7 +13,9 @@
 //! (keyed by the compiler's identity and the flags) and, with a cache directory, in a file
 //! `target-<hash>` there, keyed by the compiler's identity, the flags and — when a flag
 //! mentions `native` — the CPU's identity (a hash of `/proc/cpuinfo`'s `model name`, `flags`,
-//! `Features` and `CPU part` lines), so a cache hit in a fresh process runs no compiler.
+//! `Features` and `CPU part` lines), so a cache hit in a fresh process runs no compiler. When
+//! nothing is remembered, the first compile need not wait for the probe: see the `speculate`
+//! module.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
@@ -150,48 +152,21 @@ impl Target {
     /// macros (e.g. for an unknown `-march`), [`Error::Io`] if no temporary directory can be
     /// created.
     pub fn resolve(config: &CompilerConfig) -> Result<Target> {
-        static MEMO: LazyLock<Mutex<HashMap<String, Target>>> =
-            LazyLock::new(|| Mutex::new(HashMap::new()));
-        let identity = program_identity(&config.compiler);
-        let flags: Vec<&str> = config
-            .arch_flags
-            .iter()
-            .chain(&config.extra_flags)
-            .map(String::as_str)
-            .collect();
-        // Without an identity (the compiler cannot be found) nothing is memoized: the probe
-        // reports the missing compiler.
-        let memo_key = identity
-            .as_ref()
-            .map(|id| format!("{id}\0{}\0{}", config.compiler.display(), flags.join("\0")));
-        if let Some(key) = &memo_key {
-            let memo = MEMO.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(t) = memo.get(key) {
-                return Ok(t.clone());
-            }
+        let memo = Memo::new(config);
+        if let Some(t) = memo.recall() {
+            return Ok(t);
         }
+        let dump = probe(config)?;
+        if let Some(d) = &memo.disk {
+            d.write(&dump);
+        }
+        Ok(memo.remember(Target::from_macro_dump(&dump)?))
+    }
 
-        let disk = match (&identity, &config.cache_dir) {
-            (Some(id), Some(dir)) => Some(DiskMemo::new(dir, id, config, &flags)),
-            _ => None,
-        };
-        let dump = match disk.as_ref().and_then(DiskMemo::read) {
-            Some(dump) => dump,
-            None => {
-                let dump = probe(config)?;
-                if let Some(d) = &disk {
-                    d.write(&dump);
-                }
-                dump
-            }
-        };
-        let target = Target::from_macro_dump(&dump)?;
-        if let Some(key) = memo_key {
-            MEMO.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, target.clone());
-        }
-        Ok(target)
+    /// The target [`Target::resolve`] would return without running the compiler (remembered
+    /// in this process or in the cache directory), if any.
+    pub(super) fn remembered(config: &CompilerConfig) -> Option<Target> {
+        Memo::new(config).recall()
     }
 
     /// A target from the output of `cc -E -dM` (lines `#define NAME VALUE`), with this
@@ -328,6 +303,60 @@ impl Target {
     /// How many `f32` fit in the widest vector ([`Target::vector_bytes`] / 4).
     pub fn f32_lanes(&self) -> usize {
         self.vector_bytes / 4
+    }
+}
+
+/// Where one configuration's probe is remembered: per process (keyed by the compiler's
+/// identity, its path and the flags) and, with a cache directory, on disk.
+struct Memo {
+    /// The per-process key; `None` without a compiler identity (the compiler cannot be found):
+    /// then nothing is remembered, and the probe reports the missing compiler.
+    key: Option<String>,
+    disk: Option<DiskMemo>,
+}
+
+/// The targets resolved in this process, by [`Memo::key`].
+static MEMO: LazyLock<Mutex<HashMap<String, Target>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+impl Memo {
+    fn new(config: &CompilerConfig) -> Memo {
+        let identity = program_identity(&config.compiler);
+        let flags: Vec<&str> = config
+            .arch_flags
+            .iter()
+            .chain(&config.extra_flags)
+            .map(String::as_str)
+            .collect();
+        let key = identity
+            .as_ref()
+            .map(|id| format!("{id}\0{}\0{}", config.compiler.display(), flags.join("\0")));
+        let disk = match (&identity, &config.cache_dir) {
+            (Some(id), Some(dir)) => Some(DiskMemo::new(dir, id, config, &flags)),
+            _ => None,
+        };
+        Memo { key, disk }
+    }
+
+    /// The remembered target: this process's, else the cache directory's (then remembered in
+    /// the process too).
+    fn recall(&self) -> Option<Target> {
+        let key = self.key.as_ref()?;
+        if let Some(t) = MEMO.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Some(t.clone());
+        }
+        let dump = self.disk.as_ref()?.read()?;
+        Some(self.remember(Target::from_macro_dump(&dump).ok()?))
+    }
+
+    /// Remembers a target in the process (the caller writes the disk memo).
+    fn remember(&self, target: Target) -> Target {
+        if let Some(key) = &self.key {
+            MEMO.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), target.clone());
+        }
+        target
     }
 }
 
