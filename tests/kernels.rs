@@ -380,3 +380,46 @@ fn half_operands_compute_in_float() {
     let got = run_and_read(&backend, &r, &[&out]);
     assert_eq!(got[0], expected(&c, Prec::Half, Prec::Half, true));
 }
+
+/// With tiny caches the blocking exercises every path: several column blocks and a rest
+/// run with an edge panel, several reduction blocks with a shorter last one, edge row panels.
+/// Run by the interpreter on the optimized code, in single and double precision.
+#[test]
+fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
+    let target = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 1 << 10,
+        l2_bytes: 8 << 10,
+        intrinsics: false,
+    };
+    let mut cs = cases();
+    cs.push(case("ij,jk->ik", &[31, 77], &[77, 300], &[31, 300]));
+    cs.push(case("ij,kj->ik", &[30, 45], &[140, 45], &[30, 140]));
+    for c in cs {
+        for prec in [Prec::Single, Prec::Double] {
+            for init in [true, false] {
+                let (asg, [x, y, out]) = prog_for(&c, prec, prec, prec, init);
+                let code = arrayjit::lower::lower(&asg).unwrap();
+                let settings = Settings {
+                    target: Some(target),
+                    ..Settings::default()
+                };
+                let o = optimize::optimize("kernel", code, &settings).unwrap();
+                let doc = arrayjit::loops::to_doc(&o.code);
+                assert!(doc.contains("fma("), "{}: no kernel\n{doc}", c.spec);
+                let mut mem = Memory::new();
+                mem.load_from_hosts([&x, &y, &out]);
+                interp::run_optimized(&o, &[], &mut mem).unwrap();
+                assert_eq!(
+                    mem.get(&out).unwrap(),
+                    expected(&c, prec, prec, init).as_slice(),
+                    "{} {prec} init {init}",
+                    c.spec
+                );
+            }
+        }
+    }
+}
