@@ -270,9 +270,14 @@ fn every_x86_instruction_set_computes_the_same() {
     }
 }
 
-/// The C of a kernel written for `target`.
-fn kernel_source(target: VectorTarget, prec: Prec) -> String {
-    let c = case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60]);
+/// The C of a kernel written for `target`: of `a @ b`, or with `transposed` of `a @ b.T`
+/// (whose packing transposes blocks of `b` with vector shuffles).
+fn kernel_source(target: VectorTarget, prec: Prec, transposed: bool) -> String {
+    let c = if transposed {
+        case("ij,kj->ik", &[40, 50], &[60, 50], &[40, 60])
+    } else {
+        case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60])
+    };
     let (asg, _) = prog_for(&c, prec, prec, prec, true);
     let settings = Settings {
         target: Some(target),
@@ -281,6 +286,7 @@ fn kernel_source(target: VectorTarget, prec: Prec) -> String {
     let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
     let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
     assert!(src.contains("GEMM kernel"), "{src}");
+    assert_eq!(src.contains("__builtin_shufflevector"), transposed, "{src}");
     src
 }
 
@@ -336,14 +342,16 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
             intrinsics,
         };
         for (prec, lanes) in [(Prec::Single, ".4s"), (Prec::Double, ".2d")] {
-            let src = kernel_source(neon, prec);
-            assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
-            let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
-            let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
-            assert!(
-                fmla,
-                "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
-            );
+            for transposed in [false, true] {
+                let src = kernel_source(neon, prec, transposed);
+                assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
+                let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+                let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
+                assert!(
+                    fmla,
+                    "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
+                );
+            }
         }
     }
 }
@@ -353,14 +361,16 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
 #[test]
 fn portable_kernels_compile_to_vector_code() {
     let generic = VectorTarget::default();
-    let src = kernel_source(generic, Prec::Single);
-    assert!(src.contains("vector_size(16)"), "{src}");
-    for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
-        let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
-        assert!(
-            asm.contains("vfmadd") || asm.contains("vmulps"),
-            "{cc}: no vector arithmetic"
-        );
+    for transposed in [false, true] {
+        let src = kernel_source(generic, Prec::Single, transposed);
+        assert!(src.contains("vector_size(16)"), "{src}");
+        for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
+            let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
+            assert!(
+                asm.contains("vfmadd") || asm.contains("vmulps"),
+                "{cc}: no vector arithmetic"
+            );
+        }
     }
 }
 

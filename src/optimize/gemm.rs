@@ -16,7 +16,10 @@
 //!   - for every column block (`NCP` panels of `NR` columns; one block when all fit):
 //!     1. **Packing `y`.** The block's panels are evaluated into `bp[jj, kx, c] =
 //!        y(k = kb*KC + kx, n = (block start + jj)*NR + c)`: each panel contiguous along `k`,
-//!        the columns past the right edge zero. Sized to stay in L2 while it is used.
+//!        the columns past the right edge zero. Sized to stay in L2 while it is used. When
+//!        `y` is a plain read contiguous along `k` (`a @ b.T`), whole panels are transposed
+//!        `W × W` at a time in vector registers (loads along `k`, lane shuffles, stores
+//!        along the columns) instead of element by element.
 //!     2. for every row panel of `MR` rows (the last one possibly fewer):
 //!        - **Packing `x`.** Its rows are evaluated into `ap` (`MR × KC`, stays in L1): each
 //!          row contiguous along `k` (`ap[r, kx]`) when `x` is read along `k` (then packing
@@ -722,12 +725,12 @@ impl Gen<'_> {
         };
         let mut out = vec![];
         if run.full > 0 {
-            out.push(Llc::for_loop(
-                jj,
-                0,
-                run.full as i64 - 1,
-                data(AxisIndex::Iterator(jj), b.nr)?,
-            ));
+            let jj_ix = AxisIndex::Iterator(jj);
+            let body = match self.transposed_panel(run, blk, jj_ix)? {
+                Some(code) => code,
+                None => data(jj_ix, b.nr)?,
+            };
+            out.push(Llc::for_loop(jj, 0, run.full as i64 - 1, body));
         }
         if run.edge > 0 {
             let jj_ix = AxisIndex::Fixed(run.full);
@@ -745,6 +748,104 @@ impl Gen<'_> {
             ));
         }
         Some(Llc::Seq(out))
+    }
+
+    /// Packs whole panel `jj` of the run from a `y` that is a plain read of an array of the
+    /// compute precision, contiguous along `k` (a row of a transposed `b`): `W × W` blocks (`W`
+    /// the lanes) are loaded as `W` vectors along `k`, one per column, transposed in registers
+    /// (`log2 W` rounds of lane shuffles: each round interleaves the low and the high halves
+    /// of vectors `i` and `i + W/2` into vectors `2i` and `2i + 1`) and stored as `W` vectors
+    /// along the columns; the steps past the last whole block are copied one by one. `None`
+    /// when `y` is not such a read.
+    fn transposed_panel(&self, run: &Run, blk: Block, jj: AxisIndex) -> Option<Option<Llc>> {
+        let (con, b) = (self.con, &self.b);
+        let (ty, w) = (b.ty, b.ty.lanes);
+        let Llv::Get(src, src_idcs) = &con.y else {
+            return Some(None);
+        };
+        if src.prec() != ty.prec
+            || !w.is_power_of_two()
+            || blk.len < w
+            || stride(src, src_idcs, con.k.0) != 1
+            || stride(src, src_idcs, con.n.0) == 1
+        {
+            return Some(None);
+        }
+        let jg = run.panel(jj, b.ncp)?;
+        let (q, kx, c) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+        let (blocks, rest) = (blk.len / w, blk.len % w);
+        let half = w / 2;
+        let lo: Vec<usize> = (0..half).flat_map(|i| [i, w + i]).collect();
+        let hi: Vec<usize> = (half..w).flat_map(|i| [i, w + i]).collect();
+        let mut body = vec![];
+        for v in 0..b.nv {
+            // Column `v·W + i` of the panel, steps `q·W ..` of the block, into vector `i`.
+            let mut rows: Vec<VReg> = vec![];
+            for i in 0..w {
+                let idcs = subst_idcs(
+                    src_idcs,
+                    &[
+                        (con.n.0, scaled(jg, b.nr, &[], v * w + i)?),
+                        (con.k.0, scaled(blk.kb, b.kc, &[(q, w)], 0)?),
+                    ],
+                )?;
+                let r = vreg(ty);
+                body.push(Llc::VSet(r, Vlv::Load(ty, src.clone(), idcs)));
+                rows.push(r);
+            }
+            for _ in 0..w.trailing_zeros() {
+                let mut next = vec![];
+                for i in 0..half {
+                    for idx in [&lo, &hi] {
+                        let r = vreg(ty);
+                        body.push(Llc::VSet(
+                            r,
+                            Vlv::Shuffle(
+                                Box::new(Vlv::Reg(rows[i])),
+                                Box::new(Vlv::Reg(rows[i + half])),
+                                idx.clone(),
+                            ),
+                        ));
+                        next.push(r);
+                    }
+                }
+                rows = next;
+            }
+            // Vector `i` now holds step `q·W + i` of the `W` columns.
+            for (i, &r) in rows.iter().enumerate() {
+                body.push(Llc::VStore {
+                    tn: self.bufs.bp.clone(),
+                    idcs: vec![jj, lin(&[(q, w)], i)?, AxisIndex::Fixed(v * w)],
+                    value: Vlv::Reg(r),
+                });
+            }
+        }
+        let mut out = vec![Llc::for_loop(q, 0, blocks as i64 - 1, Llc::Seq(body))];
+        if rest > 0 {
+            let value = subst(
+                &con.y,
+                &[
+                    (con.n.0, scaled(jg, b.nr, &[(c, 1)], 0)?),
+                    (con.k.0, scaled(blk.kb, b.kc, &[(kx, 1)], blocks * w)?),
+                ],
+            )?;
+            out.push(Llc::for_loop(
+                kx,
+                0,
+                rest as i64 - 1,
+                Llc::for_loop(
+                    c,
+                    0,
+                    b.nr as i64 - 1,
+                    Llc::Set {
+                        tn: self.bufs.bp.clone(),
+                        idcs: vec![jj, lin(&[(kx, 1)], blocks * w)?, AxisIndex::Iterator(c)],
+                        value,
+                    },
+                ),
+            ));
+        }
+        Some(Some(Llc::Seq(out)))
     }
 
     /// The tiles of row panel `ir` (`rows` valid rows, packed in `ap`) over the run's panels.
