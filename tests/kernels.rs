@@ -270,9 +270,14 @@ fn every_x86_instruction_set_computes_the_same() {
     }
 }
 
-/// The C of a kernel written for `target`.
-fn kernel_source(target: VectorTarget, prec: Prec) -> String {
-    let c = case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60]);
+/// The C of a kernel written for `target`: of `a @ b`, or with `transposed` of `a @ b.T`
+/// (whose packing transposes blocks of `b` with vector shuffles).
+fn kernel_source(target: VectorTarget, prec: Prec, transposed: bool) -> String {
+    let c = if transposed {
+        case("ij,kj->ik", &[40, 50], &[60, 50], &[40, 60])
+    } else {
+        case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60])
+    };
     let (asg, _) = prog_for(&c, prec, prec, prec, true);
     let settings = Settings {
         target: Some(target),
@@ -281,6 +286,7 @@ fn kernel_source(target: VectorTarget, prec: Prec) -> String {
     let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
     let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
     assert!(src.contains("GEMM kernel"), "{src}");
+    assert_eq!(src.contains("__builtin_shufflevector"), transposed, "{src}");
     src
 }
 
@@ -336,14 +342,16 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
             intrinsics,
         };
         for (prec, lanes) in [(Prec::Single, ".4s"), (Prec::Double, ".2d")] {
-            let src = kernel_source(neon, prec);
-            assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
-            let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
-            let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
-            assert!(
-                fmla,
-                "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
-            );
+            for transposed in [false, true] {
+                let src = kernel_source(neon, prec, transposed);
+                assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
+                let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+                let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
+                assert!(
+                    fmla,
+                    "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
+                );
+            }
         }
     }
 }
@@ -353,14 +361,16 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
 #[test]
 fn portable_kernels_compile_to_vector_code() {
     let generic = VectorTarget::default();
-    let src = kernel_source(generic, Prec::Single);
-    assert!(src.contains("vector_size(16)"), "{src}");
-    for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
-        let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
-        assert!(
-            asm.contains("vfmadd") || asm.contains("vmulps"),
-            "{cc}: no vector arithmetic"
-        );
+    for transposed in [false, true] {
+        let src = kernel_source(generic, Prec::Single, transposed);
+        assert!(src.contains("vector_size(16)"), "{src}");
+        for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
+            let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
+            assert!(
+                asm.contains("vfmadd") || asm.contains("vmulps"),
+                "{cc}: no vector arithmetic"
+            );
+        }
     }
 }
 
@@ -379,4 +389,47 @@ fn half_operands_compute_in_float() {
     );
     let got = run_and_read(&backend, &r, &[&out]);
     assert_eq!(got[0], expected(&c, Prec::Half, Prec::Half, true));
+}
+
+/// With tiny caches the blocking exercises every path: several column blocks and a rest
+/// run with an edge panel, several reduction blocks with a shorter last one, edge row panels.
+/// Run by the interpreter on the optimized code, in single and double precision.
+#[test]
+fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
+    let target = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 1 << 10,
+        l2_bytes: 8 << 10,
+        intrinsics: false,
+    };
+    let mut cs = cases();
+    cs.push(case("ij,jk->ik", &[31, 77], &[77, 300], &[31, 300]));
+    cs.push(case("ij,kj->ik", &[30, 45], &[140, 45], &[30, 140]));
+    for c in cs {
+        for prec in [Prec::Single, Prec::Double] {
+            for init in [true, false] {
+                let (asg, [x, y, out]) = prog_for(&c, prec, prec, prec, init);
+                let code = arrayjit::lower::lower(&asg).unwrap();
+                let settings = Settings {
+                    target: Some(target),
+                    ..Settings::default()
+                };
+                let o = optimize::optimize("kernel", code, &settings).unwrap();
+                let doc = arrayjit::loops::to_doc(&o.code);
+                assert!(doc.contains("fma("), "{}: no kernel\n{doc}", c.spec);
+                let mut mem = Memory::new();
+                mem.load_from_hosts([&x, &y, &out]);
+                interp::run_optimized(&o, &[], &mut mem).unwrap();
+                assert_eq!(
+                    mem.get(&out).unwrap(),
+                    expected(&c, prec, prec, init).as_slice(),
+                    "{} {prec} init {init}",
+                    c.spec
+                );
+            }
+        }
+    }
 }

@@ -563,6 +563,10 @@ impl Writer {
                     .binop(t, *op, &a, &b)
                     .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
             }
+            Vlv::Shuffle(a, b, idx) => {
+                let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
+                self.dialect.shuffle(t, &a, &b, idx)
+            }
         }
     }
 

@@ -236,6 +236,17 @@ impl Dialect {
         }
     }
 
+    /// A permutation of the lanes of `a` followed by `b` (GCC 12+ and Clang builtin; the
+    /// cast keeps the result in the vector type, intrinsics' types included).
+    pub fn shuffle(&self, t: VType, a: &str, b: &str, idx: &[usize]) -> String {
+        let idx: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+        format!(
+            "(({})__builtin_shufflevector({a}, {b}, {}))",
+            self.ty(t),
+            idx.join(", ")
+        )
+    }
+
     /// A lane-wise binary operation; `None` for operations vectors do not support here.
     pub fn binop(&self, t: VType, op: Binop, a: &str, b: &str) -> Option<String> {
         let native = self.native(t);

@@ -506,7 +506,7 @@ impl<'m> Machine<'m> {
                 self.check_vector(b, bound)?;
                 self.check_vector(c, bound)
             }
-            Vlv::Binop(_, a, b) => {
+            Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
                 self.check_vector(a, bound)?;
                 self.check_vector(b, bound)
             }
@@ -741,6 +741,12 @@ impl<'m> Machine<'m> {
                 a.iter()
                     .zip(&b)
                     .map(|(a, b)| round(op.interpret(*a, *b)))
+                    .collect()
+            }
+            Vlv::Shuffle(a, b, idx) => {
+                let (a, b) = (self.eval_vector(a)?, self.eval_vector(b)?);
+                idx.iter()
+                    .map(|&i| if i < a.len() { a[i] } else { b[i - a.len()] })
                     .collect()
             }
         })

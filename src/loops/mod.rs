@@ -4,7 +4,7 @@
 //! Scalar code is statements ([`Llc`]) over values ([`Llv`]). The optimizer's kernel passes
 //! add *vector* statements: a vector variable ([`VReg`]) holds `lanes` values of one compute
 //! precision; [`Vlv`] computes lane-wise (loads of consecutive elements, broadcasts, fused
-//! multiply-adds, additions, ...); [`Llc::VSet`] assigns a vector variable and [`Llc::VStore`]
+//! multiply-adds, additions, lane shuffles, ...); [`Llc::VSet`] assigns a vector variable and [`Llc::VStore`]
 //! stores one into consecutive elements of a tensor. Their meaning is defined lane by lane,
 //! so the interpreter runs them like scalar code, and the C writer prints them with the
 //! target's vector instructions.
@@ -116,6 +116,10 @@ pub enum Vlv {
     Fma(Box<Vlv>, Box<Vlv>, Box<Vlv>),
     /// A lane-wise binary operation (add, sub, mul, max, min).
     Binop(Binop, Box<Vlv>, Box<Vlv>),
+    /// A permutation of two vectors' lanes: lane `i` is lane `idx[i]` of `a` followed by `b`
+    /// (`idx[i] < lanes` picks lane `idx[i]` of `a`, else lane `idx[i] - lanes` of `b`). `a`
+    /// and `b` have one type; `idx` has one entry per lane, each below `2 · lanes`.
+    Shuffle(Box<Vlv>, Box<Vlv>, Vec<usize>),
 }
 
 impl Vlv {
@@ -124,7 +128,7 @@ impl Vlv {
         match self {
             Vlv::Reg(r) => r.ty,
             Vlv::Zero(t) | Vlv::Splat(t, _) | Vlv::Load(t, _, _) => *t,
-            Vlv::Fma(a, _, _) | Vlv::Binop(_, a, _) => a.ty(),
+            Vlv::Fma(a, _, _) | Vlv::Binop(_, a, _) | Vlv::Shuffle(a, _, _) => a.ty(),
         }
     }
 }

@@ -93,6 +93,15 @@ fn vlv_doc(v: &Vlv, indent: usize) -> String {
             vlv_doc(b, indent),
             vlv_doc(c, indent)
         ),
+        Vlv::Shuffle(a, b, idx) => format!(
+            "shuffle({}, {}, [{}])",
+            vlv_doc(a, indent),
+            vlv_doc(b, indent),
+            idx.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Vlv::Binop(op, a, b) => format!(
             "{}({}, {})",
             op.name(),

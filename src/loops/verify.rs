@@ -174,6 +174,27 @@ impl Verifier {
                 self.vector(a)?;
                 self.vector(b)
             }
+            Vlv::Shuffle(a, b, idx) => {
+                self.vector(a)?;
+                self.vector(b)?;
+                let t = a.ty();
+                if b.ty() != t {
+                    return Err(format!(
+                        "shuffle of {}x{} and {}x{} vectors",
+                        t.prec,
+                        t.lanes,
+                        b.ty().prec,
+                        b.ty().lanes
+                    ));
+                }
+                if idx.len() != t.lanes || idx.iter().any(|&i| i >= 2 * t.lanes) {
+                    return Err(format!(
+                        "shuffle of {}-lane vectors with lanes {idx:?}",
+                        t.lanes
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -239,10 +260,35 @@ mod tests {
             lanes: 2,
         };
         let bad = Llc::VStore {
-            tn: t,
+            tn: t.clone(),
             idcs: vec![AxisIndex::Fixed(0)],
             value: Vlv::Reg(VReg { id: 8, ty: ok_ty }),
         };
         assert!(verify(&bad).unwrap_err().contains("never set"));
+        // Shuffles: lanes from both operands are fine; a lane past both, a wrong number of
+        // lanes or operands of different types are not.
+        let (a, b) = (VReg { id: 9, ty: ok_ty }, VReg { id: 10, ty: ok_ty });
+        let shuffle = |x: VReg, y: VReg, idx: Vec<usize>| {
+            Llc::Seq(vec![
+                Llc::VSet(a, Vlv::Zero(ok_ty)),
+                Llc::VSet(b, Vlv::Zero(ok_ty)),
+                Llc::VSet(r, Vlv::Zero(ty)),
+                Llc::VStore {
+                    tn: t.clone(),
+                    idcs: vec![AxisIndex::Fixed(0)],
+                    value: Vlv::Shuffle(Box::new(Vlv::Reg(x)), Box::new(Vlv::Reg(y)), idx),
+                },
+            ])
+        };
+        assert!(verify(&shuffle(a, b, vec![3, 0])).is_ok());
+        assert!(verify(&shuffle(a, b, vec![4, 0]))
+            .unwrap_err()
+            .contains("with lanes"));
+        assert!(verify(&shuffle(a, b, vec![0]))
+            .unwrap_err()
+            .contains("with lanes"));
+        assert!(verify(&shuffle(a, r, vec![0, 1]))
+            .unwrap_err()
+            .contains("shuffle of"));
     }
 }

@@ -103,7 +103,7 @@ fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
             visit_vlv(b, f);
             visit_vlv(c, f);
         }
-        Vlv::Binop(_, a, b) => {
+        Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
             visit_vlv(a, f);
             visit_vlv(b, f);
         }
@@ -205,6 +205,11 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
             Vlv::Binop(op, a, b) => {
                 Vlv::Binop(*op, Box::new(vector(a, f)?), Box::new(vector(b, f)?))
             }
+            Vlv::Shuffle(a, b, idx) => Vlv::Shuffle(
+                Box::new(vector(a, f)?),
+                Box::new(vector(b, f)?),
+                idx.clone(),
+            ),
         })
     }
     Some(match c {

@@ -10,23 +10,35 @@
 //! Matrix products with transposed operands, batched products and einsums that reduce to
 //! these qualify (`x` and `y` may be any scalar expressions; the operands are swapped when the
 //! contiguous axis of `c` is the row iterator). The nest becomes, per iteration of the outer
-//! loops:
+//! loops, BLIS-style:
 //!
-//! 1. **Packing.** `y` is evaluated into `bp[jr, k, c] = y(k, n = jr*NR + c)` and `x` into
-//!    `ap[ir, k, r] = x(m = ir*MR + r, k)`: panels of `NR` columns and `MR` rows, each
-//!    contiguous along `k`, zero-padded to whole panels and to a whole number of `KC` blocks
-//!    (the buffers are routine-owned scratch, zeroed before the call, and the padding is never
-//!    written). Values are converted to the result's compute type while packing.
-//! 2. **Register tiles.** For every `KC` block and every `MR × NR` tile, `MR · NR / W` vector
-//!    variables (`W` lanes each) start at 0 and accumulate `a[r] * b[v]` for every `k` of the
-//!    block: one broadcast of `ap` and `NR / W` loads of `bp` per row and step, with fused
-//!    multiply-adds. Then the tile is added to `c` (`c += acc`): whole vectors where the tile
-//!    lies inside `c`, and through a small tile buffer for the right edge.
+//! - for every `KC` block of the reduction (the last one possibly shorter),
+//!   - for every column block (`NCP` panels of `NR` columns; one block when all fit):
+//!     1. **Packing `y`.** The block's panels are evaluated into `bp[jj, kx, c] =
+//!        y(k = kb*KC + kx, n = (block start + jj)*NR + c)`: each panel contiguous along `k`,
+//!        the columns past the right edge zero. Sized to stay in L2 while it is used. When
+//!        `y` is a plain read contiguous along `k` (`a @ b.T`), whole panels are transposed
+//!        `W × W` at a time in vector registers (loads along `k`, lane shuffles, stores
+//!        along the columns) instead of element by element.
+//!     2. for every row panel of `MR` rows (the last one possibly fewer):
+//!        - **Packing `x`.** Its rows are evaluated into `ap` (`MR × KC`, stays in L1): each
+//!          row contiguous along `k` (`ap[r, kx]`) when `x` is read along `k` (then packing
+//!          is a copy), else each step's rows together (`ap[kx, r]`).
+//!        - **Register tiles.** For every panel of `bp`, `MR · NR / W` vector variables (`W`
+//!          lanes each) start at 0 and accumulate `a[r] * b[v]` for every step of the block:
+//!          one broadcast of `ap` and `NR / W` loads of `bp` per row and step, with fused
+//!          multiply-adds. Then the tile is added to `c` (`c += acc`): whole vectors where
+//!          the tile lies inside `c`, and through a small tile buffer for the right edge.
+//!
+//! Packing just before use keeps the packed data hot (`bp` in L2, `ap` in L1) and the
+//! packed buffers small. Values are converted to the result's compute type while packing;
+//! the buffers are routine-owned scratch whose every element that is read was written
+//! before in the same call.
 //!
 //! The blocking comes from the target: `W` from the vector width, `MR` from the register
 //! count (`MR · NR/W + NR/W + 1` registers), `KC` so that a `KC × NR` panel of `bp` fills
-//! about two thirds of the L1 cache, and the row blocks (`MC`) so that the packed rows of one
-//! block fill about half the L2.
+//! about two thirds of the L1 cache (the blocks balanced over `k`), and `NCP` so that the
+//! packed panels of one column block fill about half the L2.
 //!
 //! The sum over `k` is reassociated (each `KC` block is summed in a register, then added to
 //! `c`), as every BLAS does; results change only in the last bits. Only single- and
@@ -336,11 +348,14 @@ struct Blocking {
     nv: usize,
     nr: usize,
     mr: usize,
+    /// Reduction steps per block.
     kc: usize,
-    /// Number of `kc` blocks (the packed reduction extent is `nk · kc`).
-    nk: usize,
     /// Column panels per column block (the block of `bp` that stays in L2).
     ncp: usize,
+    /// Whether `ap` holds each row of the panel contiguous along `k` (`ap[r, kx]`, when `x`
+    /// is read contiguously along `k`: packing is then a copy) rather than each step's rows
+    /// together (`ap[kx, r]`).
+    a_rows: bool,
 }
 
 fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
@@ -354,15 +369,28 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
     let nk = con.k.1.div_ceil(kc_max);
     let kc = con.k.1.div_ceil(nk);
     let ncp = ((target.l2_bytes / 2) / (nr * kc * esize)).max(1);
+    let (along_k, along_m) = contiguity(&con.x, con.k.0, con.m.0);
     Blocking {
         ty: VType { prec, lanes: w },
         nv,
         nr,
         mr,
         kc,
-        nk,
         ncp,
+        a_rows: along_k && !along_m,
     }
+}
+
+/// Whether some array read of `v` is contiguous along `k`, and whether one is along `p`.
+fn contiguity(v: &Llv, k: Symbol, p: Symbol) -> (bool, bool) {
+    let (mut along_k, mut along_p) = (false, false);
+    visit_value(v, &mut |x| {
+        if let Llv::Get(t, idcs) = x {
+            along_k |= stride(t, idcs, k) == 1;
+            along_p |= stride(t, idcs, p) == 1;
+        }
+    });
+    (along_k, along_p)
 }
 
 /// How a tile's result reaches `c`.
@@ -382,6 +410,47 @@ struct Buffers {
     tile: Tnode,
 }
 
+/// One reduction block: its index (a loop iterator or fixed) and its number of steps.
+#[derive(Clone, Copy)]
+struct Block {
+    kb: AxisIndex,
+    len: usize,
+}
+
+/// Where a run of column panels starts: at panel `jc · ncp` (a column block, `jc` a loop
+/// iterator) or at a fixed panel.
+#[derive(Clone, Copy)]
+enum Base {
+    Block(Symbol),
+    At(usize),
+}
+
+/// A run of column panels packed together into `bp`: `full` whole panels from `base`, then
+/// an edge panel of `edge` columns if nonzero.
+#[derive(Clone, Copy)]
+struct Run {
+    base: Base,
+    full: usize,
+    edge: usize,
+}
+
+impl Run {
+    /// The panel of the result that local panel `jj` of the run is.
+    fn panel(&self, jj: AxisIndex, ncp: usize) -> Option<AxisIndex> {
+        match self.base {
+            Base::Block(jc) => scaled(jj, 1, &[(jc, ncp)], 0),
+            Base::At(s) => scaled(jj, 1, &[], s),
+        }
+    }
+}
+
+/// The shared state of one kernel's construction.
+struct Gen<'a> {
+    con: &'a Contraction,
+    b: Blocking,
+    bufs: Buffers,
+}
+
 /// Builds the kernel for a matched contraction. With `zero_fill_folded`, `c` was not zeroed
 /// before: the first reduction block stores instead of accumulating.
 fn build(
@@ -394,53 +463,113 @@ fn build(
     let b = blocking(con, target);
     let prec = con.c.prec();
     let (m, n, k) = (con.m.1, con.n.1, con.k.1);
-    let mp = m.div_ceil(b.mr);
+    let (full_n, edge_n) = (n / b.nr, n % b.nr);
     let np = n.div_ceil(b.nr);
-    let kp = b.nk * b.kc;
+    // Column blocks of `ncp` whole panels while the columns do not fit one, then the rest.
+    let (blocks, rest_start) = if np > b.ncp {
+        (full_n / b.ncp, (full_n / b.ncp) * b.ncp)
+    } else {
+        (0, 0)
+    };
+    let mut runs = vec![];
+    if blocks > 0 {
+        runs.push((
+            Some(blocks),
+            Run {
+                base: Base::Block(Symbol::fresh()),
+                full: b.ncp,
+                edge: 0,
+            },
+        ));
+    }
+    if rest_start < full_n || edge_n > 0 {
+        runs.push((
+            None,
+            Run {
+                base: Base::At(rest_start),
+                full: full_n - rest_start,
+                edge: edge_n,
+            },
+        ));
+    }
+    let run_panels = runs
+        .iter()
+        .map(|(_, r)| r.full + usize::from(r.edge > 0))
+        .max()?;
     let label = con.c.label().join("_");
     let bufs = Buffers {
-        ap: local(&[&label, "packed_a"], &[mp, kp, b.mr], prec, locals)?,
-        bp: local(&[&label, "packed_b"], &[np, kp, b.nr], prec, locals)?,
+        ap: if b.a_rows {
+            local(&[&label, "packed_a"], &[b.mr, b.kc], prec, locals)?
+        } else {
+            local(&[&label, "packed_a"], &[b.kc, b.mr], prec, locals)?
+        },
+        bp: local(
+            &[&label, "packed_b"],
+            &[run_panels, b.kc, b.nr],
+            prec,
+            locals,
+        )?,
         tile: local(&[&label, "tile"], &[b.mr, b.nr], prec, locals)?,
     };
-    // Every element of these is written before it is read in each call: no zeroing needed.
+    // Every element of these that is read is written before in each call: no zeroing needed.
     written_first.extend([bufs.ap.clone(), bufs.bp.clone(), bufs.tile.clone()]);
-    let mut stmts = vec![
-        Llc::Comment(format!(
-            "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes), kc {}, column blocks of {} panels",
-            con.c.name(),
-            b.mr,
-            b.nr,
-            b.ty.lanes,
-            b.kc,
-            b.ncp
-        )),
-        pack(&con.y, con.n, con.k, &bufs.bp, b.nr, n, k, kp)?,
-        pack(&con.x, con.m, con.k, &bufs.ap, b.mr, m, k, kp)?,
-    ];
-    let kc = Symbol::fresh();
-    if zero_fill_folded {
-        // The first block stores; the others accumulate.
-        stmts.push(substitute_block(
-            tiles(con, &b, &bufs, kc, Mode::Store)?,
-            kc,
-            0,
-        )?);
-        if b.nk > 1 {
-            stmts.push(Llc::for_loop(
-                kc,
-                1,
-                b.nk as i64 - 1,
-                tiles(con, &b, &bufs, kc, Mode::Accumulate)?,
-            ));
+    let mut stmts = vec![Llc::Comment(format!(
+        "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes), kc {}, column blocks of {} panels",
+        con.c.name(),
+        b.mr,
+        b.nr,
+        b.ty.lanes,
+        b.kc,
+        b.ncp
+    ))];
+    let g = Gen { con, b, bufs };
+    let (kc, full_kb, rest_k) = (g.b.kc, k / g.b.kc, k % g.b.kc);
+    let block = |blk: Block, mode: Mode| -> Option<Llc> {
+        let mut out = vec![];
+        for (count, run) in &runs {
+            let code = g.run(run, blk, mode)?;
+            out.push(match (count, run.base) {
+                (Some(count), Base::Block(jc)) => Llc::for_loop(jc, 0, *count as i64 - 1, code),
+                _ => code,
+            });
         }
-    } else {
+        Some(Llc::Seq(out))
+    };
+    // `kc ≤ k`, so there is at least one whole block.
+    let mut first = 0;
+    if zero_fill_folded {
+        stmts.push(block(
+            Block {
+                kb: AxisIndex::Fixed(0),
+                len: kc,
+            },
+            Mode::Store,
+        )?);
+        first = 1;
+    }
+    if full_kb > first {
+        let kb = Symbol::fresh();
         stmts.push(Llc::for_loop(
-            kc,
-            0,
-            b.nk as i64 - 1,
-            tiles(con, &b, &bufs, kc, Mode::Accumulate)?,
+            kb,
+            first as i64,
+            full_kb as i64 - 1,
+            block(
+                Block {
+                    kb: AxisIndex::Iterator(kb),
+                    len: kc,
+                },
+                Mode::Accumulate,
+            )?,
         ));
+    }
+    if rest_k > 0 {
+        stmts.push(block(
+            Block {
+                kb: AxisIndex::Fixed(full_kb),
+                len: rest_k,
+            },
+            Mode::Accumulate,
+        )?);
     }
     let mut code = Llc::Seq(stmts);
     for l in con.outer.iter().rev() {
@@ -453,272 +582,6 @@ fn build(
         };
     }
     Some(code)
-}
-
-/// Fixes the block iterator `kc` to `value`.
-fn substitute_block(code: Llc, kc: Symbol, value: usize) -> Option<Llc> {
-    crate::loops::map_indices(&code, &mut |ix| ix.substitute(kc, AxisIndex::Fixed(value)))
-}
-
-/// Packs `v(p = panel*width + j, k)` into `dst[panel, k, j]`, and writes zeros into the
-/// padding: the columns past `extent` of the last panel and the reduction steps past `k`.
-#[allow(clippy::too_many_arguments)]
-fn pack(
-    v: &Llv,
-    p: (Symbol, usize),
-    kk: (Symbol, usize),
-    dst: &Tnode,
-    width: usize,
-    extent: usize,
-    k: usize,
-    kp: usize,
-) -> Option<Llc> {
-    let (panel, j, kx) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
-    let full = extent / width;
-    let edge = extent % width;
-    let panels = extent.div_ceil(width);
-    let set = |panel_ix: AxisIndex, kx_ix: AxisIndex, value: Llv| Llc::Set {
-        tn: dst.clone(),
-        idcs: vec![panel_ix, kx_ix, AxisIndex::Iterator(j)],
-        value,
-    };
-    // A source contiguous along k (a row of `a` in `a @ b`, a row of a transposed `b`) is
-    // read a cache line at a time: blocks of KB steps of k, every column of the panel, then
-    // the steps of the block (reads contiguous, each line used whole); a source contiguous
-    // along the panel is copied row by row (reads and writes contiguous).
-    const KB: usize = 16;
-    let mut along_k = false;
-    let mut along_p = false;
-    visit_value(v, &mut |x| {
-        if let Llv::Get(t, idcs) = x {
-            along_k |= stride(t, idcs, kk.0) == 1;
-            along_p |= stride(t, idcs, p.0) == 1;
-        }
-    });
-    let blocked = along_k && !along_p && k >= KB;
-    let data = |panel_ix: AxisIndex, cols: usize| -> Option<Llc> {
-        let pos = match panel_ix {
-            AxisIndex::Iterator(s) => lin(&[(s, width), (j, 1)], 0)?,
-            AxisIndex::Fixed(f) => lin(&[(j, 1)], f * width)?,
-            AxisIndex::Linear(_) => return None,
-        };
-        let at = |kx_ix: AxisIndex| -> Option<Llc> {
-            Some(set(
-                panel_ix,
-                kx_ix,
-                subst(v, &[(p.0, pos), (kk.0, kx_ix)])?,
-            ))
-        };
-        if !blocked {
-            return Some(Llc::for_loop(
-                kx,
-                0,
-                k as i64 - 1,
-                Llc::for_loop(j, 0, cols as i64 - 1, at(AxisIndex::Iterator(kx))?),
-            ));
-        }
-        let (kb, full_kb, rest) = (Symbol::fresh(), k / KB, k % KB);
-        let mut out = vec![Llc::for_loop(
-            kb,
-            0,
-            full_kb as i64 - 1,
-            Llc::for_loop(
-                j,
-                0,
-                cols as i64 - 1,
-                Llc::for_loop(kx, 0, KB as i64 - 1, at(lin(&[(kb, KB), (kx, 1)], 0)?)?),
-            ),
-        )];
-        if rest > 0 {
-            out.push(Llc::for_loop(
-                j,
-                0,
-                cols as i64 - 1,
-                Llc::for_loop(kx, 0, rest as i64 - 1, at(lin(&[(kx, 1)], full_kb * KB)?)?),
-            ));
-        }
-        Some(Llc::Seq(out))
-    };
-    let mut out = vec![];
-    if full > 0 {
-        out.push(Llc::for_loop(
-            panel,
-            0,
-            full as i64 - 1,
-            data(AxisIndex::Iterator(panel), width)?,
-        ));
-    }
-    if edge > 0 {
-        out.push(data(AxisIndex::Fixed(full), edge)?);
-        out.push(Llc::for_loop(
-            kx,
-            0,
-            k as i64 - 1,
-            Llc::for_loop(
-                j,
-                edge as i64,
-                width as i64 - 1,
-                set(
-                    AxisIndex::Fixed(full),
-                    AxisIndex::Iterator(kx),
-                    Llv::Constant(0.0),
-                ),
-            ),
-        ));
-    }
-    if kp > k {
-        out.push(Llc::for_loop(
-            panel,
-            0,
-            panels as i64 - 1,
-            Llc::for_loop(
-                kx,
-                k as i64,
-                kp as i64 - 1,
-                Llc::for_loop(
-                    j,
-                    0,
-                    width as i64 - 1,
-                    set(
-                        AxisIndex::Iterator(panel),
-                        AxisIndex::Iterator(kx),
-                        Llv::Constant(0.0),
-                    ),
-                ),
-            ),
-        ));
-    }
-    Some(Llc::Seq(out))
-}
-
-/// Which column panels a run of tiles covers.
-#[derive(Clone, Copy)]
-enum Cols {
-    /// Column block `jc` (a loop iterator): panels `jc*ncp .. jc*ncp + ncp`, all full.
-    Block { jc: Symbol },
-    /// Panels `start .. full_end` (full), then one edge panel of `edge_cols` columns if
-    /// nonzero.
-    Rest {
-        start: usize,
-        full_end: usize,
-        edge_cols: usize,
-    },
-}
-
-/// All tiles of one reduction block: column blocks (so that the block of `bp` stays in L2),
-/// within them every row panel (its panel of `ap` stays in L1), within that the column panels.
-fn tiles(con: &Contraction, b: &Blocking, bufs: &Buffers, kc: Symbol, mode: Mode) -> Option<Llc> {
-    let n = con.n.1;
-    let full = n / b.nr;
-    let edge_cols = n % b.nr;
-    let np = n.div_ceil(b.nr);
-    let (blocks, rest) = if np > b.ncp {
-        (full / b.ncp, (full / b.ncp) * b.ncp)
-    } else {
-        (0, 0)
-    };
-    let mut out = vec![];
-    if blocks > 0 {
-        let jc = Symbol::fresh();
-        let body = row_panels(con, b, bufs, kc, mode, Cols::Block { jc })?;
-        out.push(Llc::for_loop(jc, 0, blocks as i64 - 1, body));
-    }
-    if rest < full || edge_cols > 0 {
-        out.push(row_panels(
-            con,
-            b,
-            bufs,
-            kc,
-            mode,
-            Cols::Rest {
-                start: rest,
-                full_end: full,
-                edge_cols,
-            },
-        )?);
-    }
-    Some(Llc::Seq(out))
-}
-
-/// Every row panel (full panels in a loop, then the bottom edge) over a run of column panels.
-fn row_panels(
-    con: &Contraction,
-    b: &Blocking,
-    bufs: &Buffers,
-    kc: Symbol,
-    mode: Mode,
-    cols: Cols,
-) -> Option<Llc> {
-    let m = con.m.1;
-    let full = m / b.mr;
-    let edge_rows = m % b.mr;
-    let mut out = vec![];
-    if full > 0 {
-        let ir = Symbol::fresh();
-        let body = col_panels(con, b, bufs, kc, mode, cols, AxisIndex::Iterator(ir), b.mr)?;
-        out.push(Llc::for_loop(ir, 0, full as i64 - 1, body));
-    }
-    if edge_rows > 0 {
-        out.push(col_panels(
-            con,
-            b,
-            bufs,
-            kc,
-            mode,
-            cols,
-            AxisIndex::Fixed(full),
-            edge_rows,
-        )?);
-    }
-    Some(Llc::Seq(out))
-}
-
-/// The tiles of one row panel over a run of column panels.
-#[allow(clippy::too_many_arguments)]
-fn col_panels(
-    con: &Contraction,
-    b: &Blocking,
-    bufs: &Buffers,
-    kc: Symbol,
-    mode: Mode,
-    cols: Cols,
-    panel: AxisIndex,
-    rows: usize,
-) -> Option<Llc> {
-    let jj = Symbol::fresh();
-    let mut out = vec![];
-    match cols {
-        Cols::Block { jc } => {
-            let jr = lin(&[(jc, b.ncp), (jj, 1)], 0)?;
-            let t = kernel(con, b, bufs, kc, mode, panel, jr, rows, b.nr)?;
-            out.push(Llc::for_loop(jj, 0, b.ncp as i64 - 1, t));
-        }
-        Cols::Rest {
-            start,
-            full_end,
-            edge_cols,
-        } => {
-            if full_end > start {
-                let jr = lin(&[(jj, 1)], start)?;
-                let t = kernel(con, b, bufs, kc, mode, panel, jr, rows, b.nr)?;
-                out.push(Llc::for_loop(jj, 0, (full_end - start) as i64 - 1, t));
-            }
-            if edge_cols > 0 {
-                out.push(kernel(
-                    con,
-                    b,
-                    bufs,
-                    kc,
-                    mode,
-                    panel,
-                    AxisIndex::Fixed(full_end),
-                    rows,
-                    edge_cols,
-                )?);
-            }
-        }
-    }
-    Some(Llc::Seq(out))
 }
 
 /// `ix * scale + Σ terms + offset` as an index.
@@ -740,128 +603,399 @@ fn scaled(
     lin(&all, base + offset)
 }
 
-/// Multiplies `panel` of `ap` by panel `jr` of `bp` for one reduction block into vector
-/// accumulators, then adds (or stores) the `rows × cols` valid part to the result.
-#[allow(clippy::too_many_arguments)]
-fn kernel(
-    con: &Contraction,
-    b: &Blocking,
-    bufs: &Buffers,
-    kc: Symbol,
-    mode: Mode,
-    panel: AxisIndex,
-    jr: AxisIndex,
-    rows: usize,
-    cols: usize,
-) -> Option<Llc> {
-    let ty = b.ty;
-    let w = ty.lanes;
-    let kx = Symbol::fresh();
-    let kpos = lin(&[(kc, b.kc), (kx, 1)], 0)?;
-    let acc: Vec<Vec<VReg>> = (0..rows)
-        .map(|_| (0..b.nv).map(|_| vreg(ty)).collect())
-        .collect();
-    let bv: Vec<VReg> = (0..b.nv).map(|_| vreg(ty)).collect();
-    let a = vreg(ty);
-    let mut stmts: Vec<Llc> = acc
-        .iter()
-        .flatten()
-        .map(|&r| Llc::VSet(r, Vlv::Zero(ty)))
-        .collect();
-    let mut step = vec![];
-    for (v, &r) in bv.iter().enumerate() {
-        step.push(Llc::VSet(
-            r,
-            Vlv::Load(ty, bufs.bp.clone(), vec![jr, kpos, AxisIndex::Fixed(v * w)]),
-        ));
+impl Gen<'_> {
+    /// One reduction block over one run of column panels: the run's panels of `y` are packed
+    /// into `bp` (which stays in L2), then for every row panel its rows of `x` are packed into
+    /// `ap` (which stays in L1) and multiplied by every panel of the run.
+    fn run(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
+        let (b, m) = (&self.b, self.con.m.1);
+        let mut out = vec![self.pack_b(run, blk)?];
+        let (full_m, edge_m) = (m / b.mr, m % b.mr);
+        if full_m > 0 {
+            let ir = Symbol::fresh();
+            let ir_ix = AxisIndex::Iterator(ir);
+            out.push(Llc::for_loop(
+                ir,
+                0,
+                full_m as i64 - 1,
+                Llc::Seq(vec![
+                    self.pack_a(ir_ix, b.mr, blk)?,
+                    self.tiles(run, ir_ix, b.mr, blk, mode)?,
+                ]),
+            ));
+        }
+        if edge_m > 0 {
+            let ir_ix = AxisIndex::Fixed(full_m);
+            out.push(self.pack_a(ir_ix, edge_m, blk)?);
+            out.push(self.tiles(run, ir_ix, edge_m, blk, mode)?);
+        }
+        Some(Llc::Seq(out))
     }
-    for (row, accs) in acc.iter().enumerate() {
-        step.push(Llc::VSet(
-            a,
-            Vlv::Splat(
-                ty,
-                Box::new(Llv::Get(
-                    bufs.ap.clone(),
-                    vec![panel, kpos, AxisIndex::Fixed(row)],
-                )),
-            ),
-        ));
-        for (v, &r) in accs.iter().enumerate() {
-            step.push(Llc::VSet(
-                r,
-                Vlv::Fma(
-                    Box::new(Vlv::Reg(a)),
-                    Box::new(Vlv::Reg(bv[v])),
-                    Box::new(Vlv::Reg(r)),
+
+    /// Packs rows `ir·mr .. ir·mr + rows` of `x` over the steps of `blk` into `ap`.
+    fn pack_a(&self, ir: AxisIndex, rows: usize, blk: Block) -> Option<Llc> {
+        let (con, b) = (self.con, &self.b);
+        let (r, kx) = (Symbol::fresh(), Symbol::fresh());
+        let value = subst(
+            &con.x,
+            &[
+                (con.m.0, scaled(ir, b.mr, &[(r, 1)], 0)?),
+                (con.k.0, scaled(blk.kb, b.kc, &[(kx, 1)], 0)?),
+            ],
+        )?;
+        let (r_ix, kx_ix) = (AxisIndex::Iterator(r), AxisIndex::Iterator(kx));
+        let set = Llc::Set {
+            tn: self.bufs.ap.clone(),
+            idcs: if b.a_rows {
+                vec![r_ix, kx_ix]
+            } else {
+                vec![kx_ix, r_ix]
+            },
+            value,
+        };
+        let (rows, steps) = (rows as i64 - 1, blk.len as i64 - 1);
+        // Reads and writes both run along the innermost loop.
+        Some(if b.a_rows {
+            Llc::for_loop(r, 0, rows, Llc::for_loop(kx, 0, steps, set))
+        } else {
+            Llc::for_loop(kx, 0, steps, Llc::for_loop(r, 0, rows, set))
+        })
+    }
+
+    /// Packs the run's panels of `y` over the steps of `blk` into `bp[jj, kx, c]`, and zeros
+    /// into the columns past the edge of an edge panel.
+    fn pack_b(&self, run: &Run, blk: Block) -> Option<Llc> {
+        let (con, b) = (self.con, &self.b);
+        let (jj, c, kx) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+        // A source contiguous along k (a row of a transposed `b`) is read a cache line at a
+        // time: blocks of KB steps, every column of the panel, then the steps of the block
+        // (reads contiguous, each line used whole); a source contiguous along the columns is
+        // copied row by row (reads and writes contiguous).
+        const KB: usize = 16;
+        let (along_k, along_n) = contiguity(&con.y, con.k.0, con.n.0);
+        let blocked = along_k && !along_n && blk.len >= KB;
+        let set = |jj_ix: AxisIndex, k_ix: AxisIndex, value: Llv| Llc::Set {
+            tn: self.bufs.bp.clone(),
+            idcs: vec![jj_ix, k_ix, AxisIndex::Iterator(c)],
+            value,
+        };
+        let data = |jj_ix: AxisIndex, cols: usize| -> Option<Llc> {
+            let jg = run.panel(jj_ix, b.ncp)?;
+            // Step `Σ terms + offset` of the block.
+            let at = |terms: &[(Symbol, usize)], offset: usize| -> Option<Llc> {
+                let value = subst(
+                    &con.y,
+                    &[
+                        (con.n.0, scaled(jg, b.nr, &[(c, 1)], 0)?),
+                        (con.k.0, scaled(blk.kb, b.kc, terms, offset)?),
+                    ],
+                )?;
+                Some(set(jj_ix, lin(terms, offset)?, value))
+            };
+            let cols = cols as i64 - 1;
+            if !blocked {
+                return Some(Llc::for_loop(
+                    kx,
+                    0,
+                    blk.len as i64 - 1,
+                    Llc::for_loop(c, 0, cols, at(&[(kx, 1)], 0)?),
+                ));
+            }
+            let (kb16, full, rest) = (Symbol::fresh(), blk.len / KB, blk.len % KB);
+            let mut out = vec![Llc::for_loop(
+                kb16,
+                0,
+                full as i64 - 1,
+                Llc::for_loop(
+                    c,
+                    0,
+                    cols,
+                    Llc::for_loop(kx, 0, KB as i64 - 1, at(&[(kb16, KB), (kx, 1)], 0)?),
+                ),
+            )];
+            if rest > 0 {
+                out.push(Llc::for_loop(
+                    c,
+                    0,
+                    cols,
+                    Llc::for_loop(kx, 0, rest as i64 - 1, at(&[(kx, 1)], full * KB)?),
+                ));
+            }
+            Some(Llc::Seq(out))
+        };
+        let mut out = vec![];
+        if run.full > 0 {
+            let jj_ix = AxisIndex::Iterator(jj);
+            let body = match self.transposed_panel(run, blk, jj_ix)? {
+                Some(code) => code,
+                None => data(jj_ix, b.nr)?,
+            };
+            out.push(Llc::for_loop(jj, 0, run.full as i64 - 1, body));
+        }
+        if run.edge > 0 {
+            let jj_ix = AxisIndex::Fixed(run.full);
+            out.push(data(jj_ix, run.edge)?);
+            out.push(Llc::for_loop(
+                kx,
+                0,
+                blk.len as i64 - 1,
+                Llc::for_loop(
+                    c,
+                    run.edge as i64,
+                    b.nr as i64 - 1,
+                    set(jj_ix, AxisIndex::Iterator(kx), Llv::Constant(0.0)),
                 ),
             ));
         }
+        Some(Llc::Seq(out))
     }
-    stmts.push(Llc::for_loop(kx, 0, b.kc as i64 - 1, Llc::Seq(step)));
-    // The result's cell of tile element (row, col): m = panel*mr + row, n = jr*nr + col.
-    let cell =
-        |row: AxisIndex, col: AxisIndex| subst_idcs(&con.pc, &[(con.m.0, row), (con.n.0, col)]);
-    let combine = |old: Vlv, acc: Vlv| match mode {
-        Mode::Accumulate => Vlv::Binop(Binop::Add, Box::new(old), Box::new(acc)),
-        Mode::Store => Vlv::Binop(Binop::Add, Box::new(acc), Box::new(Vlv::Zero(ty))),
-    };
-    if cols == b.nr {
-        for (row, accs) in acc.iter().enumerate() {
-            for (v, &r) in accs.iter().enumerate() {
-                let idcs = cell(
-                    scaled(panel, b.mr, &[], row)?,
-                    scaled(jr, b.nr, &[], v * w)?,
-                )?;
-                stmts.push(Llc::VStore {
-                    tn: con.c.clone(),
-                    idcs: idcs.clone(),
-                    value: combine(Vlv::Load(ty, con.c.clone(), idcs), Vlv::Reg(r)),
-                });
-            }
+
+    /// Packs whole panel `jj` of the run from a `y` that is a plain read of an array of the
+    /// compute precision, contiguous along `k` (a row of a transposed `b`): `W × W` blocks (`W`
+    /// the lanes) are loaded as `W` vectors along `k`, one per column, transposed in registers
+    /// (`log2 W` rounds of lane shuffles: each round interleaves the low and the high halves
+    /// of vectors `i` and `i + W/2` into vectors `2i` and `2i + 1`) and stored as `W` vectors
+    /// along the columns; the steps past the last whole block are copied one by one. `None`
+    /// when `y` is not such a read.
+    fn transposed_panel(&self, run: &Run, blk: Block, jj: AxisIndex) -> Option<Option<Llc>> {
+        let (con, b) = (self.con, &self.b);
+        let (ty, w) = (b.ty, b.ty.lanes);
+        let Llv::Get(src, src_idcs) = &con.y else {
+            return Some(None);
+        };
+        if src.prec() != ty.prec
+            || !w.is_power_of_two()
+            || blk.len < w
+            || stride(src, src_idcs, con.k.0) != 1
+            || stride(src, src_idcs, con.n.0) == 1
+        {
+            return Some(None);
         }
-    } else {
-        // The right edge: through the tile buffer, then element by element.
-        for (row, accs) in acc.iter().enumerate() {
-            for (v, &r) in accs.iter().enumerate() {
-                stmts.push(Llc::VStore {
-                    tn: bufs.tile.clone(),
-                    idcs: vec![AxisIndex::Fixed(row), AxisIndex::Fixed(v * w)],
+        let jg = run.panel(jj, b.ncp)?;
+        let (q, kx, c) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+        let (blocks, rest) = (blk.len / w, blk.len % w);
+        let half = w / 2;
+        let lo: Vec<usize> = (0..half).flat_map(|i| [i, w + i]).collect();
+        let hi: Vec<usize> = (half..w).flat_map(|i| [i, w + i]).collect();
+        let mut body = vec![];
+        for v in 0..b.nv {
+            // Column `v·W + i` of the panel, steps `q·W ..` of the block, into vector `i`.
+            let mut rows: Vec<VReg> = vec![];
+            for i in 0..w {
+                let idcs = subst_idcs(
+                    src_idcs,
+                    &[
+                        (con.n.0, scaled(jg, b.nr, &[], v * w + i)?),
+                        (con.k.0, scaled(blk.kb, b.kc, &[(q, w)], 0)?),
+                    ],
+                )?;
+                let r = vreg(ty);
+                body.push(Llc::VSet(r, Vlv::Load(ty, src.clone(), idcs)));
+                rows.push(r);
+            }
+            for _ in 0..w.trailing_zeros() {
+                let mut next = vec![];
+                for i in 0..half {
+                    for idx in [&lo, &hi] {
+                        let r = vreg(ty);
+                        body.push(Llc::VSet(
+                            r,
+                            Vlv::Shuffle(
+                                Box::new(Vlv::Reg(rows[i])),
+                                Box::new(Vlv::Reg(rows[i + half])),
+                                idx.clone(),
+                            ),
+                        ));
+                        next.push(r);
+                    }
+                }
+                rows = next;
+            }
+            // Vector `i` now holds step `q·W + i` of the `W` columns.
+            for (i, &r) in rows.iter().enumerate() {
+                body.push(Llc::VStore {
+                    tn: self.bufs.bp.clone(),
+                    idcs: vec![jj, lin(&[(q, w)], i)?, AxisIndex::Fixed(v * w)],
                     value: Vlv::Reg(r),
                 });
             }
         }
-        let (rr, cc) = (Symbol::fresh(), Symbol::fresh());
-        let idcs = cell(
-            scaled(panel, b.mr, &[(rr, 1)], 0)?,
-            scaled(jr, b.nr, &[(cc, 1)], 0)?,
-        )?;
-        let t = Llv::Get(
-            bufs.tile.clone(),
-            vec![AxisIndex::Iterator(rr), AxisIndex::Iterator(cc)],
-        );
-        let value = match mode {
-            Mode::Accumulate => Llv::Binop(
-                Binop::Add,
-                Box::new(Llv::Get(con.c.clone(), idcs.clone())),
-                Box::new(t),
-            ),
-            Mode::Store => Llv::Binop(Binop::Add, Box::new(t), Box::new(Llv::Constant(0.0))),
-        };
-        stmts.push(Llc::for_loop(
-            rr,
-            0,
-            rows as i64 - 1,
-            Llc::for_loop(
-                cc,
+        let mut out = vec![Llc::for_loop(q, 0, blocks as i64 - 1, Llc::Seq(body))];
+        if rest > 0 {
+            let value = subst(
+                &con.y,
+                &[
+                    (con.n.0, scaled(jg, b.nr, &[(c, 1)], 0)?),
+                    (con.k.0, scaled(blk.kb, b.kc, &[(kx, 1)], blocks * w)?),
+                ],
+            )?;
+            out.push(Llc::for_loop(
+                kx,
                 0,
-                cols as i64 - 1,
-                Llc::Set {
-                    tn: con.c.clone(),
-                    idcs,
-                    value,
-                },
-            ),
-        ));
+                rest as i64 - 1,
+                Llc::for_loop(
+                    c,
+                    0,
+                    b.nr as i64 - 1,
+                    Llc::Set {
+                        tn: self.bufs.bp.clone(),
+                        idcs: vec![jj, lin(&[(kx, 1)], blocks * w)?, AxisIndex::Iterator(c)],
+                        value,
+                    },
+                ),
+            ));
+        }
+        Some(Some(Llc::Seq(out)))
     }
-    Some(Llc::Seq(stmts))
+
+    /// The tiles of row panel `ir` (`rows` valid rows, packed in `ap`) over the run's panels.
+    fn tiles(&self, run: &Run, ir: AxisIndex, rows: usize, blk: Block, mode: Mode) -> Option<Llc> {
+        let mut out = vec![];
+        if run.full > 0 {
+            let jj = Symbol::fresh();
+            let jj_ix = AxisIndex::Iterator(jj);
+            let jg = run.panel(jj_ix, self.b.ncp)?;
+            let t = self.kernel(ir, jj_ix, jg, rows, self.b.nr, blk, mode)?;
+            out.push(Llc::for_loop(jj, 0, run.full as i64 - 1, t));
+        }
+        if run.edge > 0 {
+            let jj_ix = AxisIndex::Fixed(run.full);
+            let jg = run.panel(jj_ix, self.b.ncp)?;
+            out.push(self.kernel(ir, jj_ix, jg, rows, run.edge, blk, mode)?);
+        }
+        Some(Llc::Seq(out))
+    }
+
+    /// Multiplies the packed rows by local panel `jj` of `bp` (panel `jg` of the result) for
+    /// one reduction block into vector accumulators, then adds (or stores) the `rows × cols`
+    /// valid part to the result.
+    #[allow(clippy::too_many_arguments)]
+    fn kernel(
+        &self,
+        ir: AxisIndex,
+        jj: AxisIndex,
+        jg: AxisIndex,
+        rows: usize,
+        cols: usize,
+        blk: Block,
+        mode: Mode,
+    ) -> Option<Llc> {
+        let (con, b, bufs) = (self.con, &self.b, &self.bufs);
+        let ty = b.ty;
+        let w = ty.lanes;
+        let kx = Symbol::fresh();
+        let kx_ix = AxisIndex::Iterator(kx);
+        let acc: Vec<Vec<VReg>> = (0..rows)
+            .map(|_| (0..b.nv).map(|_| vreg(ty)).collect())
+            .collect();
+        let bv: Vec<VReg> = (0..b.nv).map(|_| vreg(ty)).collect();
+        let a = vreg(ty);
+        let mut stmts: Vec<Llc> = acc
+            .iter()
+            .flatten()
+            .map(|&r| Llc::VSet(r, Vlv::Zero(ty)))
+            .collect();
+        let mut step = vec![];
+        for (v, &r) in bv.iter().enumerate() {
+            step.push(Llc::VSet(
+                r,
+                Vlv::Load(
+                    ty,
+                    bufs.bp.clone(),
+                    vec![jj, kx_ix, AxisIndex::Fixed(v * w)],
+                ),
+            ));
+        }
+        for (row, accs) in acc.iter().enumerate() {
+            let row_ix = AxisIndex::Fixed(row);
+            step.push(Llc::VSet(
+                a,
+                Vlv::Splat(
+                    ty,
+                    Box::new(Llv::Get(
+                        bufs.ap.clone(),
+                        if b.a_rows {
+                            vec![row_ix, kx_ix]
+                        } else {
+                            vec![kx_ix, row_ix]
+                        },
+                    )),
+                ),
+            ));
+            for (v, &r) in accs.iter().enumerate() {
+                step.push(Llc::VSet(
+                    r,
+                    Vlv::Fma(
+                        Box::new(Vlv::Reg(a)),
+                        Box::new(Vlv::Reg(bv[v])),
+                        Box::new(Vlv::Reg(r)),
+                    ),
+                ));
+            }
+        }
+        stmts.push(Llc::for_loop(kx, 0, blk.len as i64 - 1, Llc::Seq(step)));
+        // The result's cell of tile element (row, col): m = ir*mr + row, n = jg*nr + col.
+        let cell =
+            |row: AxisIndex, col: AxisIndex| subst_idcs(&con.pc, &[(con.m.0, row), (con.n.0, col)]);
+        let combine = |old: Vlv, acc: Vlv| match mode {
+            Mode::Accumulate => Vlv::Binop(Binop::Add, Box::new(old), Box::new(acc)),
+            Mode::Store => Vlv::Binop(Binop::Add, Box::new(acc), Box::new(Vlv::Zero(ty))),
+        };
+        if cols == b.nr {
+            for (row, accs) in acc.iter().enumerate() {
+                for (v, &r) in accs.iter().enumerate() {
+                    let idcs = cell(scaled(ir, b.mr, &[], row)?, scaled(jg, b.nr, &[], v * w)?)?;
+                    stmts.push(Llc::VStore {
+                        tn: con.c.clone(),
+                        idcs: idcs.clone(),
+                        value: combine(Vlv::Load(ty, con.c.clone(), idcs), Vlv::Reg(r)),
+                    });
+                }
+            }
+        } else {
+            // The right edge: through the tile buffer, then element by element.
+            for (row, accs) in acc.iter().enumerate() {
+                for (v, &r) in accs.iter().enumerate() {
+                    stmts.push(Llc::VStore {
+                        tn: bufs.tile.clone(),
+                        idcs: vec![AxisIndex::Fixed(row), AxisIndex::Fixed(v * w)],
+                        value: Vlv::Reg(r),
+                    });
+                }
+            }
+            let (rr, cc) = (Symbol::fresh(), Symbol::fresh());
+            let idcs = cell(
+                scaled(ir, b.mr, &[(rr, 1)], 0)?,
+                scaled(jg, b.nr, &[(cc, 1)], 0)?,
+            )?;
+            let t = Llv::Get(
+                bufs.tile.clone(),
+                vec![AxisIndex::Iterator(rr), AxisIndex::Iterator(cc)],
+            );
+            let value = match mode {
+                Mode::Accumulate => Llv::Binop(
+                    Binop::Add,
+                    Box::new(Llv::Get(con.c.clone(), idcs.clone())),
+                    Box::new(t),
+                ),
+                Mode::Store => Llv::Binop(Binop::Add, Box::new(t), Box::new(Llv::Constant(0.0))),
+            };
+            stmts.push(Llc::for_loop(
+                rr,
+                0,
+                rows as i64 - 1,
+                Llc::for_loop(
+                    cc,
+                    0,
+                    cols as i64 - 1,
+                    Llc::Set {
+                        tn: con.c.clone(),
+                        idcs,
+                        value,
+                    },
+                ),
+            ));
+        }
+        Some(Llc::Seq(stmts))
+    }
 }
