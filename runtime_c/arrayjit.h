@@ -103,6 +103,24 @@ static inline double aj_gate_d(double c, double v) {
   return v;
 }
 
+/* AJ_SHUFFLE(T, M, a, b, i...): the lanes i... of a followed by b (vectors of type T), as a
+   T. Clang and GCC 12+ have __builtin_shufflevector; older GCC has __builtin_shuffle, which
+   takes the lane indices as an integer vector of the same shape (M, one of the aj_mask_*
+   types below). AJ_NO_SHUFFLEVECTOR forces the second spelling (tests use it). */
+#if !defined(AJ_NO_SHUFFLEVECTOR) && (defined(__clang__) || __GNUC__ >= 12)
+#define AJ_SHUFFLE(T, M, a, b, ...) ((T)__builtin_shufflevector((a), (b), __VA_ARGS__))
+#else
+typedef int32_t aj_mask_i32x2 __attribute__((vector_size(8)));
+typedef int32_t aj_mask_i32x4 __attribute__((vector_size(16)));
+typedef int32_t aj_mask_i32x8 __attribute__((vector_size(32)));
+typedef int32_t aj_mask_i32x16 __attribute__((vector_size(64)));
+typedef int64_t aj_mask_i64x1 __attribute__((vector_size(8)));
+typedef int64_t aj_mask_i64x2 __attribute__((vector_size(16)));
+typedef int64_t aj_mask_i64x4 __attribute__((vector_size(32)));
+typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
+#define AJ_SHUFFLE(T, M, a, b, ...) ((T)__builtin_shuffle((a), (b), (M){__VA_ARGS__}))
+#endif
+
 /* Local arrays larger than this many bytes are allocated on the heap, not the stack. */
 #define AJ_MAX_STACK_BYTES 16384
 

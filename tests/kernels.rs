@@ -199,9 +199,9 @@ fn the_interpreter_runs_the_kernels() {
     }
 }
 
-/// Runs a program file through the CLI with the given architecture flags and spelling of
-/// vector code.
-fn run_cli(prog: &Value, arch: &str, intrinsics: bool) -> Value {
+/// Runs a program file through the CLI with the given architecture flags, spelling of
+/// vector code and extra compiler flags.
+fn run_cli(prog: &Value, arch: &str, intrinsics: bool, cflags: &str) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("p.json");
     std::fs::write(&f, serde_json::to_string(prog).unwrap()).unwrap();
@@ -210,6 +210,7 @@ fn run_cli(prog: &Value, arch: &str, intrinsics: bool) -> Value {
         .arg(&f)
         .env("ARRAYJIT_ARCH_FLAGS", arch)
         .env("ARRAYJIT_INTRINSICS", if intrinsics { "1" } else { "0" })
+        .env("ARRAYJIT_CFLAGS", cflags)
         .output()
         .unwrap();
     assert!(
@@ -222,7 +223,8 @@ fn run_cli(prog: &Value, arch: &str, intrinsics: bool) -> Value {
 
 /// The same products through SSE2, AVX2 (+FMA) and AVX-512 code (this machine runs all
 /// three), spelled with intrinsics and with vector extensions, in single and double
-/// precision.
+/// precision; and with the lane shuffles of the transposing pack spelled as older GCC needs
+/// them (`__builtin_shuffle`, forced by `-DAJ_NO_SHUFFLEVECTOR`).
 #[test]
 fn every_x86_instruction_set_computes_the_same() {
     let c = case("ij,kj->ik", &[45, 67], &[39, 67], &[45, 39]);
@@ -241,15 +243,18 @@ fn every_x86_instruction_set_computes_the_same() {
             "print": ["c"]
         });
         let want = expected(&c, Prec::Single, Prec::Single, true);
-        for (arch, intrinsics) in [
-            ("-march=x86-64", true),
-            ("-march=x86-64-v3", true),
-            ("-march=native", true),
-            ("-march=x86-64", false),
-            ("-march=x86-64-v3", false),
-            ("-march=native", false),
+        for (arch, intrinsics, cflags) in [
+            ("-march=x86-64", true, ""),
+            ("-march=x86-64-v3", true, ""),
+            ("-march=native", true, ""),
+            ("-march=x86-64", false, ""),
+            ("-march=x86-64-v3", false, ""),
+            ("-march=native", false, ""),
+            ("-march=x86-64", true, "-DAJ_NO_SHUFFLEVECTOR"),
+            ("-march=native", true, "-DAJ_NO_SHUFFLEVECTOR"),
+            ("-march=native", false, "-DAJ_NO_SHUFFLEVECTOR"),
         ] {
-            let got = run_cli(&prog, arch, intrinsics);
+            let got = run_cli(&prog, arch, intrinsics, cflags);
             // Printed values are the shortest text that reads back as the same value of the
             // tensor's precision.
             let got: Vec<f64> = got["c"]["values"]
@@ -262,7 +267,7 @@ fn every_x86_instruction_set_computes_the_same() {
             let bad = got.iter().zip(&want).position(|(g, w)| g != w);
             assert!(
                 bad.is_none(),
-                "{prec} {arch} intrinsics {intrinsics}: cell {bad:?}: {:?} vs {:?}",
+                "{prec} {arch} intrinsics {intrinsics} {cflags}: cell {bad:?}: {:?} vs {:?}",
                 bad.map(|i| got[i]),
                 bad.map(|i| want[i])
             );
@@ -286,7 +291,7 @@ fn kernel_source(target: VectorTarget, prec: Prec, transposed: bool) -> String {
     let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
     let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
     assert!(src.contains("GEMM kernel"), "{src}");
-    assert_eq!(src.contains("__builtin_shufflevector"), transposed, "{src}");
+    assert_eq!(src.contains("AJ_SHUFFLE("), transposed, "{src}");
     src
 }
 
@@ -345,12 +350,15 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
             for transposed in [false, true] {
                 let src = kernel_source(neon, prec, transposed);
                 assert_eq!(src.contains("vfmaq_f"), intrinsics, "{src}");
-                let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
-                let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
-                assert!(
-                    fmla,
-                    "{prec} intrinsics {intrinsics}: no vector fmla\n{asm}"
-                );
+                // Also with the shuffles spelled for GCC before 12 (`__builtin_shuffle`).
+                for shuffles in ["-O2", "-DAJ_NO_SHUFFLEVECTOR"] {
+                    let asm = assembly(cc, &["-O2", "-march=armv8-a", shuffles], &src);
+                    let fmla = asm.lines().any(|l| l.contains("fmla") && l.contains(lanes));
+                    assert!(
+                        fmla,
+                        "{prec} intrinsics {intrinsics} {shuffles}: no vector fmla\n{asm}"
+                    );
+                }
             }
         }
     }
@@ -365,11 +373,20 @@ fn portable_kernels_compile_to_vector_code() {
         let src = kernel_source(generic, Prec::Single, transposed);
         assert!(src.contains("vector_size(16)"), "{src}");
         for cc in ["gcc", "clang"].into_iter().filter(|cc| installed(cc)) {
-            let asm = assembly(cc, &["-O2", "-march=x86-64-v3"], &src);
-            assert!(
-                asm.contains("vfmadd") || asm.contains("vmulps"),
-                "{cc}: no vector arithmetic"
-            );
+            // Also with the shuffles spelled for GCC before 12 (`__builtin_shuffle`, which
+            // Clang lacks).
+            let spellings: &[&str] = if cc == "gcc" {
+                &["-O2", "-DAJ_NO_SHUFFLEVECTOR"]
+            } else {
+                &["-O2"]
+            };
+            for shuffles in spellings {
+                let asm = assembly(cc, &["-O2", "-march=x86-64-v3", shuffles], &src);
+                assert!(
+                    asm.contains("vfmadd") || asm.contains("vmulps"),
+                    "{cc} {shuffles}: no vector arithmetic"
+                );
+            }
         }
     }
 }

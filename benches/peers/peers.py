@@ -225,7 +225,7 @@ def time_cmd(args):
 
 
 MOONS_SUMMARY = re.compile(
-    r"accuracy: ([0-9.]+) devices: (\d+) samples/s: ([0-9.]+) compile_ms: ([0-9.]+)")
+    r"accuracy: ([0-9.]+) devices: (\d+)(?: ranks: \d+)? samples/s: ([0-9.]+) compile_ms: ([0-9.]+)")
 MOONS_EPOCH = re.compile(r"^epoch (\d+) loss ([0-9.eE+-]+|nan|inf)$", re.M)
 
 

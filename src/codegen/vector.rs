@@ -236,13 +236,17 @@ impl Dialect {
         }
     }
 
-    /// A permutation of the lanes of `a` followed by `b` (GCC 12+ and Clang builtin; the
-    /// cast keeps the result in the vector type, intrinsics' types included).
+    /// A permutation of the lanes of `a` followed by `b`: the runtime header's `AJ_SHUFFLE`
+    /// (`__builtin_shufflevector` on Clang and GCC 12+, `__builtin_shuffle` with an integer
+    /// mask vector on older GCC; the cast keeps the result in the vector type, intrinsics'
+    /// types included).
     pub fn shuffle(&self, t: VType, a: &str, b: &str, idx: &[usize]) -> String {
         let idx: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+        let esize = if t.prec == Prec::Double { 64 } else { 32 };
         format!(
-            "(({})__builtin_shufflevector({a}, {b}, {}))",
+            "AJ_SHUFFLE({}, aj_mask_i{esize}x{}, {a}, {b}, {})",
             self.ty(t),
+            t.lanes,
             idx.join(", ")
         )
     }
