@@ -422,9 +422,9 @@ def table(args):
         return med([r.get(key) for r in rs])
 
     print("moons compile latency, median ms. arrayjit cold: compile_ms of the summary line with a "
-          "fresh ARRAYJIT_CACHE_DIR (one compile_batch of 10 routines: gradient, merges, SGD "
-          f"update, inference; {meta.get('compile_jobs', '?')} compiler jobs); JAX: tracing, "
-          "lowering and XLA compilation of the jitted training step (ahead of time, default "
+          "fresh ARRAYJIT_CACHE_DIR (one compile_batch of 5 routines: gradient, merge, SGD "
+          f"update, inference, parameter packing; {meta.get('compile_jobs', '?')} compiler "
+          "jobs); JAX: tracing, lowering and XLA compilation of the jitted training step (ahead of time, default "
           "threads, no compilation cache):")
     small_desc = meta.get("moons_small", "default job")
     rows = [
