@@ -106,8 +106,9 @@ static inline double aj_gate_d(double c, double v) {
 /* AJ_SHUFFLE(T, M, a, b, i...): the lanes i... of a followed by b (vectors of type T), as a
    T. Clang and GCC 12+ have __builtin_shufflevector; older GCC has __builtin_shuffle, which
    takes the lane indices as an integer vector of the same shape (M, one of the aj_mask_*
-   types below). AJ_NO_SHUFFLEVECTOR forces the second spelling (tests use it). */
-#if !defined(AJ_NO_SHUFFLEVECTOR) && (defined(__clang__) || __GNUC__ >= 12)
+   types below). On GCC, AJ_NO_SHUFFLEVECTOR forces the second spelling (tests use it; Clang
+   has only the first). */
+#if defined(__clang__) || (!defined(AJ_NO_SHUFFLEVECTOR) && __GNUC__ >= 12)
 #define AJ_SHUFFLE(T, M, a, b, ...) ((T)__builtin_shufflevector((a), (b), __VA_ARGS__))
 #else
 typedef int32_t aj_mask_i32x2 __attribute__((vector_size(8)));

@@ -224,7 +224,7 @@ fn run_cli(prog: &Value, arch: &str, intrinsics: bool, cflags: &str) -> Value {
 /// The same products through SSE2, AVX2 (+FMA) and AVX-512 code (this machine runs all
 /// three), spelled with intrinsics and with vector extensions, in single and double
 /// precision; and with the lane shuffles of the transposing pack spelled as older GCC needs
-/// them (`__builtin_shuffle`, forced by `-DAJ_NO_SHUFFLEVECTOR`).
+/// them (`__builtin_shuffle`, forced on GCC by `-DAJ_NO_SHUFFLEVECTOR`; Clang ignores it).
 #[test]
 fn every_x86_instruction_set_computes_the_same() {
     let c = case("ij,kj->ik", &[45, 67], &[39, 67], &[45, 39]);
