@@ -82,8 +82,13 @@ struct BatchEntry {
 /// A routine linked into a context. Clones share the routine's bindings and scratch memory:
 /// a routine (and its clones) must not run concurrently with itself, which a device's queue
 /// guarantees.
+///
+/// Cheap to clone: one reference count (a task holds a clone, made on the scheduling thread
+/// and dropped on the device's).
 #[derive(Clone)]
-pub struct Routine {
+pub struct Routine(Arc<RoutineInner>);
+
+struct RoutineInner {
     context: Context,
     name: Arc<str>,
     /// The description of its tasks: `routine NAME on DEVICE`.
@@ -104,32 +109,32 @@ pub struct Routine {
 impl Routine {
     /// The context the routine runs in (a child of the context it was linked into).
     pub fn context(&self) -> &Context {
-        &self.context
+        &self.0.context
     }
     /// The routine's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.0.name
     }
     /// The static-index cells; set them before running.
     pub fn bindings(&self) -> &RoutineBindings {
-        &self.bindings
+        &self.0.bindings
     }
     /// The node the routine reads from the merge buffer, if any.
     pub fn merge_node(&self) -> Option<&Tnode> {
-        self.compiled.sig.merge_node.as_ref()
+        self.0.compiled.sig.merge_node.as_ref()
     }
     /// The generated C signature.
     pub fn signature(&self) -> &RoutineSignature {
-        &self.compiled.sig
+        &self.0.compiled.sig
     }
 
     /// A task running the routine with the binding values current *now* (they are captured,
     /// so the caller may change them right after).
     pub fn task(&self) -> Task {
-        let values = self.bindings.values();
+        let values = self.0.bindings.values();
         let r = self.clone();
-        let ctx = self.context.clone();
-        Task::new(self.task_description.clone(), move || r.run_with(&values))
+        let ctx = self.0.context.clone();
+        Task::new(self.0.task_description.clone(), move || r.run_with(&values))
             .with_precondition(move || ctx.check_live())
             .with_accesses(self.accesses())
     }
@@ -138,7 +143,7 @@ impl Routine {
     /// and returns at once (an earlier failure on the device is returned instead); on the
     /// no-device backend, runs it now.
     pub fn schedule(&self) -> Result<()> {
-        match &self.device {
+        match &self.0.device {
             Some(d) => d.schedule(self.task()),
             None => self.run(),
         }
@@ -146,7 +151,7 @@ impl Routine {
 
     /// The device the routine runs on, if it was linked by a device backend.
     pub fn device(&self) -> Option<&Device> {
-        self.device.as_ref()
+        self.0.device.as_ref()
     }
 
     /// Runs the routine now, on this thread. On a device, it first waits for everything
@@ -154,7 +159,7 @@ impl Routine {
     /// reports an earlier failure on the device instead of running. On a device of another
     /// process ([`Device::is_remote`]) it does nothing.
     pub fn run(&self) -> Result<()> {
-        if let Some(d) = &self.device {
+        if let Some(d) = &self.0.device {
             d.await_idle()?;
             if d.is_remote() {
                 // Another process (MPI rank) owns the device and runs the routine there.
@@ -162,45 +167,45 @@ impl Routine {
             }
             d.wait_for_hazards(&self.accesses());
         }
-        self.run_with(&self.bindings.values())
+        self.run_with(&self.0.bindings.values())
     }
 
     /// The context buffers a run reads (`false`) and writes (`true`), and on a device whose
     /// merge buffer a streaming merge points at another device's buffer, that buffer (read),
     /// for the device layer's hazard tracking.
     fn accesses(&self) -> Arc<[(BufferPtr, bool)]> {
-        if self.compiled.sig.merge_node.is_some() {
-            if let Some(src) = self.device.as_ref().and_then(Device::streamed) {
-                let mut v = self.accesses.to_vec();
+        if self.0.compiled.sig.merge_node.is_some() {
+            if let Some(src) = self.0.device.as_ref().and_then(Device::streamed) {
+                let mut v = self.0.accesses.to_vec();
                 v.push((src, false));
                 return v.into();
             }
         }
-        self.accesses.clone()
+        self.0.accesses.clone()
     }
 
     /// Runs the routine now, on this thread, without waiting for its device: for use inside
     /// a task running on the routine's own device (where [`Routine::run`] would wait for
     /// itself).
     pub fn run_in_task(&self) -> Result<()> {
-        self.run_with(&self.bindings.values())
+        self.run_with(&self.0.bindings.values())
     }
 
     fn run_with(&self, values: &[i64]) -> Result<()> {
-        self.context.check_live()?;
-        let sig = &self.compiled.sig;
+        self.0.context.check_live()?;
+        let sig = &self.0.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
-            check_static_value(&self.name, s, v, *limit)?;
+            check_static_value(&self.0.name, s, v, *limit)?;
         }
         let merge = match &sig.merge_node {
             None => None,
-            Some(expected) => match self.merge_buffer.get() {
+            Some(expected) => match self.0.merge_buffer.get() {
                 Some((buf, tn)) if &tn == expected && buf.size() >= expected.size_in_bytes() => {
                     Some(buf)
                 }
                 other => {
                     return Err(Error::MergeBufferMismatch {
-                        routine: self.name.to_string(),
+                        routine: self.0.name.to_string(),
                         expected: expected.name(),
                         found: match other {
                             Some((_, tn)) if &tn == expected => {
@@ -218,39 +223,39 @@ impl Routine {
         // The plan is made at link; the merge buffer, which can change between runs, joins it
         // here.
         let _access = match &merge {
-            None => lock_planned(&self.lock_plan),
+            None => lock_planned(&self.0.lock_plan),
             Some(m) => {
                 let mut locks: Vec<(&DeviceBuffer, bool)> =
-                    self.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
+                    self.0.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
                 locks.push((&**m, false));
                 lock_all(&mut locks)
             }
         };
-        if !self.warned_unwritten.load(Ordering::Relaxed) {
+        if !self.0.warned_unwritten.load(Ordering::Relaxed) {
             self.warn_unwritten_reads();
         }
-        let ptrs: Vec<*mut u8> = self.buffers.iter().map(|b| b.as_ptr()).collect();
+        let ptrs: Vec<*mut u8> = self.0.buffers.iter().map(|b| b.as_ptr()).collect();
         let merge_ptr = merge
             .as_ref()
             .map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
-        let _ = &self.compiled.libs;
-        for (part, entry) in self.compiled.entries.iter().enumerate() {
+        let _ = &self.0.compiled.libs;
+        for (part, entry) in self.0.compiled.entries.iter().enumerate() {
             // SAFETY: every part's entry point was generated for this routine's tables:
             // `ptrs` holds one live buffer per node of `sig.buffers` followed by one per
             // `sig.scratch`, each of the node's full size (allocated at link); `values` has
             // one entry per static index, each checked above against the extents it indexes;
             // the merge buffer, if read, holds the expected node and is large enough (checked
-            // above). The libraries stay loaded while `self.compiled` lives.
+            // above). The libraries stay loaded while `self.0.compiled` lives.
             let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
             if status != 0 {
                 return Err(Error::Usage(format!(
                     "routine {}: part {} of its code failed (status {status})",
-                    self.name,
+                    self.0.name,
                     part + 1
                 )));
             }
         }
-        for (b, &w) in self.buffers.iter().zip(&sig.writes) {
+        for (b, &w) in self.0.buffers.iter().zip(&sig.writes) {
             if w {
                 b.mark_written();
             }
@@ -263,33 +268,33 @@ impl Routine {
     /// means a producer routine was not run first, or a tensor meant as an input is neither
     /// hosted nor computed.
     fn warn_unwritten_reads(&self) {
-        let sig = &self.compiled.sig;
+        let sig = &self.0.compiled.sig;
         let unwritten: Vec<String> = sig
             .buffers
             .iter()
             .zip(&sig.writes)
-            .zip(self.buffers.iter())
+            .zip(self.0.buffers.iter())
             .filter(|((_, &w), b)| !w && !b.was_written())
             .map(|((tn, _), _)| tn.name())
             .collect();
         if !unwritten.is_empty() {
             tracing::warn!(
                 target: "arrayjit::backend",
-                routine = %self.name,
+                routine = %self.0.name,
                 tensors = %unwritten.join(", "),
                 "routine {} reads {} that nothing has written in its context (all zeros): \
                  run the routine computing them first, or copy them from the host",
-                self.name,
+                self.0.name,
                 unwritten.join(", ")
             );
         }
-        self.warned_unwritten.store(true, Ordering::Relaxed);
+        self.0.warned_unwritten.store(true, Ordering::Relaxed);
     }
 }
 
 impl fmt::Debug for Routine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Routine({} in {:?})", self.name, self.context)
+        write!(f, "Routine({} in {:?})", self.0.name, self.0.context)
     }
 }
 
@@ -850,7 +855,7 @@ impl CcBackend {
             .device()
             .map(|d| format!(" on {}", d.name()))
             .unwrap_or_default();
-        Ok(Routine {
+        Ok(Routine(Arc::new(RoutineInner {
             task_description: format!("routine {name}{on}").into(),
             device: ctx.device().cloned(),
             context: ctx,
@@ -866,7 +871,7 @@ impl CcBackend {
             warned_unwritten: Arc::default(),
             lock_plan,
             accesses,
-        })
+        })))
     }
 
     /// Links compiled code into a context: returns the routine, whose context is a child of
@@ -927,7 +932,7 @@ impl CcBackend {
                         merge_buffer,
                     )
                     .map_err(|err| Error::in_routine(&e.name, err))?;
-                    ctx = r.context.clone();
+                    ctx = r.context().clone();
                     out.push(Some(r));
                 }
             }
