@@ -132,17 +132,16 @@ impl Bucket {
     ///
     /// None in practice: the projections were checked when the bucket was made.
     pub fn unpack(&self) -> Result<Assignments> {
-        let src = &self.flat;
         let mut code = vec![];
         for (t, off) in &self.parts {
             let (mut p, flat) = self.projections(t, *off)?;
-            p.rhs_dims = vec![src.dims().to_vec()];
+            p.rhs_dims = vec![self.flat.dims().to_vec()];
             p.project_rhs = vec![vec![flat]];
-            p.debug_info = format!("unpack {} from {}", t.name(), src.name());
-            code.push(copy(t, src, p));
+            p.debug_info = format!("unpack {} from {}", t.name(), self.flat.name());
+            code.push(copy(t, &self.flat, p));
         }
         Ok(Assignments::block(
-            &format!("unpack {}", src.name()),
+            &format!("unpack {}", self.flat.name()),
             Assignments::seq(code),
         ))
     }

@@ -258,7 +258,7 @@ struct Dev {
 struct MergeJob {
     to: usize,
     from: usize,
-    description: String,
+    description: Arc<str>,
     /// The transfer of the fused gradients into `to`'s merge buffer, then the routine adding
     /// them.
     work: Arc<(Transfer, Routine)>,
@@ -267,7 +267,7 @@ struct MergeJob {
 /// The copy of the fused parameters from device 0 to device `to`.
 struct CopyJob {
     to: usize,
-    description: String,
+    description: Arc<str>,
     work: Arc<Transfer>,
 }
 
@@ -327,7 +327,8 @@ impl Plan {
                             "merge the gradients of {} into {}",
                             df.device.name(),
                             dt.device.name()
-                        ),
+                        )
+                        .into(),
                         work: Arc::new(work),
                     });
                 }
@@ -347,7 +348,7 @@ impl Plan {
                 })?;
             copies.push(CopyJob {
                 to,
-                description: format!("copy the parameters from {}", leader.device.name()),
+                description: format!("copy the parameters from {}", leader.device.name()).into(),
                 work: Arc::new(work),
             });
         }

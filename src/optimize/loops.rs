@@ -204,7 +204,7 @@ fn interchange(c: Llc) -> Llc {
     if rs.iter().any(|(t, i)| t == tn && i != idcs) {
         return rebuild(loops, body);
     }
-    let written = |s: Symbol| idcs.iter().any(|ix| ix.symbols().contains(&s));
+    let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
     let innermost = loops.len() - 1;
     let mut best = innermost;
     let mut best_score = score(loops[innermost].index, (tn, idcs), &rs);
@@ -409,7 +409,7 @@ fn tile_contraction(c: Llc) -> Llc {
     }
     let mut rs = vec![];
     reads(value, &mut rs);
-    let written = |s: Symbol| idcs.iter().any(|ix| ix.symbols().contains(&s));
+    let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
     let Some(inner) = loops.last() else {
         return rebuild(loops, body);
     };
