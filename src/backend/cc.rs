@@ -5,6 +5,7 @@ use super::buffer::{lock_all, lock_planned, plan_locks, BufferPtr, DeviceBuffer}
 use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
+use super::task::{Runnable, StaticValues};
 use crate::codegen::{self, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary, Speculation};
 use crate::error::{Error, Result};
@@ -131,12 +132,9 @@ impl Routine {
     /// A task running the routine with the binding values current *now* (they are captured,
     /// so the caller may change them right after).
     pub fn task(&self) -> Task {
-        let values = self.0.bindings.values();
-        let r = self.clone();
-        let ctx = self.0.context.clone();
-        Task::new(self.0.task_description.clone(), move || r.run_with(&values))
-            .with_precondition(move || ctx.check_live())
-            .with_accesses(self.accesses())
+        let values = StaticValues::collect(self.0.bindings.iter_values());
+        let work: Arc<dyn Runnable> = self.0.clone();
+        Task::shared(self.0.task_description.clone(), work, values).with_accesses(self.accesses())
     }
 
     /// Schedules the routine with the binding values current now: on a device, enqueues it
@@ -167,7 +165,7 @@ impl Routine {
             }
             d.wait_for_hazards(&self.accesses());
         }
-        self.run_with(&self.0.bindings.values())
+        self.0.run_with(&self.0.bindings.values())
     }
 
     /// The context buffers a run reads (`false`) and writes (`true`), and on a device whose
@@ -188,24 +186,45 @@ impl Routine {
     /// a task running on the routine's own device (where [`Routine::run`] would wait for
     /// itself).
     pub fn run_in_task(&self) -> Result<()> {
-        self.run_with(&self.0.bindings.values())
+        self.0.run_with(&self.0.bindings.values())
+    }
+
+    /// [`run_in_task`](Routine::run_in_task) with these static-index values (in the order of
+    /// [`bindings`](Routine::bindings)) instead of the current ones: for work that captured
+    /// them when it was scheduled.
+    pub(crate) fn run_in_task_with(&self, values: &[i64]) -> Result<()> {
+        if values.len() != self.0.bindings.symbols().count() {
+            return Err(Error::Usage(format!(
+                "routine {}: {} static-index values for {} static indices",
+                self.0.name,
+                values.len(),
+                self.0.bindings.symbols().count()
+            )));
+        }
+        self.0.run_with(values)
+    }
+}
+
+impl Runnable for RoutineInner {
+    fn check(&self) -> Result<()> {
+        self.context.check_live()
     }
 
     fn run_with(&self, values: &[i64]) -> Result<()> {
-        self.0.context.check_live()?;
-        let sig = &self.0.compiled.sig;
+        self.context.check_live()?;
+        let sig = &self.compiled.sig;
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
-            check_static_value(&self.0.name, s, v, *limit)?;
+            check_static_value(&self.name, s, v, *limit)?;
         }
         let merge = match &sig.merge_node {
             None => None,
-            Some(expected) => match self.0.merge_buffer.get() {
+            Some(expected) => match self.merge_buffer.get() {
                 Some((buf, tn)) if &tn == expected && buf.size() >= expected.size_in_bytes() => {
                     Some(buf)
                 }
                 other => {
                     return Err(Error::MergeBufferMismatch {
-                        routine: self.0.name.to_string(),
+                        routine: self.name.to_string(),
                         expected: expected.name(),
                         found: match other {
                             Some((_, tn)) if &tn == expected => {
@@ -223,72 +242,85 @@ impl Routine {
         // The plan is made at link; the merge buffer, which can change between runs, joins it
         // here.
         let _access = match &merge {
-            None => lock_planned(&self.0.lock_plan),
+            None => lock_planned(&self.lock_plan),
             Some(m) => {
                 let mut locks: Vec<(&DeviceBuffer, bool)> =
-                    self.0.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
+                    self.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
                 locks.push((&**m, false));
                 lock_all(&mut locks)
             }
         };
-        if !self.0.warned_unwritten.load(Ordering::Relaxed) {
+        if !self.warned_unwritten.load(Ordering::Relaxed) {
             self.warn_unwritten_reads();
         }
-        let ptrs: Vec<*mut u8> = self.0.buffers.iter().map(|b| b.as_ptr()).collect();
+        // The buffer table, on the stack for the usual routine.
+        let mut table = [std::ptr::null_mut::<u8>(); 32];
+        let heap: Vec<*mut u8>;
+        let ptrs: &[*mut u8] = if self.buffers.len() <= table.len() {
+            for (slot, b) in table.iter_mut().zip(self.buffers.iter()) {
+                *slot = b.as_ptr();
+            }
+            &table[..self.buffers.len()]
+        } else {
+            heap = self.buffers.iter().map(|b| b.as_ptr()).collect();
+            &heap
+        };
         let merge_ptr = merge
             .as_ref()
             .map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
-        let _ = &self.0.compiled.libs;
-        for (part, entry) in self.0.compiled.entries.iter().enumerate() {
+        let _ = &self.compiled.libs;
+        for (part, entry) in self.compiled.entries.iter().enumerate() {
             // SAFETY: every part's entry point was generated for this routine's tables:
             // `ptrs` holds one live buffer per node of `sig.buffers` followed by one per
             // `sig.scratch`, each of the node's full size (allocated at link); `values` has
             // one entry per static index, each checked above against the extents it indexes;
             // the merge buffer, if read, holds the expected node and is large enough (checked
-            // above). The libraries stay loaded while `self.0.compiled` lives.
+            // above). The libraries stay loaded while `self.compiled` lives.
             let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
             if status != 0 {
                 return Err(Error::Usage(format!(
                     "routine {}: part {} of its code failed (status {status})",
-                    self.0.name,
+                    self.name,
                     part + 1
                 )));
             }
         }
-        for (b, &w) in self.0.buffers.iter().zip(&sig.writes) {
+        for (b, &w) in self.buffers.iter().zip(&sig.writes) {
             if w {
                 b.mark_written();
             }
         }
         Ok(())
     }
+}
 
+impl RoutineInner {
     /// Warns (once per linked routine, through `tracing`) about the tensors the routine
     /// reads that nothing has written in its context: they read as zeros, which usually
     /// means a producer routine was not run first, or a tensor meant as an input is neither
     /// hosted nor computed.
     fn warn_unwritten_reads(&self) {
-        let sig = &self.0.compiled.sig;
+        let sig = &self.compiled.sig;
         let unwritten: Vec<String> = sig
             .buffers
             .iter()
             .zip(&sig.writes)
-            .zip(self.0.buffers.iter())
+            .zip(self.buffers.iter())
             .filter(|((_, &w), b)| !w && !b.was_written())
             .map(|((tn, _), _)| tn.name())
             .collect();
         if !unwritten.is_empty() {
             tracing::warn!(
                 target: "arrayjit::backend",
-                routine = %self.0.name,
+                routine = %self.name,
                 tensors = %unwritten.join(", "),
                 "routine {} reads {} that nothing has written in its context (all zeros): \
                  run the routine computing them first, or copy them from the host",
-                self.0.name,
+                self.name,
                 unwritten.join(", ")
             );
         }
-        self.0.warned_unwritten.store(true, Ordering::Relaxed);
+        self.warned_unwritten.store(true, Ordering::Relaxed);
     }
 }
 
@@ -836,12 +868,15 @@ impl CcBackend {
             .zip(&compiled.sig.writes)
             .map(|(b, &w)| (b.clone(), w))
             .collect();
-        // Context buffers as the code uses them; scratch is always written.
+        // Context buffers as the code uses them. The scratch buffers belong to this routine
+        // alone (allocated just above, never handed out): only runs of the routine and its
+        // clones touch them, so holding the first one's exclusive lock keeps every other run
+        // out of all of them, for one lock instead of one per scratch buffer.
         let lock_plan = plan_locks(
             accesses
                 .iter()
                 .cloned()
-                .chain(buffers[accesses.len()..].iter().map(|b| (b.clone(), true)))
+                .chain(buffers[accesses.len()..].first().map(|b| (b.clone(), true)))
                 .collect(),
         );
         tracing::debug!(

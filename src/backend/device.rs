@@ -42,6 +42,11 @@ pub const WORK_SPIN: Duration = Duration::from_micros(50);
 /// device's event) waits without parking (see `spin_until`).
 pub const DONE_SPIN: Duration = Duration::from_micros(50);
 
+/// A wait for a point more than this many tasks ahead of a queue's progress parks at once
+/// instead of spinning first: it is long, and a spinning waiter would take core time from
+/// the workers it waits for.
+pub const FAR_AHEAD: u64 = 8;
+
 pub(crate) static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
 static NEXT_QUEUE: AtomicUsize = AtomicUsize::new(1);
 
@@ -232,7 +237,8 @@ impl Shared {
 
     /// Blocks until `completed >= target`: spins, then parks.
     fn wait_until(&self, target: u64) {
-        if spin_until(DONE_SPIN, || self.is_complete(target)) {
+        let ahead = target.saturating_sub(self.completed.load(Ordering::Acquire));
+        if ahead <= FAR_AHEAD && spin_until(DONE_SPIN, || self.is_complete(target)) {
             return;
         }
         let mut g = lock(&self.done);
@@ -430,15 +436,15 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs a task, turning a panic or an error into an error that names the task.
 fn run_captured(task: Task) -> Result<()> {
-    let description = task.description.to_string();
+    let description = task.description.clone();
     match catch_unwind(AssertUnwindSafe(|| task.run())) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::Task {
-            task: description,
+            task: description.to_string(),
             msg: e.to_string(),
         }),
         Err(p) => Err(Error::Task {
-            task: description,
+            task: description.to_string(),
             msg: format!("panicked: {}", panic_message(p.as_ref())),
         }),
     }
@@ -717,6 +723,18 @@ impl Device {
             target: self.shared().scheduled.load(Ordering::Acquire),
             device: self.0.name.clone(),
         }
+    }
+
+    /// The position of the current end of the queue (what [`Device::event`] records),
+    /// for work that waits with [`Device::wait_completed`] without holding an event.
+    pub(crate) fn queue_end(&self) -> u64 {
+        self.shared().scheduled.load(Ordering::Acquire)
+    }
+
+    /// Blocks until the tasks of the queue up to position `target` (from
+    /// [`Device::queue_end`]) have finished, as [`Event::wait`] does.
+    pub(crate) fn wait_completed(&self, target: u64) {
+        self.shared().wait_until(target);
     }
 
     /// Makes the tasks scheduled on this device from now on wait until `event` (usually of

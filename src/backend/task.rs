@@ -30,11 +30,74 @@ impl MergeBuffer {
     }
 }
 
+/// Work that a task can run many times with different static-index values (a linked
+/// routine): a task holding it is a reference count and the values, with no allocation, so
+/// scheduling it costs the scheduling thread no `malloc` and the device's thread no `free`.
+pub(crate) trait Runnable: Send + Sync {
+    /// Runs the work with these static-index values.
+    fn run_with(&self, values: &[i64]) -> Result<()>;
+    /// What scheduling a task of it checks first (e.g. that its context is live).
+    fn check(&self) -> Result<()>;
+}
+
+/// Static-index values captured by a task: inline up to [`StaticValues::INLINE`].
+#[derive(Clone, Debug)]
+pub(crate) enum StaticValues {
+    Inline([i64; StaticValues::INLINE], u8),
+    Heap(Vec<i64>),
+}
+
+impl StaticValues {
+    /// How many values are held without allocating.
+    pub(crate) const INLINE: usize = 8;
+
+    pub(crate) fn collect(values: impl IntoIterator<Item = i64>) -> StaticValues {
+        let mut a = [0; Self::INLINE];
+        let mut n = 0usize;
+        let mut values = values.into_iter();
+        for v in values.by_ref() {
+            match a.get_mut(n) {
+                Some(slot) => *slot = v,
+                None => {
+                    let mut heap = a.to_vec();
+                    heap.push(v);
+                    heap.extend(values);
+                    return StaticValues::Heap(heap);
+                }
+            }
+            n += 1;
+        }
+        StaticValues::Inline(a, n as u8)
+    }
+
+    pub(crate) fn as_slice(&self) -> &[i64] {
+        match self {
+            StaticValues::Inline(a, n) => &a[..usize::from(*n)],
+            StaticValues::Heap(v) => v,
+        }
+    }
+}
+
+/// What a task runs.
+enum Work {
+    Once(Box<dyn FnOnce() -> Result<()> + Send>),
+    Shared(Arc<dyn Runnable>, StaticValues),
+}
+
+impl Work {
+    fn run(self) -> Result<()> {
+        match self {
+            Work::Once(f) => f(),
+            Work::Shared(r, values) => r.run_with(values.as_slice()),
+        }
+    }
+}
+
 /// A unit of work: a description (for error messages) and a closure.
 pub struct Task {
     /// What the task does, e.g. `routine forward`.
     pub description: Arc<str>,
-    work: Box<dyn FnOnce() -> Result<()> + Send>,
+    work: Work,
     /// Checked when the task is scheduled: an error here is returned by `schedule` instead of
     /// queueing the task (a routine's task checks that its context was not finalized).
     precondition: Option<Box<dyn Fn() -> Result<()> + Send>>,
@@ -51,7 +114,21 @@ impl Task {
     ) -> Task {
         Task {
             description: description.into(),
-            work: Box::new(work),
+            work: Work::Once(Box::new(work)),
+            precondition: None,
+            accesses: None,
+        }
+    }
+
+    /// A task running `work` with `values`, whose check is `work`'s own.
+    pub(crate) fn shared(
+        description: Arc<str>,
+        work: Arc<dyn Runnable>,
+        values: StaticValues,
+    ) -> Task {
+        Task {
+            description,
+            work: Work::Shared(work, values),
             precondition: None,
             accesses: None,
         }
@@ -92,12 +169,26 @@ impl Task {
                 })),
             };
         let (first, second) = (self.work, next.work);
+        let (c1, c2) = (work_check(&first), work_check(&second));
+        let precondition: Option<Box<dyn Fn() -> Result<()> + Send>> = match (precondition, c1, c2)
+        {
+            (p, None, None) => p,
+            (p, a, b) => Some(Box::new(move || {
+                if let Some(p) = &p {
+                    p()?;
+                }
+                if let Some(a) = &a {
+                    a.check()?;
+                }
+                b.as_ref().map_or(Ok(()), |b| b.check())
+            })),
+        };
         Task {
             description,
-            work: Box::new(move || {
-                first()?;
-                second()
-            }),
+            work: Work::Once(Box::new(move || {
+                first.run()?;
+                second.run()
+            })),
             precondition,
             accesses,
         }
@@ -106,20 +197,42 @@ impl Task {
     /// The task, first running `wait` (on the device, before the work): how the device layer
     /// makes a task wait for its hazards without a task of its own.
     pub(crate) fn after(mut self, wait: impl FnOnce() + Send + 'static) -> Task {
+        if let Some(r) = work_check(&self.work) {
+            // The shared work's check stays with the task.
+            let p = self.precondition.take();
+            self.precondition = Some(Box::new(move || {
+                if let Some(p) = &p {
+                    p()?;
+                }
+                r.check()
+            }));
+        }
         let work = self.work;
-        self.work = Box::new(move || {
+        self.work = Work::Once(Box::new(move || {
             wait();
-            work()
-        });
+            work.run()
+        }));
         self
     }
     /// Runs the precondition, if any.
     pub fn check(&self) -> Result<()> {
-        self.precondition.as_ref().map_or(Ok(()), |c| c())
+        self.precondition.as_ref().map_or(Ok(()), |c| c())?;
+        match &self.work {
+            Work::Shared(r, _) => r.check(),
+            Work::Once(_) => Ok(()),
+        }
     }
     /// Runs the task now, on this thread.
     pub fn run(self) -> Result<()> {
-        (self.work)()
+        self.work.run()
+    }
+}
+
+/// The check of shared work (which a task wrapping it into a closure must keep).
+fn work_check(w: &Work) -> Option<Arc<dyn Runnable>> {
+    match w {
+        Work::Shared(r, _) => Some(r.clone()),
+        Work::Once(_) => None,
     }
 }
 

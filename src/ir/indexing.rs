@@ -424,6 +424,11 @@ impl RoutineBindings {
         Ok(())
     }
 
+    /// The current values, in order, without allocating.
+    pub fn iter_values(&self) -> impl ExactSizeIterator<Item = i64> + '_ {
+        self.entries.iter().map(|(_, c)| c.load(Ordering::SeqCst))
+    }
+
     /// The current values, in order.
     pub fn values(&self) -> Vec<i64> {
         self.entries
