@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, MemoryMode, Prec, Projections, Tnode, Unop,
+    Assignments, AxisIndex, Binop, Buffer, MemoryMode, Prec, Projections, StaticSymbol, Tnode, Unop,
 };
 
 /// A flat tensor holding `parts`, each at its offset, row-major, in the order given.
@@ -126,22 +126,98 @@ impl Bucket {
         ))
     }
 
+    /// Copies every part into row `row` of `rows`, a `[k, n]` tensor whose rows are the
+    /// size `n` of the flat tensor (rows alternating between steps let a device write the
+    /// next step's values while another still reads this step's).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Usage`] when `rows` is not `[k, n]`, or `row`'s range exceeds `k`.
+    pub fn pack_into_row(&self, rows: &Tnode, row: &StaticSymbol) -> Result<Assignments> {
+        let n = self.flat.dims()[0];
+        let k = match rows.dims() {
+            [k, m] if *m == n => *k,
+            other => {
+                return Err(Error::Usage(format!(
+                    "bucket {}: {} has dims {other:?}, packing into a row needs [k, {n}]",
+                    self.flat.name(),
+                    rows.name()
+                )))
+            }
+        };
+        if row.range.is_none_or(|r| r > k) {
+            return Err(Error::Usage(format!(
+                "bucket {}: the row index {} must have a range of at most {k} (the rows of {})",
+                self.flat.name(),
+                row.name,
+                rows.name()
+            )));
+        }
+        let mut code = vec![];
+        for (t, off) in &self.parts {
+            let (mut p, flat) = self.projections(t, *off)?;
+            p.lhs_dims = rows.dims().to_vec();
+            p.project_lhs = vec![AxisIndex::Iterator(row.symbol), flat];
+            p.debug_info = format!("pack {} into a row of {}", t.name(), rows.name());
+            code.push(copy(rows, t, p));
+        }
+        Ok(Assignments::block(
+            &format!("pack {} into a row of {}", self.flat.name(), rows.name()),
+            Assignments::seq(code),
+        ))
+    }
+
     /// Copies the flat tensor back into every part.
     ///
     /// # Errors
     ///
     /// None in practice: the projections were checked when the bucket was made.
     pub fn unpack(&self) -> Result<Assignments> {
+        let parts: Vec<Tnode> = self.parts.iter().map(|(t, _)| t.clone()).collect();
+        self.unpack_from(&self.flat, &parts)
+    }
+
+    /// Copies `from`, a tensor laid out like the flat tensor (same dims), into `into`, one
+    /// tensor per part with the part's dims: e.g. merged gradients into tensors of the
+    /// update's own, so that the routine computing the gradients and the one applying them
+    /// share only the flat tensor.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Usage`] when `from`'s dims differ from the flat tensor's, or `into` does not
+    /// have one tensor of the right dims per part.
+    pub fn unpack_from(&self, from: &Tnode, into: &[Tnode]) -> Result<Assignments> {
+        if from.dims() != self.flat.dims() || into.len() != self.parts.len() {
+            return Err(Error::Usage(format!(
+                "bucket {}: unpacking {} ({:?}) into {} tensors; the bucket is {:?} with {} parts",
+                self.flat.name(),
+                from.name(),
+                from.dims(),
+                into.len(),
+                self.flat.dims(),
+                self.parts.len()
+            )));
+        }
         let mut code = vec![];
-        for (t, off) in &self.parts {
+        for ((t, off), dst) in self.parts.iter().zip(into) {
+            if dst.dims() != t.dims() {
+                return Err(Error::Usage(format!(
+                    "bucket {}: {} has dims {:?}, its part {} has {:?}",
+                    self.flat.name(),
+                    dst.name(),
+                    dst.dims(),
+                    t.name(),
+                    t.dims()
+                )));
+            }
             let (mut p, flat) = self.projections(t, *off)?;
-            p.rhs_dims = vec![self.flat.dims().to_vec()];
+            p.rhs_dims = vec![from.dims().to_vec()];
             p.project_rhs = vec![vec![flat]];
-            p.debug_info = format!("unpack {} from {}", t.name(), self.flat.name());
-            code.push(copy(t, &self.flat, p));
+            p.debug_info = format!("unpack {} from {}", dst.name(), from.name());
+            code.push(copy(dst, from, p));
         }
         Ok(Assignments::block(
-            &format!("unpack {}", self.flat.name()),
+            &format!("unpack {}", from.name()),
             Assignments::seq(code),
         ))
     }
@@ -190,6 +266,61 @@ mod tests {
         assert_eq!(mem.get(&a).unwrap(), &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0]);
         assert_eq!(mem.get(&b).unwrap(), &[70.0, 80.0, 90.0, 100.0]);
         assert_eq!(mem.get(&s).unwrap(), &[110.0]);
+    }
+
+    #[test]
+    fn pack_into_row_fills_only_the_row_of_the_static_index() {
+        let a = Tnode::new(&["a"], &[2], Prec::Single).unwrap();
+        let b = Tnode::new(&["b"], &[1], Prec::Single).unwrap();
+        let bucket = Bucket::on_device(&["fused"], &[a.clone(), b.clone()]).unwrap();
+        let rows = Tnode::new(&["rows"], &[2, 3], Prec::Single).unwrap();
+        let row = StaticSymbol::new("row", Some(2));
+        let code = bucket.pack_into_row(&rows, &row).unwrap();
+        let mut mem = Memory::new();
+        mem.set(&a, vec![1.0, 2.0]).unwrap();
+        mem.set(&b, vec![3.0]).unwrap();
+        mem.set(&rows, vec![-1.0; 6]).unwrap();
+        run_assignments(&code, &[(row.clone(), 1)], &mut mem).unwrap();
+        assert_eq!(mem.get(&rows).unwrap(), &[-1.0, -1.0, -1.0, 1.0, 2.0, 3.0]);
+        run_assignments(&code, &[(row.clone(), 0)], &mut mem).unwrap();
+        assert_eq!(mem.get(&rows).unwrap(), &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+
+        let wide = Tnode::new(&["wide"], &[2, 4], Prec::Single).unwrap();
+        let e = bucket.pack_into_row(&wide, &row).unwrap_err();
+        assert!(e.to_string().contains("needs [k, 3]"), "{e}");
+        let e = bucket
+            .pack_into_row(&rows, &StaticSymbol::new("r3", Some(3)))
+            .unwrap_err();
+        assert!(e.to_string().contains("at most 2"), "{e}");
+    }
+
+    #[test]
+    fn unpack_from_copies_another_flat_tensor_into_other_tensors() {
+        let a = Tnode::new(&["a"], &[2], Prec::Single).unwrap();
+        let b = Tnode::new(&["b"], &[1], Prec::Single).unwrap();
+        let bucket = Bucket::on_device(&["fused"], &[a.clone(), b.clone()]).unwrap();
+        let sum = Tnode::new(&["sum"], &[3], Prec::Single).unwrap();
+        let (a2, b2) = (
+            Tnode::new(&["a2"], &[2], Prec::Single).unwrap(),
+            Tnode::new(&["b2"], &[1], Prec::Single).unwrap(),
+        );
+        let code = bucket.unpack_from(&sum, &[a2.clone(), b2.clone()]).unwrap();
+        let mut mem = Memory::new();
+        mem.set(&sum, vec![4.0, 5.0, 6.0]).unwrap();
+        mem.set(&a2, vec![0.0; 2]).unwrap();
+        mem.set(&b2, vec![0.0]).unwrap();
+        run_assignments(&code, &[], &mut mem).unwrap();
+        assert_eq!(mem.get(&a2).unwrap(), &[4.0, 5.0]);
+        assert_eq!(mem.get(&b2).unwrap(), &[6.0]);
+
+        let e = bucket
+            .unpack_from(&sum, &[b2.clone(), a2.clone()])
+            .unwrap_err();
+        assert!(e.to_string().contains("its part a has [2]"), "{e}");
+        let e = bucket
+            .unpack_from(&a2, &[a2.clone(), b2.clone()])
+            .unwrap_err();
+        assert!(e.to_string().contains("unpacking a2"), "{e}");
     }
 
     #[test]

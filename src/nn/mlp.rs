@@ -418,6 +418,31 @@ impl Mlp {
         step: &StaticSymbol,
         weight_decay: f64,
     ) -> Result<Assignments> {
+        self.sgd_routine_with(&self.grads(), lr_schedule, step, weight_decay)
+    }
+
+    /// [`sgd_routine`](Mlp::sgd_routine) applying the gradients `grads` (one per parameter,
+    /// in the order of [`params`](Mlp::params), with the same dims) instead of the
+    /// gradient routine's own: e.g. merged gradients unpacked into tensors of the update's.
+    ///
+    /// # Errors
+    ///
+    /// As for [`sgd_routine`](Mlp::sgd_routine), and [`Error::Assignment`] when `grads` has
+    /// the wrong number of tensors or dims.
+    pub fn sgd_routine_with(
+        &self,
+        grads: &[Tnode],
+        lr_schedule: &Tnode,
+        step: &StaticSymbol,
+        weight_decay: f64,
+    ) -> Result<Assignments> {
+        if grads.len() != 2 * self.layers.len() {
+            return Err(Error::Assignment(format!(
+                "sgd_routine: {} gradients for {} parameters",
+                grads.len(),
+                2 * self.layers.len()
+            )));
+        }
         if !matches!(lr_schedule.dims(), [_, 1]) {
             return Err(Error::Assignment(format!(
                 "sgd_routine: the learning-rate schedule {} must be [steps, 1], it is {:?}",
@@ -434,9 +459,9 @@ impl Mlp {
             fill_wd,
             mul(&lr_wd, &lr, &wd)?,
         ];
-        for layer in &self.layers {
-            code.push(sgd_step(&layer.w, &layer.gw, &lr, &lr_wd)?);
-            code.push(sgd_step(&layer.b, &layer.gb, &lr, &lr_wd)?);
+        for (layer, g) in self.layers.iter().zip(grads.chunks(2)) {
+            code.push(sgd_step(&layer.w, &g[0], &lr, &lr_wd)?);
+            code.push(sgd_step(&layer.b, &g[1], &lr, &lr_wd)?);
         }
         Ok(Assignments::block(
             "sgd update with weight decay",

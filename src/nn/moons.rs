@@ -53,6 +53,7 @@
 //! ```
 
 use super::{merge_add, Bucket, Mlp, Rng};
+use crate::backend::task::{Runnable, StaticValues};
 use crate::backend::{
     Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
 };
@@ -248,8 +249,9 @@ struct Dev {
     device: Device,
     ctx: Context,
     grad: Routine,
-    /// Adds the fused gradients (and loss) in the merge buffer to this device's.
-    merge: Routine,
+    /// The tree: one routine adding the fused gradients (and loss) in the merge buffer to
+    /// this device's. The exchange: one routine per round.
+    merges: Vec<Routine>,
     update: Routine,
     infer: Routine,
 }
@@ -285,6 +287,76 @@ struct Plan {
     /// several ranks, and the leaders' contexts.
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
     copies: Vec<CopyJob>,
+    /// Instead of the tree, merges and copies: the exchange (see [`Exchange`]).
+    exchange: Option<Exchange>,
+}
+
+/// The recursive-doubling exchange, used on one rank when the number of devices is a power
+/// of two: in round `r` (stride `2^(r-1)`) device `i` adds its partner `i ^ stride`'s
+/// partial sum to its own, so after `log2 N` rounds every device holds the sum of all the
+/// gradients and applies the same update itself; no parameters are copied. The sums have
+/// the tree's association (each round adds two sums of the same blocks, and `a + b == b + a`
+/// exactly), so the results are the tree's, bit for bit.
+///
+/// A round writes a tensor of its own (`sum_r = sum_{r-1} + partner's sum_{r-1}`), read
+/// only by the next round's partner; every tensor a partner reads has two rows, and step `s`
+/// uses row `s % 2`. So a device overwrites a row only two steps later, after a wait that
+/// follows the partner's read (its wait for the partner's next-step value, which the partner
+/// computes after reading), and each round needs one wait: for the partner's previous round.
+struct Exchange {
+    parity: StaticSymbol,
+    /// Per device, per round: the partner and the round's work.
+    rounds: Vec<Vec<(usize, Arc<RoundJob>)>>,
+}
+
+/// A round of the exchange on one device, prepared once: its tasks hold one reference to it
+/// and the values captured when scheduled (`[partner's queue position, the merge routine's
+/// static indices..., the update's...]`), so scheduling one allocates nothing and moves one
+/// reference count between the cores.
+struct RoundJob {
+    description: Arc<str>,
+    partner: Device,
+    /// The transfer of the partner's previous sum into this device's merge buffer.
+    transfer: Transfer,
+    /// Adds it to this device's previous sum.
+    merge: Routine,
+    /// The last round goes on with the update.
+    update: Option<Routine>,
+}
+
+impl RoundJob {
+    /// The task waiting for the partner's queue to reach `partner_done`, with the routines'
+    /// static indices as set now.
+    fn task(self: &Arc<Self>, partner_done: u64) -> Task {
+        let values = StaticValues::collect(
+            std::iter::once(partner_done as i64)
+                .chain(self.merge.bindings().iter_values())
+                .chain(self.update.iter().flat_map(|u| u.bindings().iter_values())),
+        );
+        let job: Arc<dyn Runnable> = self.clone();
+        Task::shared(self.description.clone(), job, values)
+    }
+}
+
+impl Runnable for RoundJob {
+    fn run_with(&self, values: &[i64]) -> Result<()> {
+        let (&target, rest) = values
+            .split_first()
+            .ok_or_else(|| Error::Usage(format!("{}: no values", self.description)))?;
+        let n = self.merge.bindings().symbols().count().min(rest.len());
+        let (mine, theirs) = rest.split_at(n);
+        self.partner.wait_completed(target as u64);
+        part(self.transfer.description(), self.transfer.run())?;
+        self.merge.run_in_task_with(mine)?;
+        match &self.update {
+            Some(u) => u.run_in_task_with(theirs),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        self.merge.context().check_live()
+    }
 }
 
 /// Runs a transfer or a routine of a job, naming it in a failure.
@@ -300,7 +372,47 @@ impl Plan {
         grads: &Tnode,
         params: &Tnode,
         merge: MergeBufferUse,
+        exchange: Option<(StaticSymbol, Vec<Tnode>)>,
     ) -> Result<Plan> {
+        if let Some((parity, sums)) = exchange {
+            let mut rounds = vec![];
+            for (i, d) in devs.iter().enumerate() {
+                let mut mine = vec![];
+                for (r, m) in d.merges.iter().enumerate() {
+                    let partner = i ^ (1 << r);
+                    let transfer = backend
+                        .prepare_transfer(&sums[r], merge, m.context(), &devs[partner].ctx)?
+                        .ok_or_else(|| {
+                            Error::Usage(format!("{} is not on a device", sums[r].name()))
+                        })?;
+                    let job = RoundJob {
+                        description: format!(
+                            "exchange round {} of {} with {}",
+                            r + 1,
+                            d.device.name(),
+                            devs[partner].device.name()
+                        )
+                        .into(),
+                        partner: devs[partner].device.clone(),
+                        transfer,
+                        merge: m.clone(),
+                        update: (r + 1 == d.merges.len()).then(|| d.update.clone()),
+                    };
+                    mine.push((partner, Arc::new(job)));
+                }
+                rounds.push(mine);
+            }
+            return Ok(Plan {
+                devs,
+                slot,
+                step,
+                merges: vec![],
+                leaders: vec![0],
+                all_reduce: None,
+                copies: vec![],
+                exchange: Some(Exchange { parity, rounds }),
+            });
+        }
         let ranks = backend.num_ranks().max(1);
         let group = devs.len() / ranks;
         let leaders: Vec<usize> = (0..ranks).map(|r| r * group).collect();
@@ -315,11 +427,11 @@ impl Plan {
                     let (to, from) = (base + local, base + local + stride);
                     let (dt, df) = (&devs[to], &devs[from]);
                     let t = backend
-                        .prepare_transfer(grads, merge, dt.merge.context(), &df.ctx)?
+                        .prepare_transfer(grads, merge, dt.merges[0].context(), &df.ctx)?
                         .ok_or_else(|| {
                             Error::Usage(format!("gradients {} are not on a device", grads.name()))
                         })?;
-                    let work = (t, dt.merge.clone());
+                    let work = (t, dt.merges[0].clone());
                     merges.push(MergeJob {
                         to,
                         from,
@@ -364,7 +476,45 @@ impl Plan {
             leaders,
             all_reduce,
             copies,
+            exchange: None,
         })
+    }
+
+    /// Schedules step `s` on batch `k` with the exchange ([`Exchange`]): every device computes
+    /// its gradients, then in each round waits for its partner's previous round (an event
+    /// recorded after it was scheduled) and adds the partner's sum to its own, then updates.
+    fn schedule_exchange(
+        &self,
+        x: &Exchange,
+        backend: &dyn Backend,
+        k: usize,
+        s: usize,
+    ) -> Result<()> {
+        let devs = &self.devs;
+        let n_dev = devs.len();
+        let parity = (s % 2) as i64;
+        for (i, d) in devs.iter().enumerate() {
+            let b = d.grad.bindings();
+            b.set_symbol(&self.slot, (k * n_dev + i) as i64)?;
+            b.set_symbol(&x.parity, parity)?;
+            d.grad.schedule()?;
+        }
+        let rounds = x.rounds.first().map_or(0, Vec::len);
+        let mut done = vec![0u64; n_dev];
+        for r in 0..rounds {
+            for (d, end) in devs.iter().zip(done.iter_mut()) {
+                *end = d.device.queue_end();
+            }
+            for (i, d) in devs.iter().enumerate() {
+                let (partner, job) = &x.rounds[i][r];
+                job.merge.bindings().set_symbol(&x.parity, parity)?;
+                if let Some(u) = &job.update {
+                    u.bindings().set_symbol(&self.step, s as i64)?;
+                }
+                backend.schedule(&d.device, job.task(done[*partner]))?;
+            }
+        }
+        Ok(())
     }
 
     /// Schedules training step `s` on batch `k` of the epoch (module documentation),
@@ -380,6 +530,9 @@ impl Plan {
     /// One task per device and phase: the transfers and merge routines of a merge, and the
     /// copies of the parameters, run inside one task.
     fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
+        if let Some(x) = &self.exchange {
+            return self.schedule_exchange(x, backend, k, s);
+        }
         let devs = &self.devs;
         let n_dev = devs.len();
         // 1. Gradients of every slice.
@@ -534,14 +687,6 @@ pub fn train(
     let slot = StaticSymbol::new("slot", Some(slots));
     let step = StaticSymbol::new("step", Some(steps));
     let bindings = Bindings(vec![slot.clone(), step.clone()]);
-    let record = Assignments::AccumUnop {
-        initialize_neutral: false,
-        accum: Binop::Arg2,
-        op: Unop::Identity,
-        lhs: history.clone(),
-        rhs: Buffer::Node(loss.clone()),
-        projections: einsum::projections("0->{step}", history.dims(), &[loss.dims()], &bindings)?,
-    };
 
     // Fusion buffers: the gradients and the loss travel between devices as one tensor, and
     // so do the parameters, so a merge is one transfer and one routine, and a parameter copy
@@ -554,25 +699,120 @@ pub fn train(
             .collect::<Vec<_>>(),
     )?;
     let params = Bucket::on_device(&["params"], &mlp.params())?;
-    let names: Vec<String> = ["grad", "merge_grads", "sgd_update", "infer", "pack_params"]
+    // The exchange (see `Exchange`) on one rank with a power of two of devices; else the
+    // tree. Its tensors: the gradients packed into a row per step parity, then one sum per
+    // round (two rows each, but for the last, which only this device reads).
+    let rounds = n_dev.trailing_zeros() as usize;
+    let exchange = (ranks == 1 && n_dev > 1 && n_dev.is_power_of_two()).then(|| {
+        let parity = StaticSymbol::new("parity", Some(2));
+        let n = grads.flat().dims()[0];
+        let sums = (0..=rounds)
+            .map(|r| {
+                let dims: &[usize] = if r < rounds { &[2, n] } else { &[n] };
+                Tnode::builder(&["grads", &format!("sum{r}")], dims, prec)
+                    .memory(MemoryMode::OnDevice)
+                    .build()
+            })
+            .collect::<Result<Vec<Tnode>>>()?;
+        Ok::<_, Error>((parity, sums))
+    });
+    let exchange = exchange.transpose()?;
+    let bindings = match &exchange {
+        Some((parity, _)) => Bindings(vec![slot.clone(), step.clone(), parity.clone()]),
+        None => bindings,
+    };
+    let mut names: Vec<String> = ["grad", "sgd_update", "infer", "pack_params"]
         .map(String::from)
         .into();
-    let code = vec![
-        Assignments::seq([
-            params.unpack()?,
-            mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
-            grads.pack()?,
-        ]),
-        Assignments::block("merge the gradients and the loss", merge_add(grads.flat())),
-        Assignments::seq([
-            grads.unpack()?,
-            mlp.sgd_routine(&lr_schedule, &step, cfg.weight_decay)?,
+    // The update unpacks the merged gradients and loss into tensors of its own (not the
+    // gradient routine's), so that the two routines share only the fused tensors and the
+    // parameters: the unpacked ones stay local to the update's code.
+    let applied = grads
+        .parts()
+        .iter()
+        .map(|(t, _)| Tnode::new(&[&t.name(), "merged"], t.dims(), prec))
+        .collect::<Result<Vec<Tnode>>>()?;
+    let update = |merged: &Tnode| -> Result<Assignments> {
+        let (merged_loss, merged_grads) = applied
+            .split_last()
+            .ok_or_else(|| Error::Usage("no gradients".into()))?;
+        let record = Assignments::AccumUnop {
+            initialize_neutral: false,
+            accum: Binop::Arg2,
+            op: Unop::Identity,
+            lhs: history.clone(),
+            rhs: Buffer::Node(merged_loss.clone()),
+            projections: einsum::projections(
+                "0->{step}",
+                history.dims(),
+                &[merged_loss.dims()],
+                &bindings,
+            )?,
+        };
+        Ok(Assignments::seq([
+            grads.unpack_from(merged, &applied)?,
+            mlp.sgd_routine_with(merged_grads, &lr_schedule, &step, cfg.weight_decay)?,
             Assignments::block("record the step's loss", record),
             params.pack()?,
-        ]),
-        mlp.infer_routine(&eval_x, &scores)?,
-        params.pack()?,
-    ];
+        ]))
+    };
+    let mut code = match &exchange {
+        Some((parity, sums)) => vec![
+            Assignments::seq([
+                params.unpack()?,
+                mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
+                grads.pack_into_row(&sums[0], parity)?,
+            ]),
+            update(&sums[rounds])?,
+        ],
+        None => vec![
+            Assignments::seq([
+                params.unpack()?,
+                mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
+                grads.pack()?,
+            ]),
+            update(grads.flat())?,
+        ],
+    };
+    code.push(mlp.infer_routine(&eval_x, &scores)?);
+    code.push(params.pack()?);
+    match &exchange {
+        Some((_, sums)) => {
+            for r in 1..=rounds {
+                let spec = if r < rounds {
+                    "{parity}i,{parity}i->{parity}i"
+                } else {
+                    "{parity}i,{parity}i->i"
+                };
+                let (from, to) = (&sums[r - 1], &sums[r]);
+                code.push(Assignments::block(
+                    &format!("exchange round {r}"),
+                    Assignments::AccumBinop {
+                        initialize_neutral: false,
+                        accum: Binop::Arg2,
+                        op: Binop::Add,
+                        lhs: to.clone(),
+                        rhs1: Buffer::Node(from.clone()),
+                        rhs2: Buffer::MergeBuffer(from.clone()),
+                        projections: einsum::projections(
+                            spec,
+                            to.dims(),
+                            &[from.dims(), from.dims()],
+                            &bindings,
+                        )?,
+                    },
+                ));
+                names.push(format!("exchange_round{r}"));
+            }
+        }
+        None => {
+            code.push(Assignments::block(
+                "merge the gradients and the loss",
+                merge_add(grads.flat()),
+            ));
+            names.push("merge_grads".into());
+        }
+    }
 
     let t0 = Instant::now();
     let batch = backend.compile_batch(true, Some(&names), None, &bindings, &code)?;
@@ -592,14 +832,20 @@ pub fn train(
             .zip(&names)
             .map(|(r, n)| r.ok_or_else(|| Error::Usage(format!("routine {n} was not linked"))))
             .collect::<Result<Vec<Routine>>>()?;
-        let [grad, merge, update, infer, pack_params]: [Routine; 5] =
-            rs.try_into().map_err(|_| {
-                Error::Usage("compile_batch returned the wrong number of routines".into())
-            })?;
+        let mut rs = rs.into_iter();
+        let mut next = || {
+            rs.next()
+                .ok_or_else(|| Error::Usage("compile_batch returned too few routines".into()))
+        };
+        let (grad, update, infer, pack_params) = (next()?, next()?, next()?, next()?);
+        let merges: Vec<Routine> = rs.collect();
         let mut initial = vec![&data_x, &data_t];
         initial.extend(&layer_params);
+        if i % group == 0 || exchange.is_some() {
+            initial.push(&lr_schedule);
+        }
         if i % group == 0 {
-            initial.extend([&lr_schedule, &eval_x]);
+            initial.push(&eval_x);
         }
         for tn in initial {
             if !backend.from_host(&ctx, tn)? {
@@ -612,7 +858,7 @@ pub fn train(
             device,
             ctx,
             grad,
-            merge,
+            merges,
             update,
             infer,
         });
@@ -627,6 +873,7 @@ pub fn train(
         grads.flat(),
         params.flat(),
         cfg.merge,
+        exchange,
     )?;
     let devs = &plan.devs;
     let setup_time = t0.elapsed();
