@@ -188,21 +188,6 @@ impl Routine {
     pub fn run_in_task(&self) -> Result<()> {
         self.0.run_with(&self.0.bindings.values())
     }
-
-    /// [`run_in_task`](Routine::run_in_task) with these static-index values (in the order of
-    /// [`bindings`](Routine::bindings)) instead of the current ones: for work that captured
-    /// them when it was scheduled.
-    pub(crate) fn run_in_task_with(&self, values: &[i64]) -> Result<()> {
-        if values.len() != self.0.bindings.symbols().count() {
-            return Err(Error::Usage(format!(
-                "routine {}: {} static-index values for {} static indices",
-                self.0.name,
-                values.len(),
-                self.0.bindings.symbols().count()
-            )));
-        }
-        self.0.run_with(values)
-    }
 }
 
 impl Runnable for RoutineInner {

@@ -17,6 +17,8 @@
 //! and a wait for it is scheduled after it, so on the same queue those tasks come first.
 
 use super::buffer::{BufferPtr, DeviceBuffer};
+use super::counter::{spin_until, Counter};
+pub use super::counter::{DONE_SPIN, FAR_AHEAD};
 use super::task::{MergeBuffer, Task};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
@@ -25,7 +27,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How many tasks a device queue holds before `schedule` blocks (back-pressure).
 pub const QUEUE_CAPACITY: usize = 1024;
@@ -38,44 +40,11 @@ pub const WORKER_STACK_BYTES: usize = 8 << 20;
 /// How long an idle worker waits for new work without parking (see `spin_until`).
 pub const WORK_SPIN: Duration = Duration::from_micros(50);
 
-/// How long a thread waiting for a device (an await, or a device waiting for another
-/// device's event) waits without parking (see `spin_until`).
-pub const DONE_SPIN: Duration = Duration::from_micros(50);
-
-/// A wait for a point more than this many tasks ahead of a queue's progress parks at once
-/// instead of spinning first: it is long, and a spinning waiter would take core time from
-/// the workers it waits for.
-pub const FAR_AHEAD: u64 = 8;
-
 pub(crate) static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
 static NEXT_QUEUE: AtomicUsize = AtomicUsize::new(1);
 
 /// `DeviceBuffer::owner` of a buffer accessed by several queues.
 const SHARED_OWNER: usize = usize::MAX;
-
-/// Waits for `ready()` without parking for at most `budget`, yielding the core between checks:
-/// a thread that wants the core (perhaps the one we wait for, when there are more threads
-/// than cores) runs first, and on an idle core a check comes every few hundred nanoseconds.
-/// Returns whether `ready()` became true.
-///
-/// Busy-spinning (`spin_loop` without yielding) was measured and rejected: on a machine whose
-/// cores are shared with other processes, the thread waited for is often not running, and a
-/// busy spinner keeps it off the core for the whole budget.
-fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
-    if ready() {
-        return true;
-    }
-    let start = Instant::now();
-    loop {
-        if start.elapsed() >= budget {
-            return ready();
-        }
-        std::thread::yield_now();
-        if ready() {
-            return true;
-        }
-    }
-}
 
 /// A physical device.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -186,16 +155,10 @@ struct Shared {
     work: Condvar,
     /// Tasks accepted so far (incremented with the push, under `pending`'s lock).
     scheduled: AtomicU64,
-    /// Tasks finished so far (by the worker, in order).
-    completed: AtomicU64,
+    /// Tasks finished so far (by the worker, in order), and the threads waiting for them.
+    completed: Counter,
     /// Mirrors `Pending::closed`, for the spinning worker.
     closed: AtomicBool,
-    /// Threads waiting for `completed` to grow park here.
-    done: Mutex<()>,
-    done_cv: Condvar,
-    /// The smallest `completed` count a thread parked on `done_cv` waits for (`u64::MAX`
-    /// when none): completions below it wake nobody.
-    wake_at: AtomicU64,
     /// Set by `unsafe_cleanup`.
     invalid: AtomicBool,
 }
@@ -208,47 +171,24 @@ impl Shared {
             pending: Mutex::new(Pending::default()),
             work: Condvar::new(),
             scheduled: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
+            completed: Counter::new(),
             closed: AtomicBool::new(false),
-            done: Mutex::new(()),
-            done_cv: Condvar::new(),
-            wake_at: AtomicU64::new(u64::MAX),
             invalid: AtomicBool::new(false),
         }
     }
 
     /// Counts `n` more tasks as finished and wakes the threads waiting for them.
     fn complete(&self, n: u64) {
-        let done = self.completed.fetch_add(n, Ordering::SeqCst) + n;
-        if done >= self.wake_at.load(Ordering::SeqCst) {
-            // A waiter holds the lock from lowering `wake_at` until it parks: taking it here
-            // means every such waiter is parked (or saw the new count), so no notification is
-            // lost. Woken waiters that still need to wait lower `wake_at` again.
-            let g = lock(&self.done);
-            self.wake_at.store(u64::MAX, Ordering::SeqCst);
-            drop(g);
-            self.done_cv.notify_all();
-        }
+        self.completed.advance(n);
     }
 
     fn is_complete(&self, target: u64) -> bool {
-        self.completed.load(Ordering::Acquire) >= target
+        self.completed.reached(target)
     }
 
     /// Blocks until `completed >= target`: spins, then parks.
     fn wait_until(&self, target: u64) {
-        let ahead = target.saturating_sub(self.completed.load(Ordering::Acquire));
-        if ahead <= FAR_AHEAD && spin_until(DONE_SPIN, || self.is_complete(target)) {
-            return;
-        }
-        let mut g = lock(&self.done);
-        loop {
-            self.wake_at.fetch_min(target, Ordering::SeqCst);
-            if self.completed.load(Ordering::SeqCst) >= target {
-                return;
-            }
-            g = self.done_cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        self.completed.wait_until(target, DONE_SPIN);
     }
 
     /// The first failure of `failures` since the last report (and forgets it), or an error
@@ -314,7 +254,7 @@ impl Shared {
                     drop(p);
                     // Everything taken so far is finished: new work shows as `scheduled`
                     // moving past `completed`.
-                    let done = sh.completed.load(Ordering::Relaxed);
+                    let done = sh.completed.get();
                     spin_until(WORK_SPIN, || {
                         sh.scheduled.load(Ordering::Acquire) != done
                             || sh.closed.load(Ordering::Acquire)
@@ -581,7 +521,7 @@ impl Device {
         }
         // Back-pressure: wait for room.
         let s = sh.scheduled.load(Ordering::Relaxed);
-        if s.saturating_sub(sh.completed.load(Ordering::Acquire)) >= QUEUE_CAPACITY as u64 {
+        if s.saturating_sub(sh.completed.get()) >= QUEUE_CAPACITY as u64 {
             sh.wait_until(s + 1 - QUEUE_CAPACITY as u64);
         }
         let mut p = lock(&sh.pending);
@@ -725,18 +665,6 @@ impl Device {
         }
     }
 
-    /// The position of the current end of the queue (what [`Device::event`] records),
-    /// for work that waits with [`Device::wait_completed`] without holding an event.
-    pub(crate) fn queue_end(&self) -> u64 {
-        self.shared().scheduled.load(Ordering::Acquire)
-    }
-
-    /// Blocks until the tasks of the queue up to position `target` (from
-    /// [`Device::queue_end`]) have finished, as [`Event::wait`] does.
-    pub(crate) fn wait_completed(&self, target: u64) {
-        self.shared().wait_until(target);
-    }
-
     /// Makes the tasks scheduled on this device from now on wait until `event` (usually of
     /// another device) is complete, without blocking the caller: schedules a task that waits
     /// (nothing when the event is already complete). Returns an earlier failure on this
@@ -770,7 +698,7 @@ impl Device {
         loop {
             let s = sh.scheduled.load(Ordering::Acquire);
             sh.wait_until(s);
-            if sh.completed.load(Ordering::Acquire) >= sh.scheduled.load(Ordering::Acquire) {
+            if sh.completed.get() >= sh.scheduled.load(Ordering::Acquire) {
                 break;
             }
         }
@@ -860,7 +788,7 @@ impl Device {
     /// Number of tasks scheduled and not finished.
     pub fn pending(&self) -> usize {
         let sh = self.shared();
-        let done = sh.completed.load(Ordering::Acquire);
+        let done = sh.completed.get();
         sh.scheduled.load(Ordering::Acquire).saturating_sub(done) as usize
     }
 }

@@ -4,6 +4,7 @@
 pub mod buffer;
 pub mod cc;
 pub mod context;
+pub mod counter;
 pub mod device;
 pub mod devices;
 #[cfg(feature = "mpi")]
@@ -15,6 +16,7 @@ pub mod task;
 pub use buffer::{BufferPtr, DeviceBuffer};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
 pub use context::Context;
+pub use counter::Progress;
 pub use device::{Device, Event, PhysicalDevice};
 pub use devices::{
     backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer,

@@ -43,6 +43,8 @@ pub struct Mlp {
     sizes: Vec<usize>,
     prec: Prec,
     layers: Vec<Layer>,
+    /// The initial values of every parameter, in the order of [`Mlp::params`].
+    initial: Vec<Vec<f64>>,
 }
 
 /// The assignments of a forward pass and the nodes they compute.
@@ -131,6 +133,24 @@ impl Mlp {
     ///
     /// [`Error::Usage`] when there are fewer than two sizes or a size is zero.
     pub fn new(sizes: &[usize], prec: Prec, seed: u64) -> Result<Mlp> {
+        Mlp::build(sizes, prec, seed, true)
+    }
+
+    /// Like [`new`](Mlp::new), with parameters and gradients that are not kept in memory of
+    /// their own: each routine computes the ones it reads (typically by unpacking a
+    /// [`Bucket`](super::Bucket) holding all the parameters, the only state between steps),
+    /// so they stay local to its code and cost a run no buffer. The initial values are in
+    /// [`initial_values`](Mlp::initial_values); read a trained model back with
+    /// [`host_model_from`](Mlp::host_model_from).
+    ///
+    /// # Errors
+    ///
+    /// As for [`new`](Mlp::new).
+    pub fn new_unstored(sizes: &[usize], prec: Prec, seed: u64) -> Result<Mlp> {
+        Mlp::build(sizes, prec, seed, false)
+    }
+
+    fn build(sizes: &[usize], prec: Prec, seed: u64, stored: bool) -> Result<Mlp> {
         if sizes.len() < 2 || sizes.contains(&0) {
             return Err(Error::Usage(format!(
                 "an MLP needs at least two layer sizes, all positive; got {sizes:?}"
@@ -138,38 +158,100 @@ impl Mlp {
         }
         let mut rng = Rng::new(seed);
         let mut layers = vec![];
+        let mut initial = vec![];
         for l in 0..sizes.len() - 1 {
             let (ins, outs) = (sizes[l], sizes[l + 1]);
             let a = (6.0 / ins as f64).sqrt();
             let values: Vec<f64> = (0..ins * outs).map(|_| rng.range(-a, a)).collect();
             let wl = format!("w{}", l + 1);
             let bl = format!("b{}", l + 1);
-            let w = Tnode::builder(&[&wl], &[ins, outs], prec)
-                .init(InitOp::ConstantFill {
-                    values,
-                    strict: true,
-                })
-                .memory(MemoryMode::Materialized)
-                .build()?;
-            let b = Tnode::builder(&[&bl], &[outs], prec)
-                .init(InitOp::ConstantFill {
-                    values: vec![0.0],
-                    strict: false,
-                })
-                .memory(MemoryMode::Materialized)
-                .build()?;
-            let gw = Tnode::builder(&[&wl, "grad"], &[ins, outs], prec)
-                .memory(MemoryMode::OnDevice)
-                .build()?;
-            let gb = Tnode::builder(&[&bl, "grad"], &[outs], prec)
-                .memory(MemoryMode::OnDevice)
-                .build()?;
+            let (w, b, gw, gb) = if stored {
+                (
+                    Tnode::builder(&[&wl], &[ins, outs], prec)
+                        .init(InitOp::ConstantFill {
+                            values: values.clone(),
+                            strict: true,
+                        })
+                        .memory(MemoryMode::Materialized)
+                        .build()?,
+                    Tnode::builder(&[&bl], &[outs], prec)
+                        .init(InitOp::ConstantFill {
+                            values: vec![0.0],
+                            strict: false,
+                        })
+                        .memory(MemoryMode::Materialized)
+                        .build()?,
+                    Tnode::builder(&[&wl, "grad"], &[ins, outs], prec)
+                        .memory(MemoryMode::OnDevice)
+                        .build()?,
+                    Tnode::builder(&[&bl, "grad"], &[outs], prec)
+                        .memory(MemoryMode::OnDevice)
+                        .build()?,
+                )
+            } else {
+                (
+                    Tnode::new(&[&wl], &[ins, outs], prec)?,
+                    Tnode::new(&[&bl], &[outs], prec)?,
+                    Tnode::new(&[&wl, "grad"], &[ins, outs], prec)?,
+                    Tnode::new(&[&bl, "grad"], &[outs], prec)?,
+                )
+            };
+            initial.push(values);
+            initial.push(vec![0.0; outs]);
             layers.push(Layer { w, b, gw, gb });
         }
         Ok(Mlp {
             sizes: sizes.to_vec(),
             prec,
             layers,
+            initial,
+        })
+    }
+
+    /// The initial values of every parameter, in the order of [`params`](Mlp::params),
+    /// row-major.
+    pub fn initial_values(&self) -> &[Vec<f64>] {
+        &self.initial
+    }
+
+    /// The model whose parameters, in the order of [`params`](Mlp::params), row-major, are
+    /// laid one after another in `flat` (e.g. the host values of a parameter bucket).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Usage`] when `flat` does not have exactly one value per parameter cell.
+    pub fn host_model_from(&self, flat: &[f64]) -> Result<HostMlp> {
+        let mut rest = flat;
+        let mut take = |t: &Tnode| -> Result<Vec<f64>> {
+            let n = t.dims().iter().product::<usize>();
+            if rest.len() < n {
+                return Err(Error::Usage(format!(
+                    "{} values for the parameters of an MLP {:?}",
+                    flat.len(),
+                    self.sizes
+                )));
+            }
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            Ok(head.to_vec())
+        };
+        let mut weights = vec![];
+        let mut biases = vec![];
+        for l in &self.layers {
+            weights.push(take(&l.w)?);
+            biases.push(take(&l.b)?);
+        }
+        if !rest.is_empty() {
+            return Err(Error::Usage(format!(
+                "{} values for the parameters of an MLP {:?}",
+                flat.len(),
+                self.sizes
+            )));
+        }
+        Ok(HostMlp {
+            sizes: self.sizes.clone(),
+            weights,
+            biases,
         })
     }
 

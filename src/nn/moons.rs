@@ -53,9 +53,9 @@
 //! ```
 
 use super::{merge_add, Bucket, Mlp, Rng};
-use crate::backend::task::{Runnable, StaticValues};
 use crate::backend::{
-    Backend, Config, Context, Device, Event, MergeBufferUse, Routine, Task, Transfer,
+    Backend, BufferPtr, Config, Context, Device, Event, MergeBufferUse, Progress, Routine, Task,
+    Transfer,
 };
 use crate::error::{Error, Result};
 use crate::ir::einsum;
@@ -288,7 +288,7 @@ struct Plan {
     all_reduce: Option<(Vec<Tnode>, Vec<Context>)>,
     copies: Vec<CopyJob>,
     /// Instead of the tree, merges and copies: the exchange (see [`Exchange`]).
-    exchange: Option<Exchange>,
+    exchange: Option<Arc<Exchange>>,
 }
 
 /// The recursive-doubling exchange, used on one rank when the number of devices is a power
@@ -304,18 +304,91 @@ struct Plan {
 /// follows the partner's read (its wait for the partner's next-step value, which the partner
 /// computes after reading), and each round needs one wait: for the partner's previous round.
 struct Exchange {
+    slot: StaticSymbol,
+    step: StaticSymbol,
     parity: StaticSymbol,
+    /// Per device, the gradient routine.
+    grads: Vec<Routine>,
     /// Per device, per round: the partner and the round's work.
-    rounds: Vec<Vec<(usize, Arc<RoundJob>)>>,
+    rounds: Vec<Vec<(usize, RoundJob)>>,
 }
 
-/// A round of the exchange on one device, prepared once: its tasks hold one reference to it
-/// and the values captured when scheduled (`[partner's queue position, the merge routine's
-/// static indices..., the update's...]`), so scheduling one allocates nothing and moves one
-/// reference count between the cores.
+impl Exchange {
+    /// Runs the whole training of the devices `members` (which share one queue) with the
+    /// exchange ([`Exchange`]), as one task on their queue: for each step, the gradients of
+    /// every member, then each round of every member (waiting for the partner's previous
+    /// stage through its [`Progress`]), the last with the update. `progress[i]` counts device
+    /// `i`'s finished stages (`rounds + 1` per step); device 0 also copies the loss history
+    /// to the host at the end of each epoch and advances `epochs`. On any failure (or panic)
+    /// every count fails, so that no device and not the host waits forever.
+    fn run_group(&self, run: &Run, members: &[usize]) -> Result<()> {
+        struct FailOnExit<'a>(&'a Run, bool);
+        impl Drop for FailOnExit<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.progress.iter().for_each(Progress::fail);
+                    self.0.epochs.fail();
+                }
+            }
+        }
+        let mut exit = FailOnExit(run, false);
+        let x = self;
+        let n_dev = self.grads.len();
+        let rounds = x.rounds.first().map_or(0, Vec::len);
+        let stages = rounds as u64 + 1;
+        for (s, &k) in run.order.iter().enumerate() {
+            let parity = (s % 2) as i64;
+            for &i in members {
+                let g = &self.grads[i];
+                g.bindings()
+                    .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
+                g.bindings().set_symbol(&x.parity, parity)?;
+                part(g.name(), g.run_in_task())?;
+                run.progress[i].advance();
+            }
+            for r in 0..rounds {
+                for &i in members {
+                    let (partner, job) = &x.rounds[i][r];
+                    run.progress[*partner].wait_for(s as u64 * stages + r as u64 + 1)?;
+                    part(&job.description, job.transfer.run())?;
+                    job.merge.bindings().set_symbol(&x.parity, parity)?;
+                    part(&job.description, job.merge.run_in_task())?;
+                    if let Some(u) = &job.update {
+                        u.bindings().set_symbol(&self.step, s as i64)?;
+                        part(u.name(), u.run_in_task())?;
+                    }
+                    run.progress[i].advance();
+                }
+            }
+            if members.contains(&0) && (s + 1) % run.per_epoch == 0 {
+                run.history
+                    .with_host_mut(|a| run.history_buffer.read_ndarray(a))
+                    .unwrap_or(Ok(()))?;
+                run.epochs.advance();
+            }
+        }
+        exit.1 = true;
+        Ok(())
+    }
+}
+
+/// What the device programs of the exchange share (see `Exchange::run_group`).
+struct Run {
+    /// The batch of each step.
+    order: Vec<usize>,
+    per_epoch: usize,
+    /// Per device, its finished stages.
+    progress: Vec<Progress>,
+    /// Epochs whose loss history device 0 has copied to the host.
+    epochs: Progress,
+    history: Tnode,
+    /// Device 0's buffer of the loss history.
+    history_buffer: BufferPtr,
+}
+
+/// A round of the exchange on one device.
 struct RoundJob {
-    description: Arc<str>,
-    partner: Device,
+    description: String,
     /// The transfer of the partner's previous sum into this device's merge buffer.
     transfer: Transfer,
     /// Adds it to this device's previous sum.
@@ -324,39 +397,18 @@ struct RoundJob {
     update: Option<Routine>,
 }
 
-impl RoundJob {
-    /// The task waiting for the partner's queue to reach `partner_done`, with the routines'
-    /// static indices as set now.
-    fn task(self: &Arc<Self>, partner_done: u64) -> Task {
-        let values = StaticValues::collect(
-            std::iter::once(partner_done as i64)
-                .chain(self.merge.bindings().iter_values())
-                .chain(self.update.iter().flat_map(|u| u.bindings().iter_values())),
-        );
-        let job: Arc<dyn Runnable> = self.clone();
-        Task::shared(self.description.clone(), job, values)
-    }
-}
-
-impl Runnable for RoundJob {
-    fn run_with(&self, values: &[i64]) -> Result<()> {
-        let (&target, rest) = values
-            .split_first()
-            .ok_or_else(|| Error::Usage(format!("{}: no values", self.description)))?;
-        let n = self.merge.bindings().symbols().count().min(rest.len());
-        let (mine, theirs) = rest.split_at(n);
-        self.partner.wait_completed(target as u64);
-        part(self.transfer.description(), self.transfer.run())?;
-        self.merge.run_in_task_with(mine)?;
-        match &self.update {
-            Some(u) => u.run_in_task_with(theirs),
-            None => Ok(()),
+/// The devices by queue: those sharing a physical device's worker, and those without a
+/// worker (which run tasks on the scheduling thread) all together. In device order.
+fn queue_groups(devs: &[Dev]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Option<usize>, Vec<usize>)> = vec![];
+    for (i, d) in devs.iter().enumerate() {
+        let key = d.device.has_worker().then(|| d.device.physical().ordinal());
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((key, vec![i])),
         }
     }
-
-    fn check(&self) -> Result<()> {
-        self.merge.context().check_live()
-    }
+    groups.into_iter().map(|(_, g)| g).collect()
 }
 
 /// Runs a transfer or a routine of a job, naming it in a failure.
@@ -391,17 +443,22 @@ impl Plan {
                             r + 1,
                             d.device.name(),
                             devs[partner].device.name()
-                        )
-                        .into(),
-                        partner: devs[partner].device.clone(),
+                        ),
                         transfer,
                         merge: m.clone(),
                         update: (r + 1 == d.merges.len()).then(|| d.update.clone()),
                     };
-                    mine.push((partner, Arc::new(job)));
+                    mine.push((partner, job));
                 }
                 rounds.push(mine);
             }
+            let exchange = Arc::new(Exchange {
+                slot: slot.clone(),
+                step: step.clone(),
+                parity,
+                grads: devs.iter().map(|d| d.grad.clone()).collect(),
+                rounds,
+            });
             return Ok(Plan {
                 devs,
                 slot,
@@ -410,7 +467,7 @@ impl Plan {
                 leaders: vec![0],
                 all_reduce: None,
                 copies: vec![],
-                exchange: Some(Exchange { parity, rounds }),
+                exchange: Some(exchange),
             });
         }
         let ranks = backend.num_ranks().max(1);
@@ -480,43 +537,6 @@ impl Plan {
         })
     }
 
-    /// Schedules step `s` on batch `k` with the exchange ([`Exchange`]): every device computes
-    /// its gradients, then in each round waits for its partner's previous round (an event
-    /// recorded after it was scheduled) and adds the partner's sum to its own, then updates.
-    fn schedule_exchange(
-        &self,
-        x: &Exchange,
-        backend: &dyn Backend,
-        k: usize,
-        s: usize,
-    ) -> Result<()> {
-        let devs = &self.devs;
-        let n_dev = devs.len();
-        let parity = (s % 2) as i64;
-        for (i, d) in devs.iter().enumerate() {
-            let b = d.grad.bindings();
-            b.set_symbol(&self.slot, (k * n_dev + i) as i64)?;
-            b.set_symbol(&x.parity, parity)?;
-            d.grad.schedule()?;
-        }
-        let rounds = x.rounds.first().map_or(0, Vec::len);
-        let mut done = vec![0u64; n_dev];
-        for r in 0..rounds {
-            for (d, end) in devs.iter().zip(done.iter_mut()) {
-                *end = d.device.queue_end();
-            }
-            for (i, d) in devs.iter().enumerate() {
-                let (partner, job) = &x.rounds[i][r];
-                job.merge.bindings().set_symbol(&x.parity, parity)?;
-                if let Some(u) = &job.update {
-                    u.bindings().set_symbol(&self.step, s as i64)?;
-                }
-                backend.schedule(&d.device, job.task(done[*partner]))?;
-            }
-        }
-        Ok(())
-    }
-
     /// Schedules training step `s` on batch `k` of the epoch (module documentation),
     /// ordering the devices' work with events instead of awaiting them:
     /// - a merge target waits for its source's event (the source's gradients are final), so
@@ -530,9 +550,6 @@ impl Plan {
     /// One task per device and phase: the transfers and merge routines of a merge, and the
     /// copies of the parameters, run inside one task.
     fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
-        if let Some(x) = &self.exchange {
-            return self.schedule_exchange(x, backend, k, s);
-        }
         let devs = &self.devs;
         let n_dev = devs.len();
         // 1. Gradients of every slice.
@@ -659,7 +676,9 @@ pub fn train(
     let used = per_epoch * cfg.batch;
 
     // The model and the tensors resident on the devices.
-    let mlp = Mlp::new(&[2, cfg.hidden, cfg.hidden, 1], prec, cfg.seed)?;
+    // Parameters and gradients live in fusion buffers only (see below): the routines unpack
+    // what they read, so the per-layer tensors stay local to their code.
+    let mlp = Mlp::new_unstored(&[2, cfg.hidden, cfg.hidden, 1], prec, cfg.seed)?;
     let xs: Vec<f64> = data.points[..used].iter().flatten().copied().collect();
     let data_x = hosted(&["moons", "x"], &[slots, m, 2], prec, xs)?;
     let data_t = hosted(
@@ -679,9 +698,7 @@ pub fn train(
         data.points.iter().flatten().copied().collect(),
     )?;
     let scores = Tnode::hosted(&["scores"], &[data.len(), 1], prec)?;
-    let loss = Tnode::builder(&["loss"], &[1], prec)
-        .memory(MemoryMode::OnDevice)
-        .build()?;
+    let loss = Tnode::new(&["loss"], &[1], prec)?;
     let history = Tnode::hosted(&["loss_history"], &[steps], prec)?;
 
     let slot = StaticSymbol::new("slot", Some(slots));
@@ -690,7 +707,8 @@ pub fn train(
 
     // Fusion buffers: the gradients and the loss travel between devices as one tensor, and
     // so do the parameters, so a merge is one transfer and one routine, and a parameter copy
-    // one transfer, whatever the number of layers.
+    // one transfer, whatever the number of layers. The parameters' bucket is the model's only
+    // state: it starts from the host (the initial values) and ends there.
     let grads = Bucket::on_device(
         &["grads"],
         &mlp.grads()
@@ -698,7 +716,10 @@ pub fn train(
             .chain([loss.clone()])
             .collect::<Vec<_>>(),
     )?;
-    let params = Bucket::on_device(&["params"], &mlp.params())?;
+    let params = Bucket::hosted(&["params"], &mlp.params())?;
+    params
+        .flat()
+        .set_host_values(&mlp.initial_values().concat())?;
     // The exchange (see `Exchange`) on one rank with a power of two of devices; else the
     // tree. Its tensors: the gradients packed into a row per step parity, then one sum per
     // round (two rows each, but for the last, which only this device reads).
@@ -721,9 +742,7 @@ pub fn train(
         Some((parity, _)) => Bindings(vec![slot.clone(), step.clone(), parity.clone()]),
         None => bindings,
     };
-    let mut names: Vec<String> = ["grad", "sgd_update", "infer", "pack_params"]
-        .map(String::from)
-        .into();
+    let mut names: Vec<String> = ["grad", "sgd_update", "infer"].map(String::from).into();
     // The update unpacks the merged gradients and loss into tensors of its own (not the
     // gradient routine's), so that the two routines share only the fused tensors and the
     // parameters: the unpacked ones stay local to the update's code.
@@ -750,6 +769,7 @@ pub fn train(
             )?,
         };
         Ok(Assignments::seq([
+            params.unpack()?,
             grads.unpack_from(merged, &applied)?,
             mlp.sgd_routine_with(merged_grads, &lr_schedule, &step, cfg.weight_decay)?,
             Assignments::block("record the step's loss", record),
@@ -774,8 +794,10 @@ pub fn train(
             update(grads.flat())?,
         ],
     };
-    code.push(mlp.infer_routine(&eval_x, &scores)?);
-    code.push(params.pack()?);
+    code.push(Assignments::seq([
+        params.unpack()?,
+        mlp.infer_routine(&eval_x, &scores)?,
+    ]));
     match &exchange {
         Some((_, sums)) => {
             for r in 1..=rounds {
@@ -821,7 +843,6 @@ pub fn train(
     // Devices, contexts, routines, initial copies.
     let t0 = Instant::now();
     let mut devs: Vec<Dev> = vec![];
-    let layer_params = mlp.params();
     for i in 0..n_dev {
         let physical = backend.get_device(backend.placement(i, n_dev))?;
         let device = backend.new_virtual_device(&physical)?;
@@ -837,10 +858,10 @@ pub fn train(
             rs.next()
                 .ok_or_else(|| Error::Usage("compile_batch returned too few routines".into()))
         };
-        let (grad, update, infer, pack_params) = (next()?, next()?, next()?, next()?);
+        let (grad, update, infer) = (next()?, next()?, next()?);
         let merges: Vec<Routine> = rs.collect();
-        let mut initial = vec![&data_x, &data_t];
-        initial.extend(&layer_params);
+        let initial_params = params.flat();
+        let mut initial = vec![&data_x, &data_t, initial_params];
         if i % group == 0 || exchange.is_some() {
             initial.push(&lr_schedule);
         }
@@ -852,8 +873,6 @@ pub fn train(
                 return usage(format!("tensor {} is not on device {i}", tn.name()));
             }
         }
-        // The gradient routine starts from the parameters' fusion buffer.
-        pack_params.schedule()?;
         devs.push(Dev {
             device,
             ctx,
@@ -878,48 +897,103 @@ pub fn train(
     let devs = &plan.devs;
     let setup_time = t0.elapsed();
 
-    // Training: the host only schedules; devices order their work among themselves with
-    // events, so the host runs ahead of them (up to the queues' capacity) and waits only
-    // for the loss history at the end of each epoch, one epoch late.
     let mut phases = PhaseTimes::default();
     let mut waiting = Duration::ZERO;
     let mut epoch_losses = vec![];
     let mut order_rng = Rng::new(cfg.seed.wrapping_mul(0x9E37_79B9).wrapping_add(7));
-    let mut s = 0usize;
-    // The epoch whose loss history is on its way to the host, and the event after the copy.
-    let mut readback: Option<(usize, Event)> = None;
+    let mut record_epoch = |e: usize, phases: &mut PhaseTimes, t: Instant| -> Result<()> {
+        let values = history
+            .host_values()
+            .ok_or_else(|| Error::Usage("the loss history is not hosted".into()))?;
+        let epoch_steps = values
+            .get(e * per_epoch..(e + 1) * per_epoch)
+            .ok_or_else(|| Error::Usage("the loss history is too short".into()))?;
+        let mean = epoch_steps.iter().sum::<f64>() / per_epoch as f64;
+        epoch_losses.push(mean);
+        phases.loss_readback += t.elapsed();
+        on_epoch(e + 1, mean);
+        Ok(())
+    };
     let t_train = Instant::now();
-    for epoch in 0..=cfg.epochs {
-        if epoch < cfg.epochs {
-            let t = Instant::now();
-            for k in order_rng.permutation(per_epoch) {
-                plan.schedule_step(backend, k, s)?;
-                s += 1;
-            }
-            phases.scheduling += t.elapsed();
+    if let Some(x) = &plan.exchange {
+        // The exchange runs as one program per queue (see `Plan::run_group`): the host
+        // schedules it once and sleeps until each epoch's loss history is on the host.
+        let t = Instant::now();
+        let order: Vec<usize> = (0..cfg.epochs)
+            .flat_map(|_| order_rng.permutation(per_epoch))
+            .collect();
+        let history_buffer = devs[0]
+            .ctx
+            .get_buffer(&history)
+            .ok_or_else(|| Error::Usage("the loss history is not on device 0".into()))?;
+        let run = Arc::new(Run {
+            order,
+            per_epoch,
+            progress: devs
+                .iter()
+                .map(|d| Progress::new(format!("the training on {}", d.device.name())))
+                .collect(),
+            epochs: Progress::new("the loss history of device 0"),
+            history: history.clone(),
+            history_buffer,
+        });
+        for members in queue_groups(devs) {
+            let (x, run) = (x.clone(), run.clone());
+            let description = format!(
+                "the training of {}",
+                members
+                    .iter()
+                    .map(|&i| devs[i].device.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            backend.schedule(
+                &devs[members[0]].device,
+                Task::new(description, move || x.run_group(&run, &members)),
+            )?;
         }
-        // The previous epoch's losses: wait for them while this epoch runs.
-        if let Some((e, ev)) = readback.take() {
+        phases.scheduling += t.elapsed();
+        for e in 0..cfg.epochs {
             let t = Instant::now();
-            backend.await_event(&ev)?;
+            if run.epochs.sleep_until(e as u64 + 1).is_err() {
+                // A device failed: its error, not the wait's.
+                break;
+            }
             waiting += t.elapsed();
-            let values = history
-                .host_values()
-                .ok_or_else(|| Error::Usage("the loss history is not hosted".into()))?;
-            let epoch_steps = values
-                .get(e * per_epoch..(e + 1) * per_epoch)
-                .ok_or_else(|| Error::Usage("the loss history is too short".into()))?;
-            let mean = epoch_steps.iter().sum::<f64>() / per_epoch as f64;
-            epoch_losses.push(mean);
-            phases.loss_readback += t.elapsed();
-            on_epoch(e + 1, mean);
+            record_epoch(e, &mut phases, t)?;
         }
-        if epoch < cfg.epochs {
-            // Every rank makes the same calls; each runs only on its own leader.
-            for &l in &plan.leaders {
-                backend.to_host(&devs[l].ctx, &history)?;
+    } else {
+        // The tree: the host schedules every step; devices order their work among
+        // themselves with events, so the host runs ahead of them (up to the queues'
+        // capacity) and waits only for the loss history at the end of each epoch, one epoch
+        // late.
+        let mut s = 0usize;
+        // The epoch whose loss history is on its way to the host, and the event after the
+        // copy.
+        let mut readback: Option<(usize, Event)> = None;
+        for epoch in 0..=cfg.epochs {
+            if epoch < cfg.epochs {
+                let t = Instant::now();
+                for k in order_rng.permutation(per_epoch) {
+                    plan.schedule_step(backend, k, s)?;
+                    s += 1;
+                }
+                phases.scheduling += t.elapsed();
             }
-            readback = Some((epoch, backend.record_event(&devs[me].device)));
+            // The previous epoch's losses: wait for them while this epoch runs.
+            if let Some((e, ev)) = readback.take() {
+                let t = Instant::now();
+                backend.await_event(&ev)?;
+                waiting += t.elapsed();
+                record_epoch(e, &mut phases, t)?;
+            }
+            if epoch < cfg.epochs {
+                // Every rank makes the same calls; each runs only on its own leader.
+                for &l in &plan.leaders {
+                    backend.to_host(&devs[l].ctx, &history)?;
+                }
+                readback = Some((epoch, backend.record_event(&devs[me].device)));
+            }
         }
     }
     // The last parameter copies, and any failure.
@@ -937,9 +1011,7 @@ pub fn train(
         let d = &devs[l];
         d.infer.schedule()?;
         backend.to_host(&d.ctx, &scores)?;
-        for p in &layer_params {
-            backend.to_host(&d.ctx, p)?;
-        }
+        backend.to_host(&d.ctx, params.flat())?;
     }
     backend.await_device(&devs[me].device)?;
     let predicted = scores
@@ -950,7 +1022,11 @@ pub fn train(
         .zip(&data.labels)
         .filter(|(y, t)| (**y > 0.0) == (**t > 0.0))
         .count();
-    let model = mlp.to_host_model()?;
+    let trained = params
+        .flat()
+        .host_values()
+        .ok_or_else(|| Error::Usage("the parameters are not hosted".into()))?;
+    let model = mlp.host_model_from(&trained)?;
     let eval_time = t0.elapsed();
 
     Ok(TrainReport {
