@@ -227,10 +227,17 @@ impl DeviceBuffer {
     }
 }
 
-/// The held locks of a set of buffers (released when dropped).
+/// The held locks of a set of buffers (released when dropped): the first
+/// [`Access::INLINE`] without allocating.
 #[must_use = "the buffers are unlocked when this is dropped"]
 pub struct Access<'a> {
-    _guards: Vec<Guard<'a>>,
+    _inline: [Option<Guard<'a>>; Access::INLINE],
+    _more: Vec<Guard<'a>>,
+}
+
+impl Access<'_> {
+    /// How many locks are held without allocating.
+    pub const INLINE: usize = 8;
 }
 
 /// A held lock: never read, only dropped (which releases it).
@@ -271,7 +278,11 @@ pub(crate) fn lock_planned(plan: &[(BufferPtr, bool)]) -> Access<'_> {
 /// Locks buffers given in address order; consecutive entries for one buffer lock it once.
 fn lock_sorted<'a>(sorted: impl Iterator<Item = (&'a DeviceBuffer, bool)>) -> Access<'a> {
     let mut sorted = sorted.peekable();
-    let mut guards = Vec::with_capacity(sorted.size_hint().0);
+    let mut access = Access {
+        _inline: Default::default(),
+        _more: vec![],
+    };
+    let mut held = 0;
     while let Some((b, mut write)) = sorted.next() {
         while let Some(&(next, w)) = sorted.peek() {
             if !std::ptr::eq(next, b) {
@@ -280,13 +291,18 @@ fn lock_sorted<'a>(sorted: impl Iterator<Item = (&'a DeviceBuffer, bool)>) -> Ac
             write |= w;
             sorted.next();
         }
-        guards.push(if write {
+        let guard = if write {
             Guard::Write(b.write_lock())
         } else {
             Guard::Read(b.read_lock())
-        });
+        };
+        match access._inline.get_mut(held) {
+            Some(slot) => *slot = Some(guard),
+            None => access._more.push(guard),
+        }
+        held += 1;
     }
-    Access { _guards: guards }
+    access
 }
 
 impl Drop for DeviceBuffer {

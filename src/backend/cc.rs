@@ -201,18 +201,20 @@ impl Runnable for RoutineInner {
         for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
             check_static_value(&self.name, s, v, *limit)?;
         }
-        let merge = match &sig.merge_node {
-            None => None,
-            Some(expected) => match self.merge_buffer.get() {
-                Some((buf, tn)) if &tn == expected && buf.size() >= expected.size_in_bytes() => {
-                    Some(buf)
+        // The merge buffer's cell stays locked for the run (only this device's tasks set it),
+        // so the run borrows the buffer instead of cloning its handle.
+        let cell = sig.merge_node.as_ref().map(|_| self.merge_buffer.lock());
+        let merge: Option<&DeviceBuffer> = match (&sig.merge_node, cell.as_deref()) {
+            (Some(expected), Some(held)) => match held {
+                Some((buf, tn)) if tn == expected && buf.size() >= expected.size_in_bytes() => {
+                    Some(&**buf)
                 }
                 other => {
                     return Err(Error::MergeBufferMismatch {
                         routine: self.name.to_string(),
                         expected: expected.name(),
                         found: match other {
-                            Some((_, tn)) if &tn == expected => {
+                            Some((_, tn)) if tn == expected => {
                                 format!("{} with a buffer too small", tn.name())
                             }
                             Some((_, tn)) => tn.name(),
@@ -221,18 +223,29 @@ impl Runnable for RoutineInner {
                     })
                 }
             },
+            _ => None,
         };
         // Every buffer the code touches is locked for the whole run: exclusively where it
         // writes (context buffers it stores to, and its scratch), shared where it only reads.
         // The plan is made at link; the merge buffer, which can change between runs, joins it
-        // here.
-        let _access = match &merge {
+        // here (on the stack for the usual routine).
+        let _access = match merge {
             None => lock_planned(&self.lock_plan),
             Some(m) => {
-                let mut locks: Vec<(&DeviceBuffer, bool)> =
-                    self.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
-                locks.push((&**m, false));
-                lock_all(&mut locks)
+                let n = self.lock_plan.len() + 1;
+                let mut stack: [(&DeviceBuffer, bool); 16] = [(m, false); 16];
+                let mut heap: Vec<(&DeviceBuffer, bool)>;
+                let locks: &mut [(&DeviceBuffer, bool)] = if n <= stack.len() {
+                    for (slot, (b, w)) in stack.iter_mut().zip(self.lock_plan.iter()) {
+                        *slot = (&**b, *w);
+                    }
+                    &mut stack[..n]
+                } else {
+                    heap = self.lock_plan.iter().map(|(b, w)| (&**b, *w)).collect();
+                    heap.push((m, false));
+                    &mut heap
+                };
+                lock_all(locks)
             }
         };
         if !self.warned_unwritten.load(Ordering::Relaxed) {
@@ -250,9 +263,7 @@ impl Runnable for RoutineInner {
             heap = self.buffers.iter().map(|b| b.as_ptr()).collect();
             &heap
         };
-        let merge_ptr = merge
-            .as_ref()
-            .map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
+        let merge_ptr = merge.map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
         let _ = &self.compiled.libs;
         for (part, entry) in self.compiled.entries.iter().enumerate() {
             // SAFETY: every part's entry point was generated for this routine's tables:

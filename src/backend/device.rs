@@ -360,6 +360,48 @@ struct Inner {
 #[derive(Clone)]
 pub struct Device(Arc<Inner>);
 
+/// The `i`-th (modulo their number) CPU this thread may run on, for pinning the worker of
+/// physical device `i`; `None` when the allowed CPUs cannot be read.
+pub(crate) fn allowed_core(i: usize) -> Option<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // size_of::<cpu_set_t>() bytes into it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads bit c of the set, c < CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    (!allowed.is_empty()).then(|| allowed[i % allowed.len()])
+}
+
+/// Pins the calling thread to CPU `core`; a failure is reported through `tracing` (the
+/// thread then runs wherever the kernel puts it).
+fn pin_current_thread(core: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET sets bit `core` (checked
+    // below CPU_SETSIZE); sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if core >= libc::CPU_SETSIZE as usize {
+            -1
+        } else {
+            libc::CPU_SET(core, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        }
+    };
+    if rc != 0 {
+        tracing::warn!(
+            target: "arrayjit::backend",
+            "could not pin a device worker to CPU {core}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -393,24 +435,50 @@ fn run_captured(task: Task) -> Result<()> {
 impl Device {
     /// A device whose tasks run on a new worker thread (the first virtual device of a
     /// physical device; see [`Device::on_same_queue`]).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
+        Device::with_worker_on(physical, subordinal, None)
+    }
+
+    /// Like [`Device::with_worker`], the worker pinned to CPU `core` (if given; a failure to
+    /// pin is reported through `tracing` and leaves the worker unpinned).
+    pub(crate) fn with_worker_on(
+        physical: PhysicalDevice,
+        subordinal: usize,
+        core: Option<usize>,
+    ) -> Result<Device> {
         let queue_name = format!("{}:{}", physical.backend, physical.ordinal);
-        Device::named_worker(physical, subordinal, queue_name)
+        Device::spawn_worker(physical, subordinal, queue_name, core)
     }
 
     /// A device whose tasks run on a new worker thread, whose queue (and thread) has a name of
     /// its own.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn named_worker(
         physical: PhysicalDevice,
         subordinal: usize,
         queue_name: String,
+    ) -> Result<Device> {
+        Device::spawn_worker(physical, subordinal, queue_name, None)
+    }
+
+    fn spawn_worker(
+        physical: PhysicalDevice,
+        subordinal: usize,
+        queue_name: String,
+        core: Option<usize>,
     ) -> Result<Device> {
         let shared = Arc::new(Shared::new(queue_name.clone()));
         let worker_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name(queue_name)
             .stack_size(WORKER_STACK_BYTES)
-            .spawn(move || worker_shared.work())
+            .spawn(move || {
+                if let Some(c) = core {
+                    pin_current_thread(c);
+                }
+                worker_shared.work()
+            })
             .map_err(|e| Error::io("starting a device worker thread", e))?;
         let queue = Queue {
             shared,

@@ -56,7 +56,7 @@ impl Transfer {
                 Ok(())
             }
             (None, _) => {
-                t.device.merge_buffer().set(t.src_buf.clone(), t.tn.clone());
+                t.device.merge_buffer().set_to(&t.src_buf, &t.tn);
                 Ok(())
             }
         }
@@ -640,9 +640,17 @@ pub(crate) fn prepare_transfer_in_process(
 
 /// One worker thread and one FIFO queue per physical device (each core of the machine),
 /// shared by the virtual devices created on it.
+///
+/// By default each worker is pinned to a core of its own (physical device `i` to the `i`-th
+/// CPU the process may run on; see [`MulticoreBackend::with_pinning`]): unpinned, the kernel
+/// may start two workers on one core and take milliseconds to move one, and a step in which
+/// devices wait for each other then runs their work one after the other.
 #[derive(Default)]
 pub struct MulticoreBackend {
     core: DeviceCore,
+    /// Whether workers are pinned to cores; `None`: as `ARRAYJIT_PIN_WORKERS` says (read
+    /// when a worker starts), on by default.
+    pin: Option<bool>,
 }
 
 impl MulticoreBackend {
@@ -656,7 +664,17 @@ impl MulticoreBackend {
     pub fn with_cc(cc: CcBackend) -> MulticoreBackend {
         MulticoreBackend {
             core: DeviceCore::with_cc(cc),
+            pin: None,
         }
+    }
+
+    /// The backend, pinning each worker thread to a core (`true`) or leaving the workers to
+    /// the kernel's scheduler (`false`), whatever `ARRAYJIT_PIN_WORKERS` says. Pinning suits
+    /// a machine the process has to itself; on one shared with other busy processes, a
+    /// pinned worker cannot move away from them.
+    pub fn with_pinning(mut self, pin: bool) -> MulticoreBackend {
+        self.pin = Some(pin);
+        self
     }
 }
 
@@ -680,7 +698,16 @@ impl Backend for MulticoreBackend {
         }
     }
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
-        Device::with_worker(physical.clone(), subordinal)
+        let pin = match self.pin {
+            Some(p) => p,
+            None => crate::compile::env_boolean("ARRAYJIT_PIN_WORKERS", true)?,
+        };
+        let core = if pin {
+            super::device::allowed_core(physical.ordinal)
+        } else {
+            None
+        };
+        Device::with_worker_on(physical.clone(), subordinal, core)
     }
 }
 

@@ -20,9 +20,23 @@ impl MergeBuffer {
     pub fn set(&self, buf: BufferPtr, tn: Tnode) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((buf, tn));
     }
+    /// Makes the merge buffer hold `tn`'s data in `buf`, touching no reference count when it
+    /// already does (a streaming merge from the same source every step moves no count
+    /// between cores).
+    pub fn set_to(&self, buf: &BufferPtr, tn: &Tnode) {
+        let mut cell = self.lock();
+        if !matches!(&*cell, Some((b, t)) if Arc::ptr_eq(b, buf) && t == tn) {
+            *cell = Some((buf.clone(), tn.clone()));
+        }
+    }
     /// What the merge buffer holds.
     pub fn get(&self) -> Option<(BufferPtr, Tnode)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.lock().clone()
+    }
+    /// The cell, locked: a routine run holds it while it reads the buffer, instead of
+    /// cloning the buffer's handle.
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Option<(BufferPtr, Tnode)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
     /// Empties the merge buffer.
     pub fn clear(&self) {

@@ -125,6 +125,20 @@ struct Env<F: Fn(&str) -> Option<OsString>> {
     get: F,
 }
 
+/// The boolean environment variable `var`: `1`/`on`/`true`/`yes` or `0`/`off`/`false`/`no`
+/// (any case); `default` when unset or empty.
+///
+/// # Errors
+///
+/// [`Error::Config`] naming the variable, its value and what was expected, for any other
+/// value.
+pub fn env_boolean(var: &str, default: bool) -> Result<bool> {
+    Env {
+        get: |v: &str| std::env::var_os(v),
+    }
+    .boolean(var, default)
+}
+
 /// An [`Error::Config`].
 fn config_error(var: &str, value: &OsStr, expected: impl Into<String>) -> Error {
     Error::Config {

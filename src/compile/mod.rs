@@ -41,7 +41,9 @@ mod target;
 
 pub use cache::{CacheFiles, CacheInfo, CompileCache};
 pub use cleanup::install_signal_cleanup;
-pub use config::{CompilerConfig, DEFAULT_CACHE_MAX_BYTES, GCC_SPEED_FLAGS, GCC_WORKAROUND_FLAGS};
+pub use config::{
+    env_boolean, CompilerConfig, DEFAULT_CACHE_MAX_BYTES, GCC_SPEED_FLAGS, GCC_WORKAROUND_FLAGS,
+};
 pub use load::{EntryFn, LoadedLibrary};
 pub use target::{Arch, CacheSizes, CompilerFamily, Features, Target};
 
