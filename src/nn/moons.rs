@@ -291,37 +291,70 @@ struct Plan {
     exchange: Option<Arc<Exchange>>,
 }
 
-/// The recursive-doubling exchange, used on one rank when the number of devices is a power
-/// of two: in round `r` (stride `2^(r-1)`) device `i` adds its partner `i ^ stride`'s
-/// partial sum to its own, so after `log2 N` rounds every device holds the sum of all the
-/// gradients and applies the same update itself; no parameters are copied. The sums have
-/// the tree's association (each round adds two sums of the same blocks, and `a + b == b + a`
-/// exactly), so the results are the tree's, bit for bit.
+/// The exchange: the training as one program per device queue, used on one rank when the
+/// devices on each queue form aligned blocks of the same size, a power of two, and their
+/// number is a power of two too (each device on a queue of its own; blocks of consecutive
+/// devices per core; every device on one queue on the sync backend).
 ///
-/// A round writes a tensor of its own (`sum_r = sum_{r-1} + partner's sum_{r-1}`), read
-/// only by the next round's partner; every tensor a partner reads has two rows, and step `s`
-/// uses row `s % 2`. So a device overwrites a row only two steps later, after a wait that
-/// follows the partner's read (its wait for the partner's next-step value, which the partner
-/// computes after reading), and each round needs one wait: for the partner's previous round.
+/// Per step, every queue computes its devices' gradients, adds them up in a tree into its
+/// first device (the *leader*), then the leaders exchange partial sums by recursive
+/// doubling: in round `r` (stride `2^(r-1)` groups) a leader adds its partner's partial sum
+/// to its own. Every leader then holds the sum of all the gradients and applies the same
+/// update; the other devices of its queue copy the leader's parameters. The sums have the
+/// tree's association (a block's tree, then each round adds two sums of the same blocks,
+/// with `a + b == b + a` exactly), so the results are the tree's, bit for bit, whatever the
+/// grouping.
+///
+/// Leaders read each other's sums without copying them (`Streaming`) or through their merge
+/// buffers (`Copy`). A round writes a tensor of its own, read only by the next round's
+/// partner, and every tensor a partner reads has two rows, row `s % 2` at step `s`: a
+/// leader overwrites a row only two steps later, after waiting for its partner's next-step
+/// value, which the partner computes after reading. So each round needs one wait, for the
+/// partner's previous stage, and no write-after-read waits.
 struct Exchange {
     slot: StaticSymbol,
     step: StaticSymbol,
     parity: StaticSymbol,
     /// Per device, the gradient routine.
     grads: Vec<Routine>,
-    /// Per device, per round: the partner and the round's work.
-    rounds: Vec<Vec<(usize, RoundJob)>>,
+    groups: Vec<Group>,
+}
+
+/// The devices of one queue in the exchange.
+struct Group {
+    /// Consecutive devices, the leader first.
+    members: Vec<usize>,
+    /// The tree into the leader, in order.
+    local: Vec<Merge>,
+    /// The leader's rounds with the other groups' leaders.
+    rounds: Vec<Merge>,
+    /// Without rounds: the leader's copy of its row of gradient sums into the merged ones.
+    finalize: Option<Routine>,
+    /// The leader's update.
+    update: Routine,
+    /// The parameters from the leader to the other members.
+    copies: Vec<(String, Transfer)>,
+}
+
+/// One merge of the exchange: the transfer of `from`'s sum into the merge buffer of the
+/// device running `routine`, which adds it to its own.
+struct Merge {
+    /// The group whose progress to wait for (rounds only).
+    from_group: usize,
+    description: String,
+    transfer: Transfer,
+    routine: Routine,
 }
 
 impl Exchange {
-    /// Runs the whole training of the devices `members` (which share one queue) with the
-    /// exchange ([`Exchange`]), as one task on their queue: for each step, the gradients of
-    /// every member, then each round of every member (waiting for the partner's previous
-    /// stage through its [`Progress`]), the last with the update. `progress[i]` counts device
-    /// `i`'s finished stages (`rounds + 1` per step); device 0 also copies the loss history
-    /// to the host at the end of each epoch and advances `epochs`. On any failure (or panic)
-    /// every count fails, so that no device and not the host waits forever.
-    fn run_group(&self, run: &Run, members: &[usize]) -> Result<()> {
+    /// Runs the whole training of group `gi` (the devices of one queue), as one task on that
+    /// queue: for each step, the members' gradients, the tree into the leader, the leader's
+    /// rounds (each waiting for the partner's previous stage through its [`Progress`]), the
+    /// update, and the parameter copies. `progress[g]` counts group `g`'s finished stages
+    /// (`rounds + 1` per step); group 0 also copies the loss history to the host at the end
+    /// of each epoch and advances `epochs`. On any failure (or panic) every count fails, so
+    /// that no queue and not the host waits forever.
+    fn run_group(&self, run: &Run, gi: usize) -> Result<()> {
         struct FailOnExit<'a>(&'a Run, bool);
         impl Drop for FailOnExit<'_> {
             fn drop(&mut self) {
@@ -332,35 +365,41 @@ impl Exchange {
             }
         }
         let mut exit = FailOnExit(run, false);
-        let x = self;
+        let g = &self.groups[gi];
         let n_dev = self.grads.len();
-        let rounds = x.rounds.first().map_or(0, Vec::len);
-        let stages = rounds as u64 + 1;
+        let stages = g.rounds.len() as u64 + 1;
+        let with_parity = |r: &Routine, parity: i64| -> Result<()> {
+            r.bindings().set_symbol(&self.parity, parity)?;
+            part(r.name(), r.run_in_task())
+        };
         for (s, &k) in run.order.iter().enumerate() {
             let parity = (s % 2) as i64;
-            for &i in members {
-                let g = &self.grads[i];
-                g.bindings()
+            for &i in &g.members {
+                let grad = &self.grads[i];
+                grad.bindings()
                     .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
-                g.bindings().set_symbol(&x.parity, parity)?;
-                part(g.name(), g.run_in_task())?;
-                run.progress[i].advance();
+                with_parity(grad, parity)?;
             }
-            for r in 0..rounds {
-                for &i in members {
-                    let (partner, job) = &x.rounds[i][r];
-                    run.progress[*partner].wait_for(s as u64 * stages + r as u64 + 1)?;
-                    part(&job.description, job.transfer.run())?;
-                    job.merge.bindings().set_symbol(&x.parity, parity)?;
-                    part(&job.description, job.merge.run_in_task())?;
-                    if let Some(u) = &job.update {
-                        u.bindings().set_symbol(&self.step, s as i64)?;
-                        part(u.name(), u.run_in_task())?;
-                    }
-                    run.progress[i].advance();
-                }
+            for m in &g.local {
+                part(&m.description, m.transfer.run())?;
+                with_parity(&m.routine, parity)?;
             }
-            if members.contains(&0) && (s + 1) % run.per_epoch == 0 {
+            run.progress[gi].advance();
+            for (r, m) in g.rounds.iter().enumerate() {
+                run.progress[m.from_group].wait_for(s as u64 * stages + r as u64 + 1)?;
+                part(&m.description, m.transfer.run())?;
+                with_parity(&m.routine, parity)?;
+                run.progress[gi].advance();
+            }
+            if let Some(f) = &g.finalize {
+                with_parity(f, parity)?;
+            }
+            g.update.bindings().set_symbol(&self.step, s as i64)?;
+            part(g.update.name(), g.update.run_in_task())?;
+            for (what, copy) in &g.copies {
+                part(what, copy.run())?;
+            }
+            if gi == 0 && (s + 1) % run.per_epoch == 0 {
                 run.history
                     .with_host_mut(|a| run.history_buffer.read_ndarray(a))
                     .unwrap_or(Ok(()))?;
@@ -372,12 +411,22 @@ impl Exchange {
     }
 }
 
-/// What the device programs of the exchange share (see `Exchange::run_group`).
+/// The exchange's tensors of gradient sums: `rows[r]` (two rows, one per step parity) is
+/// what round `r + 1` reads (`rows[0]`: each device's gradients, summed in place by the
+/// tree into its leader); `merged` (one row) is what the update reads.
+struct Sums {
+    rows: Vec<Tnode>,
+    merged: Tnode,
+    /// The rounds between leaders: log2 of the number of groups.
+    rounds: usize,
+}
+
+/// What the queue programs of the exchange share (see `Exchange::run_group`).
 struct Run {
     /// The batch of each step.
     order: Vec<usize>,
     per_epoch: usize,
-    /// Per device, its finished stages.
+    /// Per group, its finished stages.
     progress: Vec<Progress>,
     /// Epochs whose loss history device 0 has copied to the host.
     epochs: Progress,
@@ -386,29 +435,30 @@ struct Run {
     history_buffer: BufferPtr,
 }
 
-/// A round of the exchange on one device.
-struct RoundJob {
-    description: String,
-    /// The transfer of the partner's previous sum into this device's merge buffer.
-    transfer: Transfer,
-    /// Adds it to this device's previous sum.
-    merge: Routine,
-    /// The last round goes on with the update.
-    update: Option<Routine>,
-}
-
-/// The devices by queue: those sharing a physical device's worker, and those without a
-/// worker (which run tasks on the scheduling thread) all together. In device order.
-fn queue_groups(devs: &[Dev]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<(Option<usize>, Vec<usize>)> = vec![];
-    for (i, d) in devs.iter().enumerate() {
-        let key = d.device.has_worker().then(|| d.device.physical().ordinal());
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(i),
-            None => groups.push((key, vec![i])),
+/// The exchange's groups for devices on these queues (`queue[i]`: device `i`'s queue), when
+/// they qualify (see [`Exchange`]): `n` devices in aligned blocks of `2^a` per queue, `2^b`
+/// blocks. `None` otherwise.
+fn exchange_groups(queue: &[Option<usize>]) -> Option<Vec<Vec<usize>>> {
+    let n = queue.len();
+    let mut groups: Vec<Vec<usize>> = vec![];
+    for (i, q) in queue.iter().enumerate() {
+        match groups.last_mut() {
+            Some(g) if queue[g[0]] == *q => g.push(i),
+            _ => {
+                // A queue seen before, not adjacent: not a block.
+                if groups.iter().any(|g| queue[g[0]] == *q) {
+                    return None;
+                }
+                groups.push(vec![i]);
+            }
         }
     }
-    groups.into_iter().map(|(_, g)| g).collect()
+    let size = groups.first()?.len();
+    let ok = n.is_power_of_two()
+        && size.is_power_of_two()
+        && groups.len().is_power_of_two()
+        && groups.iter().all(|g| g.len() == size);
+    ok.then_some(groups)
 }
 
 /// Runs a transfer or a routine of a job, naming it in a failure.
@@ -424,40 +474,89 @@ impl Plan {
         grads: &Tnode,
         params: &Tnode,
         merge: MergeBufferUse,
-        exchange: Option<(StaticSymbol, Vec<Tnode>)>,
+        exchange: Option<(StaticSymbol, Sums, Vec<Vec<usize>>)>,
     ) -> Result<Plan> {
-        if let Some((parity, sums)) = exchange {
-            let mut rounds = vec![];
-            for (i, d) in devs.iter().enumerate() {
-                let mut mine = vec![];
-                for (r, m) in d.merges.iter().enumerate() {
-                    let partner = i ^ (1 << r);
-                    let transfer = backend
-                        .prepare_transfer(&sums[r], merge, m.context(), &devs[partner].ctx)?
-                        .ok_or_else(|| {
-                            Error::Usage(format!("{} is not on a device", sums[r].name()))
-                        })?;
-                    let job = RoundJob {
+        if let Some((parity, sums, groups)) = exchange {
+            let prepare = |tn: &Tnode, mode, to: &Routine, from: &Dev| {
+                backend
+                    .prepare_transfer(tn, mode, to.context(), &from.ctx)?
+                    .ok_or_else(|| Error::Usage(format!("{} is not on a device", tn.name())))
+            };
+            let mut out = vec![];
+            for (gi, members) in groups.iter().enumerate() {
+                let leader = &devs[members[0]];
+                // The tree into the leader: rounds with stride 1, 2, 4, ... within the block.
+                let mut local = vec![];
+                let mut stride = 1;
+                while stride < members.len() {
+                    for l in (0..members.len()).step_by(2 * stride) {
+                        let (to, from) = (&devs[members[l]], &devs[members[l + stride]]);
+                        local.push(Merge {
+                            from_group: gi,
+                            description: format!(
+                                "merge the gradients of {} into {}",
+                                from.device.name(),
+                                to.device.name()
+                            ),
+                            transfer: prepare(&sums.rows[0], merge, &to.merges[0], from)?,
+                            routine: to.merges[0].clone(),
+                        });
+                    }
+                    stride *= 2;
+                }
+                let mut rounds = vec![];
+                for r in 0..sums.rounds {
+                    let pg = gi ^ (1 << r);
+                    let partner = &devs[groups[pg][0]];
+                    let routine = leader.merges[1 + r].clone();
+                    rounds.push(Merge {
+                        from_group: pg,
                         description: format!(
                             "exchange round {} of {} with {}",
                             r + 1,
-                            d.device.name(),
-                            devs[partner].device.name()
+                            leader.device.name(),
+                            partner.device.name()
                         ),
-                        transfer,
-                        merge: m.clone(),
-                        update: (r + 1 == d.merges.len()).then(|| d.update.clone()),
-                    };
-                    mine.push((partner, job));
+                        transfer: prepare(&sums.rows[r], merge, &routine, partner)?,
+                        routine,
+                    });
                 }
-                rounds.push(mine);
+                let finalize = (sums.rounds == 0).then(|| leader.merges[1].clone());
+                let mut copies = vec![];
+                for &i in &members[1..] {
+                    let d = &devs[i];
+                    let copy = backend
+                        .prepare_transfer(params, MergeBufferUse::No, &d.ctx, &leader.ctx)?
+                        .ok_or_else(|| {
+                            Error::Usage(format!(
+                                "parameters {} are not on a device",
+                                params.name()
+                            ))
+                        })?;
+                    copies.push((
+                        format!(
+                            "copy the parameters from {} to {}",
+                            leader.device.name(),
+                            d.device.name()
+                        ),
+                        copy,
+                    ));
+                }
+                out.push(Group {
+                    members: members.clone(),
+                    local,
+                    rounds,
+                    finalize,
+                    update: leader.update.clone(),
+                    copies,
+                });
             }
             let exchange = Arc::new(Exchange {
                 slot: slot.clone(),
                 step: step.clone(),
                 parity,
                 grads: devs.iter().map(|d| d.grad.clone()).collect(),
-                rounds,
+                groups: out,
             });
             return Ok(Plan {
                 devs,
@@ -720,26 +819,47 @@ pub fn train(
     params
         .flat()
         .set_host_values(&mlp.initial_values().concat())?;
-    // The exchange (see `Exchange`) on one rank with a power of two of devices; else the
-    // tree. Its tensors: the gradients packed into a row per step parity, then one sum per
-    // round (two rows each, but for the last, which only this device reads).
-    let rounds = n_dev.trailing_zeros() as usize;
-    let exchange = (ranks == 1 && n_dev > 1 && n_dev.is_power_of_two()).then(|| {
-        let parity = StaticSymbol::new("parity", Some(2));
-        let n = grads.flat().dims()[0];
-        let sums = (0..=rounds)
-            .map(|r| {
-                let dims: &[usize] = if r < rounds { &[2, n] } else { &[n] };
-                Tnode::builder(&["grads", &format!("sum{r}")], dims, prec)
+    // The devices first: whether the exchange fits (see `Exchange`) depends on their queues.
+    let t_setup = Instant::now();
+    let mut devices = vec![];
+    for i in 0..n_dev {
+        let physical = backend.get_device(backend.placement(i, n_dev))?;
+        devices.push(backend.new_virtual_device(&physical)?);
+    }
+    let queues: Vec<Option<usize>> = devices
+        .iter()
+        .map(|d| d.has_worker().then(|| d.physical().ordinal()))
+        .collect();
+    let groups = if ranks == 1 && !devices.iter().any(Device::is_remote) {
+        exchange_groups(&queues)
+    } else {
+        None
+    };
+    let exchange = match groups {
+        None => None,
+        Some(groups) => {
+            let parity = StaticSymbol::new("parity", Some(2));
+            let n = grads.flat().dims()[0];
+            let rounds = groups.len().trailing_zeros() as usize;
+            let on_device = |label: &str, dims: &[usize]| {
+                Tnode::builder(&["grads", label], dims, prec)
                     .memory(MemoryMode::OnDevice)
                     .build()
-            })
-            .collect::<Result<Vec<Tnode>>>()?;
-        Ok::<_, Error>((parity, sums))
-    });
-    let exchange = exchange.transpose()?;
+            };
+            let rows = (0..rounds.max(1))
+                .map(|r| on_device(&format!("sum{r}"), &[2, n]))
+                .collect::<Result<Vec<Tnode>>>()?;
+            let sums = Sums {
+                rows,
+                merged: on_device("merged", &[n])?,
+                rounds,
+            };
+            Some((parity, sums, groups))
+        }
+    };
+    let setup_devices = t_setup.elapsed();
     let bindings = match &exchange {
-        Some((parity, _)) => Bindings(vec![slot.clone(), step.clone(), parity.clone()]),
+        Some((parity, _, _)) => Bindings(vec![slot.clone(), step.clone(), parity.clone()]),
         None => bindings,
     };
     let mut names: Vec<String> = ["grad", "sgd_update", "infer"].map(String::from).into();
@@ -777,13 +897,13 @@ pub fn train(
         ]))
     };
     let mut code = match &exchange {
-        Some((parity, sums)) => vec![
+        Some((parity, sums, _)) => vec![
             Assignments::seq([
                 params.unpack()?,
                 mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
-                grads.pack_into_row(&sums[0], parity)?,
+                grads.pack_into_row(&sums.rows[0], parity)?,
             ]),
-            update(&sums[rounds])?,
+            update(&sums.merged)?,
         ],
         None => vec![
             Assignments::seq([
@@ -799,14 +919,36 @@ pub fn train(
         mlp.infer_routine(&eval_x, &scores)?,
     ]));
     match &exchange {
-        Some((_, sums)) => {
-            for r in 1..=rounds {
-                let spec = if r < rounds {
+        Some((_, sums, _)) => {
+            let projections = |spec: &str, to: &Tnode, from: &[&Tnode]| {
+                let dims: Vec<&[usize]> = from.iter().map(|t| t.dims()).collect();
+                einsum::projections(spec, to.dims(), &dims, &bindings)
+            };
+            // The tree within a queue: a follower's row added to the leader's, in place.
+            let row = &sums.rows[0];
+            code.push(Assignments::block(
+                "merge the gradients and the loss of a device on the same queue",
+                Assignments::AccumUnop {
+                    initialize_neutral: false,
+                    accum: Binop::Add,
+                    op: Unop::Identity,
+                    lhs: row.clone(),
+                    rhs: Buffer::MergeBuffer(row.clone()),
+                    projections: projections("{parity}i->{parity}i", row, &[row])?,
+                },
+            ));
+            names.push("local_merge".into());
+            for r in 1..=sums.rounds {
+                let (from, to) = if r < sums.rounds {
+                    (&sums.rows[r - 1], &sums.rows[r])
+                } else {
+                    (&sums.rows[r - 1], &sums.merged)
+                };
+                let spec = if r < sums.rounds {
                     "{parity}i,{parity}i->{parity}i"
                 } else {
                     "{parity}i,{parity}i->i"
                 };
-                let (from, to) = (&sums[r - 1], &sums[r]);
                 code.push(Assignments::block(
                     &format!("exchange round {r}"),
                     Assignments::AccumBinop {
@@ -816,15 +958,24 @@ pub fn train(
                         lhs: to.clone(),
                         rhs1: Buffer::Node(from.clone()),
                         rhs2: Buffer::MergeBuffer(from.clone()),
-                        projections: einsum::projections(
-                            spec,
-                            to.dims(),
-                            &[from.dims(), from.dims()],
-                            &bindings,
-                        )?,
+                        projections: projections(spec, to, &[from, from])?,
                     },
                 ));
                 names.push(format!("exchange_round{r}"));
+            }
+            if sums.rounds == 0 {
+                code.push(Assignments::block(
+                    "the leader's row of gradient sums, as merged",
+                    Assignments::AccumUnop {
+                        initialize_neutral: false,
+                        accum: Binop::Arg2,
+                        op: Unop::Identity,
+                        lhs: sums.merged.clone(),
+                        rhs: Buffer::Node(row.clone()),
+                        projections: projections("{parity}i->i", &sums.merged, &[row])?,
+                    },
+                ));
+                names.push("finalize".into());
             }
         }
         None => {
@@ -840,12 +991,10 @@ pub fn train(
     let batch = backend.compile_batch(true, Some(&names), None, &bindings, &code)?;
     let compile_time = t0.elapsed();
 
-    // Devices, contexts, routines, initial copies.
+    // Contexts, routines, initial copies.
     let t0 = Instant::now();
     let mut devs: Vec<Dev> = vec![];
-    for i in 0..n_dev {
-        let physical = backend.get_device(backend.placement(i, n_dev))?;
-        let device = backend.new_virtual_device(&physical)?;
+    for (i, device) in devices.into_iter().enumerate() {
         let root = backend.init(&device)?;
         let (ctx, rs) = backend.link_batch(&[], &root, &batch)?;
         let rs = rs
@@ -895,7 +1044,7 @@ pub fn train(
         exchange,
     )?;
     let devs = &plan.devs;
-    let setup_time = t0.elapsed();
+    let setup_time = t0.elapsed() + setup_devices;
 
     let mut phases = PhaseTimes::default();
     let mut waiting = Duration::ZERO;
@@ -916,7 +1065,7 @@ pub fn train(
     };
     let t_train = Instant::now();
     if let Some(x) = &plan.exchange {
-        // The exchange runs as one program per queue (see `Plan::run_group`): the host
+        // The exchange runs as one program per queue (see `Exchange::run_group`): the host
         // schedules it once and sleeps until each epoch's loss history is on the host.
         let t = Instant::now();
         let order: Vec<usize> = (0..cfg.epochs)
@@ -929,27 +1078,33 @@ pub fn train(
         let run = Arc::new(Run {
             order,
             per_epoch,
-            progress: devs
+            progress: x
+                .groups
                 .iter()
-                .map(|d| Progress::new(format!("the training on {}", d.device.name())))
+                .map(|g| {
+                    Progress::new(format!(
+                        "the training on {}",
+                        devs[g.members[0]].device.name()
+                    ))
+                })
                 .collect(),
             epochs: Progress::new("the loss history of device 0"),
             history: history.clone(),
             history_buffer,
         });
-        for members in queue_groups(devs) {
-            let (x, run) = (x.clone(), run.clone());
+        for (gi, g) in x.groups.iter().enumerate() {
             let description = format!(
                 "the training of {}",
-                members
+                g.members
                     .iter()
                     .map(|&i| devs[i].device.name())
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            let (x, run) = (x.clone(), run.clone());
             backend.schedule(
-                &devs[members[0]].device,
-                Task::new(description, move || x.run_group(&run, &members)),
+                &devs[g.members[0]].device,
+                Task::new(description, move || x.run_group(&run, gi)),
             )?;
         }
         phases.scheduling += t.elapsed();
