@@ -17,9 +17,9 @@
 //! all-reduce the gradients, and only rank 0 prints; `devices: N` in the summary is per rank.
 //! An error on a rank prints `rank R: error: ...` and aborts the whole job.
 //!
-//! The model, the training step (per-device gradients of batch slices, a tree merge through
-//! merge buffers, the SGD update on device 0, parameters copied back) and the dataset live in
-//! the library: `arrayjit::nn` and `arrayjit::nn::moons`.
+//! The model, the training step (per-device gradients of batch slices, merged through merge
+//! buffers in a tree or the hierarchical exchange, the SGD update) and the dataset live in the
+//! library: `arrayjit::nn` and `arrayjit::nn::moons`.
 
 use arrayjit::backend::{backend_by_name, Backend, Config, MergeBufferUse};
 use arrayjit::nn::moons::{dataset, default_devices, train, Dataset, HostMlp, TrainConfig};
@@ -299,10 +299,15 @@ fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
         ms(report.eval_time),
     );
     println!(
-        "training {:.1} ms for {} steps: the host scheduled for {:.1} ms and waited for the \
-         devices for {:.1} ms (loss readback {:.1} ms)",
+        "training {:.1} ms for {} steps ({}): the host scheduled for {:.1} ms and waited for \
+         the devices for {:.1} ms (loss readback {:.1} ms)",
         ms(report.train_time),
         report.steps,
+        if report.exchange {
+            "the exchange, one program per device queue"
+        } else {
+            "the tree, scheduled step by step"
+        },
         ms(p.scheduling),
         ms(p.waiting),
         ms(p.loss_readback),

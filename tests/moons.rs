@@ -273,15 +273,14 @@ fn short_config(devices: usize, merge: MergeBufferUse) -> TrainConfig {
 }
 
 fn short_run(backend: &dyn Backend, devices: usize, merge: MergeBufferUse) -> TrainReport {
+    short_run_with(backend, &short_config(devices, merge))
+}
+
+fn short_run_with(backend: &dyn Backend, cfg: &TrainConfig) -> TrainReport {
+    let devices = cfg.devices.unwrap_or(0);
     let data = dataset(480, 1);
     let mut seen = vec![];
-    let report = train(
-        backend,
-        &data,
-        &short_config(devices, merge),
-        &mut |e, l| seen.push((e, l)),
-    )
-    .unwrap();
+    let report = train(backend, &data, cfg, &mut |e, l| seen.push((e, l))).unwrap();
     assert_eq!(report.devices, devices);
     // The host copy of the trained model agrees with the inference routine.
     let host_correct = data
@@ -411,6 +410,50 @@ fn multicore_runs_match_the_sync_backend_exactly() {
                     );
                     assert_eq!(sync.model, mc.model, "{devices} devices, {merge:?}");
                     assert_eq!(sync.accuracy, mc.accuracy);
+                }
+            }
+        }
+    });
+}
+
+/// The exchange (one program per queue: a tree per queue, recursive doubling between the
+/// queues' leaders) and the host-scheduled tree add the gradients with the same association,
+/// so they give the same losses and the same model, bit for bit: on the multicore backend
+/// (blocks of devices per core, pinned or not) and on the sync backend (all devices on one
+/// queue), for both merge modes. Three devices never take the exchange; there the two
+/// settings run the same tree.
+#[test]
+fn the_exchange_and_the_tree_agree_bit_for_bit() {
+    with_watchdog(600, || {
+        let backends: [(&str, Box<dyn Fn() -> Box<dyn Backend>>); 3] = [
+            ("sync", Box::new(|| Box::new(SyncBackend::new()))),
+            ("multicore", Box::new(|| Box::new(MulticoreBackend::new()))),
+            (
+                "multicore unpinned",
+                Box::new(|| Box::new(MulticoreBackend::new().with_pinning(false))),
+            ),
+        ];
+        for devices in [1, 2, 3, 4, 8] {
+            for merge in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
+                let tree = TrainConfig {
+                    exchange: false,
+                    ..short_config(devices, merge)
+                };
+                let reference = short_run_with(&SyncBackend::new(), &tree);
+                for (name, make) in &backends {
+                    for exchange in [true, false] {
+                        let cfg = TrainConfig {
+                            exchange,
+                            ..tree.clone()
+                        };
+                        let r = short_run_with(make().as_ref(), &cfg);
+                        let what =
+                            format!("{devices} devices, {merge:?}, {name}, exchange {exchange}");
+                        assert_eq!(reference.epoch_losses, r.epoch_losses, "{what}");
+                        assert_eq!(reference.model, r.model, "{what}");
+                        assert_eq!(reference.accuracy, r.accuracy, "{what}");
+                        assert_eq!(r.exchange, exchange && devices != 3, "{what}");
+                    }
                 }
             }
         }

@@ -5,37 +5,48 @@
 //! 1. every device runs the gradient routine on its slice of the batch (the dataset is
 //!    resident on every device as `[slots, batch/N, 2]`; a static index `slot` selects the
 //!    slice, so a step copies nothing from the host);
-//! 2. the gradients (and the loss) are merged into device 0 pairwise in a tree: in rounds
-//!    with stride 1, 2, 4, ..., device `from` is merged into `to = from - stride` through
-//!    `to`'s merge buffer (`Streaming`: `to` reads `from`'s buffer; `Copy`: `from`'s buffer
-//!    is copied into `to`'s merge buffer), then `to` runs `g = g + merge(g)`;
-//! 3. device 0 applies the SGD update (the learning rate comes from a schedule tensor indexed
-//!    by the static index `step`) and records the step's loss;
-//! 4. the parameters are copied from device 0 to the other devices.
+//! 2. the gradients (and the loss) are added up, always with the association of a pairwise
+//!    tree into device 0: in rounds with stride 1, 2, 4, ..., the sum of device
+//!    `from = to + stride` is added to that of `to` through `to`'s merge buffer (`Streaming`:
+//!    `to` reads `from`'s buffer; `Copy`: `from`'s buffer is copied into `to`'s merge buffer);
+//! 3. the SGD update (the learning rate comes from a schedule tensor indexed by the static
+//!    index `step`) records the step's loss;
+//! 4. every device ends the step with the same parameters.
 //!
 //! The gradients and the loss travel as one tensor, and so do the parameters (fusion
-//! buffers, [`Bucket`]): the gradient routine ends by packing the gradients and the loss into
-//! `grads`, and the update unpacks the merged `grads`, updates the parameters and packs them
-//! into `params`, which the gradient routine unpacks first. So a merge is one transfer and one
-//! routine and a parameter copy one transfer, whatever the number of layers.
+//! buffers, [`Bucket`]). The parameters' bucket is the model's only state: every routine
+//! unpacks the parameters it reads from it, so the per-layer tensors stay local to the
+//! routines' code ([`Mlp::new_unstored`]). So a merge is one transfer and one routine and a
+//! parameter copy one transfer, whatever the number of layers.
+//!
+//! Two ways to run the steps, with the same results bit for bit:
+//! - **The exchange** ([`TrainConfig::exchange`], the default where it fits): on one rank,
+//!   when the devices sharing each queue (core) form aligned blocks of `2^a` consecutive
+//!   devices and there are `2^b` blocks — each device on a core of its own, blocks of devices
+//!   per core, or every device on the sync backend's one queue. Each queue runs the whole
+//!   training as one task: per step its devices' gradients, the tree of its block into its
+//!   first device (the leader), then `b` rounds of recursive doubling between leaders (a
+//!   leader adds its partner leader's partial sum to its own; `a + b == b + a` exactly, so
+//!   both hold the tree's sum), the update on each leader, and copies of the leader's
+//!   parameters to the rest of its block. Queues wait for each other through [`Progress`]
+//!   counts, without a task boundary; the host schedules one task per queue and sleeps until
+//!   each epoch's loss history is on the host. Sums a partner reads have two rows, used on
+//!   alternate steps, so no write-after-read wait is needed (see the `Exchange` type).
+//! - **The tree**, scheduled by the host step by step, otherwise (several ranks, devices not
+//!   in such blocks, or `exchange: false`): the merges into device 0, the update on device 0,
+//!   and copies of the parameters from device 0 to the other devices. The host never waits
+//!   for a device inside a step: devices order their work among themselves with events
+//!   ([`Backend::record_event`]); a merge target waits for its source's gradients, and every
+//!   device other than 0 waits for device 0's update before copying the parameters (the
+//!   rules are spelled out on the step scheduler in the source). The host waits only for the
+//!   loss history of each epoch, one epoch late, and for every device at the end.
 //!
 //! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
-//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); step 2 merges
-//! each rank's block into its first device (the rank's *leader*), the leaders then all-reduce
-//! the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every leader applies
-//! the same SGD update (so the parameters stay identical on every rank) and copies the
-//! parameters to the other devices of its block: the Horovod pattern. With one rank this is
-//! exactly the steps above.
-//!
-//! The host never waits for a device inside a step: it schedules the steps of an epoch and
-//! the devices order their work among themselves with events ([`Backend::record_event`],
-//! [`Backend::wait_for_event`]): a merge target waits for its source's gradients; every
-//! device other than 0 waits for device 0's update before copying the parameters. Those two
-//! waits also cover the write-after-read hazards (the rules are spelled out on the step
-//! scheduler in the source). The transfers and merge routines of one merge, and the copies of
-//! one device, run as one task, with transfers prepared once ([`Backend::prepare_transfer`]).
-//! The host waits only for the loss history of each epoch, one epoch late (while the next
-//! epoch runs), and for every device at the end.
+//! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); the tree
+//! merges each rank's block into its first device (the rank's *leader*), the leaders then
+//! all-reduce the gradients and the loss ([`Backend::all_reduce`], `MPI_Allreduce`), every
+//! leader applies the same SGD update (so the parameters stay identical on every rank) and
+//! copies the parameters to the other devices of its block: the Horovod pattern.
 //!
 //! ```no_run
 //! use arrayjit::backend::MulticoreBackend;
@@ -137,6 +148,10 @@ pub struct TrainConfig {
     pub merge: MergeBufferUse,
     /// Precision of parameters, data and activations.
     pub prec: Prec,
+    /// Run the steps as one program per device queue with the hierarchical exchange when the
+    /// devices allow it (see the [module documentation](self)); `false`: always the tree,
+    /// scheduled by the host step by step. Both give the same results, bit for bit.
+    pub exchange: bool,
 }
 
 impl Default for TrainConfig {
@@ -153,6 +168,7 @@ impl Default for TrainConfig {
             devices: None,
             merge: MergeBufferUse::Streaming,
             prec: Prec::Single,
+            exchange: true,
         }
     }
 }
@@ -190,6 +206,9 @@ pub struct TrainReport {
     pub samples: usize,
     /// Number of routines compiled (in one `compile_batch`).
     pub routines: usize,
+    /// Whether the steps ran as the exchange (one program per device queue) rather than the
+    /// host-scheduled tree (see [`TrainConfig::exchange`]).
+    pub exchange: bool,
     /// Lowering, optimizing, generating C, running the C compiler and loading the library.
     pub compile_time: Duration,
     /// Creating devices, linking, and the initial copies to the devices.
@@ -830,7 +849,7 @@ pub fn train(
         .iter()
         .map(|d| d.has_worker().then(|| d.physical().ordinal()))
         .collect();
-    let groups = if ranks == 1 && !devices.iter().any(Device::is_remote) {
+    let groups = if cfg.exchange && ranks == 1 && !devices.iter().any(Device::is_remote) {
         exchange_groups(&queues)
     } else {
         None
@@ -1193,6 +1212,7 @@ pub fn train(
         steps,
         samples: steps * cfg.batch,
         routines: names.len(),
+        exchange: plan.exchange.is_some(),
         compile_time,
         setup_time,
         train_time,
