@@ -425,13 +425,13 @@ fn multicore_runs_match_the_sync_backend_exactly() {
 #[test]
 fn the_exchange_and_the_tree_agree_bit_for_bit() {
     with_watchdog(600, || {
-        let backends: [(&str, Box<dyn Fn() -> Box<dyn Backend>>); 3] = [
-            ("sync", Box::new(|| Box::new(SyncBackend::new()))),
-            ("multicore", Box::new(|| Box::new(MulticoreBackend::new()))),
-            (
-                "multicore unpinned",
-                Box::new(|| Box::new(MulticoreBackend::new().with_pinning(false))),
-            ),
+        type MakeBackend = fn() -> Box<dyn Backend>;
+        let backends: [(&str, MakeBackend); 3] = [
+            ("sync", || Box::new(SyncBackend::new())),
+            ("multicore", || Box::new(MulticoreBackend::new())),
+            ("multicore unpinned", || {
+                Box::new(MulticoreBackend::new().with_pinning(false))
+            }),
         ];
         for devices in [1, 2, 3, 4, 8] {
             for merge in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
