@@ -100,13 +100,31 @@ impl Counter {
         if ahead <= FAR_AHEAD && spin_until(spin, || self.reached(target)) {
             return;
         }
+        self.park_until(target, None);
+    }
+
+    /// Parks until the count reaches `target` or `deadline` passes (`None`: no deadline);
+    /// returns whether the count reached it.
+    pub(crate) fn park_until(&self, target: u64, deadline: Option<Instant>) -> bool {
         let mut g = lock(&self.lock);
         loop {
             self.wake_at.fetch_min(target, Ordering::SeqCst);
             if self.count.load(Ordering::SeqCst) >= target {
-                return;
+                return true;
             }
-            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = match deadline {
+                None => self.cv.wait(g).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.cv
+                        .wait_timeout(g, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
         }
     }
 }
@@ -171,8 +189,28 @@ impl Progress {
         self.wait(target, Duration::ZERO)
     }
 
+    /// Like [`sleep_until`](Progress::sleep_until), giving up after `timeout`: returns
+    /// whether the count reached `target`. For a thread that reports progress now and then
+    /// without waking at every step.
+    ///
+    /// # Errors
+    ///
+    /// When [`fail`](Progress::fail) was called.
+    pub fn sleep_until_for(&self, target: u64, timeout: Duration) -> Result<bool> {
+        let reached = self
+            .0
+            .counter
+            .park_until(target, Some(Instant::now() + timeout));
+        self.check(target)?;
+        Ok(reached)
+    }
+
     fn wait(&self, target: u64, spin: Duration) -> Result<()> {
         self.0.counter.wait_until(target, spin);
+        self.check(target)
+    }
+
+    fn check(&self, target: u64) -> Result<()> {
         if self.0.failed.load(Ordering::Acquire) {
             return Err(Error::Task {
                 task: format!("waiting for {} to reach {target}", self.0.name),
@@ -217,6 +255,11 @@ mod tests {
         waiter.join().unwrap().unwrap();
         assert_eq!(p.count(), 3);
         p.wait_for(2).unwrap();
+        // A timed sleep returns at the deadline without the count, at once with it.
+        let t = Instant::now();
+        assert!(!p.sleep_until_for(4, Duration::from_millis(30)).unwrap());
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert!(p.sleep_until_for(3, Duration::from_secs(60)).unwrap());
 
         let far = {
             let p = p.clone();

@@ -430,6 +430,10 @@ impl Exchange {
     }
 }
 
+/// How often the host reports the epochs' losses while the exchange runs (it sleeps in
+/// between).
+const REPORT_EVERY: Duration = Duration::from_millis(100);
+
 /// The exchange's tensors of gradient sums: `rows[r]` (two rows, one per step parity) is
 /// what round `r + 1` reads (`rows[0]`: each device's gradients, summed in place by the
 /// tree into its leader); `merged` (one row) is what the update reads.
@@ -1127,14 +1131,26 @@ pub fn train(
             )?;
         }
         phases.scheduling += t.elapsed();
-        for e in 0..cfg.epochs {
+        // The epochs' losses, reported in batches: the host wakes when the training ends or
+        // every `REPORT_EVERY`, so that on a short job it does not take a core from the
+        // devices once per epoch.
+        let mut reported = 0;
+        while reported < cfg.epochs {
             let t = Instant::now();
-            if run.epochs.sleep_until(e as u64 + 1).is_err() {
+            if run
+                .epochs
+                .sleep_until_for(cfg.epochs as u64, REPORT_EVERY)
+                .is_err()
+            {
                 // A device failed: its error, not the wait's.
                 break;
             }
             waiting += t.elapsed();
-            record_epoch(e, &mut phases, t)?;
+            let done = (run.epochs.count() as usize).min(cfg.epochs);
+            for e in reported..done {
+                record_epoch(e, &mut phases, Instant::now())?;
+            }
+            reported = done;
         }
     } else {
         // The tree: the host schedules every step; devices order their work among
