@@ -22,7 +22,9 @@
 //! library: `arrayjit::nn` and `arrayjit::nn::moons`.
 
 use arrayjit::backend::{backend_by_name, Backend, Config, MergeBufferUse};
-use arrayjit::nn::moons::{dataset, default_devices, train, Dataset, HostMlp, TrainConfig};
+use arrayjit::nn::moons::{
+    dataset, default_devices, train, Dataset, HostMlp, Schedule, TrainConfig,
+};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: moons [--seed N] [--points N] [--hidden N] [--batch N] [--epochs N]
@@ -303,10 +305,10 @@ fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
          the devices for {:.1} ms (loss readback {:.1} ms)",
         ms(report.train_time),
         report.steps,
-        if report.exchange {
-            "the exchange, one program per device queue"
-        } else {
-            "the tree, scheduled step by step"
+        match report.schedule {
+            Schedule::Exchange => "the exchange, one program per device queue",
+            Schedule::Tree => "the tree, one program per device queue",
+            _ => "the tree, scheduled step by step",
         },
         ms(p.scheduling),
         ms(p.waiting),

@@ -3,7 +3,7 @@
 
 use arrayjit::backend::{Backend, Config, MergeBufferUse, MulticoreBackend, SyncBackend};
 use arrayjit::ir::{Bindings, InitOp, MemoryMode, Ndarray, Prec, StaticSymbol, Tnode};
-use arrayjit::nn::moons::{dataset, train, TrainConfig, TrainReport};
+use arrayjit::nn::moons::{dataset, train, Schedule, TrainConfig, TrainReport};
 use arrayjit::nn::{self, Mlp};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -417,13 +417,13 @@ fn multicore_runs_match_the_sync_backend_exactly() {
 }
 
 /// The exchange (one program per queue: a tree per queue, recursive doubling between the
-/// queues' leaders) and the host-scheduled tree add the gradients with the same association,
-/// so they give the same losses and the same model, bit for bit: on the multicore backend
-/// (blocks of devices per core, pinned or not) and on the sync backend (all devices on one
-/// queue), for both merge modes. Three devices never take the exchange; there the two
-/// settings run the same tree.
+/// queues' leaders), the tree as one program per queue and the host-scheduled tree add the
+/// gradients with the same association, so they give the same losses and the same model, bit
+/// for bit: on the multicore backend (blocks of devices per core, pinned or not) and on the
+/// sync backend (all devices on one queue), for both merge modes. Three and six devices
+/// never take the exchange (not a power of two); there `Auto` runs the tree as programs.
 #[test]
-fn the_exchange_and_the_tree_agree_bit_for_bit() {
+fn every_schedule_gives_the_same_bits() {
     with_watchdog(600, || {
         type MakeBackend = fn() -> Box<dyn Backend>;
         let backends: [(&str, MakeBackend); 3] = [
@@ -433,30 +433,42 @@ fn the_exchange_and_the_tree_agree_bit_for_bit() {
                 Box::new(MulticoreBackend::new().with_pinning(false))
             }),
         ];
-        for devices in [1, 2, 3, 4, 8] {
+        for devices in [1, 2, 3, 4, 6, 8] {
             for merge in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
-                let tree = TrainConfig {
-                    exchange: false,
+                let host_tree = TrainConfig {
+                    schedule: Schedule::HostTree,
                     ..short_config(devices, merge)
                 };
-                let reference = short_run_with(&SyncBackend::new(), &tree);
+                let reference = short_run_with(&SyncBackend::new(), &host_tree);
+                assert_eq!(reference.schedule, Schedule::HostTree);
                 for (name, make) in &backends {
-                    for exchange in [true, false] {
+                    for schedule in [Schedule::Auto, Schedule::Tree, Schedule::HostTree] {
                         let cfg = TrainConfig {
-                            exchange,
-                            ..tree.clone()
+                            schedule,
+                            ..host_tree.clone()
                         };
                         let r = short_run_with(make().as_ref(), &cfg);
-                        let what =
-                            format!("{devices} devices, {merge:?}, {name}, exchange {exchange}");
+                        let what = format!("{devices} devices, {merge:?}, {name}, {schedule:?}");
                         assert_eq!(reference.epoch_losses, r.epoch_losses, "{what}");
                         assert_eq!(reference.model, r.model, "{what}");
                         assert_eq!(reference.accuracy, r.accuracy, "{what}");
-                        assert_eq!(r.exchange, exchange && devices != 3, "{what}");
+                        let ran = match schedule {
+                            Schedule::Auto if devices.is_power_of_two() => Schedule::Exchange,
+                            Schedule::Auto => Schedule::Tree,
+                            other => other,
+                        };
+                        assert_eq!(r.schedule, ran, "{what}");
                     }
                 }
             }
         }
+        // Asked for where it does not fit, the exchange is an error naming why.
+        let cfg = TrainConfig {
+            schedule: Schedule::Exchange,
+            ..short_config(3, MergeBufferUse::Streaming)
+        };
+        let e = train(&SyncBackend::new(), &dataset(480, 1), &cfg, &mut |_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("the exchange needs"), "{e}");
     });
 }
 

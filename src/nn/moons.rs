@@ -19,27 +19,32 @@
 //! routines' code ([`Mlp::new_unstored`]). So a merge is one transfer and one routine and a
 //! parameter copy one transfer, whatever the number of layers.
 //!
-//! Two ways to run the steps, with the same results bit for bit:
-//! - **The exchange** ([`TrainConfig::exchange`], the default where it fits): on one rank,
+//! Three ways to run the steps ([`Schedule`]), with the same results bit for bit:
+//! - **The exchange** ([`Schedule::Exchange`]), what [`Schedule::Auto`] runs on one rank
 //!   when the devices sharing each queue (core) form aligned blocks of `2^a` consecutive
-//!   devices and there are `2^b` blocks — each device on a core of its own, blocks of devices
+//!   devices and there are `2^b` blocks: each device on a core of its own, blocks of devices
 //!   per core, or every device on the sync backend's one queue. Each queue runs the whole
 //!   training as one task: per step its devices' gradients, the tree of its block into its
 //!   first device (the leader), then `b` rounds of recursive doubling between leaders (a
 //!   leader adds its partner leader's partial sum to its own; `a + b == b + a` exactly, so
 //!   both hold the tree's sum), the update on each leader, and copies of the leader's
-//!   parameters to the rest of its block. Queues wait for each other through [`Progress`]
-//!   counts, without a task boundary; the host schedules one task per queue and sleeps until
-//!   each epoch's loss history is on the host. Sums a partner reads have two rows, used on
+//!   parameters to the rest of its block. Sums a partner reads have two rows, used on
 //!   alternate steps, so no write-after-read wait is needed (see the `Exchange` type).
-//! - **The tree**, scheduled by the host step by step, otherwise (several ranks, devices not
-//!   in such blocks, or `exchange: false`): the merges into device 0, the update on device 0,
-//!   and copies of the parameters from device 0 to the other devices. The host never waits
-//!   for a device inside a step: devices order their work among themselves with events
-//!   ([`Backend::record_event`]); a merge target waits for its source's gradients, and every
-//!   device other than 0 waits for device 0's update before copying the parameters (the
+//! - **The tree as programs** ([`Schedule::Tree`]), what `Auto` runs on one rank otherwise
+//!   (a number of devices that is not a power of two, or blocks of different sizes): the
+//!   merges into device 0, its update, and copies of its parameters to the other devices,
+//!   again one task per queue for the whole training (see the `TreeProgram` type).
+//! - **The host-scheduled tree** ([`Schedule::HostTree`]), what runs over several ranks: the
+//!   same tree, one task per device and phase, scheduled by the host step by step. The host
+//!   never waits for a device inside a step: devices order their work among themselves with
+//!   events ([`Backend::record_event`]); a merge target waits for its source's gradients, and
+//!   every device other than 0 waits for device 0's update before copying the parameters (the
 //!   rules are spelled out on the step scheduler in the source). The host waits only for the
 //!   loss history of each epoch, one epoch late, and for every device at the end.
+//!
+//! In the programs, queues wait for each other through [`Progress`] counts, without a task
+//! boundary, and the host schedules one task per queue, then sleeps until the training ends,
+//! waking every 100 ms to report the finished epochs' losses.
 //!
 //! On a backend with several ranks ([`Backend::num_ranks`]: the MPI backend), the `N` devices
 //! are spread over the `R` ranks in blocks of `N / R` ([`Backend::placement`]); the tree
@@ -148,10 +153,27 @@ pub struct TrainConfig {
     pub merge: MergeBufferUse,
     /// Precision of parameters, data and activations.
     pub prec: Prec,
-    /// Run the steps as one program per device queue with the hierarchical exchange when the
-    /// devices allow it (see the [module documentation](self)); `false`: always the tree,
-    /// scheduled by the host step by step. Both give the same results, bit for bit.
-    pub exchange: bool,
+    /// How the steps run (see the [module documentation](self)): [`Schedule::Auto`] (the
+    /// default), [`Schedule::Tree`] or [`Schedule::HostTree`]. All give the same results, bit
+    /// for bit.
+    pub schedule: Schedule,
+}
+
+/// How the training steps run (see the [module documentation](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Schedule {
+    /// The exchange where the devices allow it, else the tree, both as one program per
+    /// device queue; the host-scheduled tree over several ranks.
+    #[default]
+    Auto,
+    /// The hierarchical exchange, one program per device queue; an error where the devices
+    /// do not allow it.
+    Exchange,
+    /// The tree into device 0, one program per device queue (on one rank; the
+    /// host-scheduled tree over several).
+    Tree,
+    /// The tree into device 0, scheduled by the host step by step.
+    HostTree,
 }
 
 impl Default for TrainConfig {
@@ -168,7 +190,7 @@ impl Default for TrainConfig {
             devices: None,
             merge: MergeBufferUse::Streaming,
             prec: Prec::Single,
-            exchange: true,
+            schedule: Schedule::Auto,
         }
     }
 }
@@ -206,9 +228,9 @@ pub struct TrainReport {
     pub samples: usize,
     /// Number of routines compiled (in one `compile_batch`).
     pub routines: usize,
-    /// Whether the steps ran as the exchange (one program per device queue) rather than the
-    /// host-scheduled tree (see [`TrainConfig::exchange`]).
-    pub exchange: bool,
+    /// How the steps ran: [`Schedule::Exchange`], [`Schedule::Tree`] or
+    /// [`Schedule::HostTree`] (see [`TrainConfig::schedule`]).
+    pub schedule: Schedule,
     /// Lowering, optimizing, generating C, running the C compiler and loading the library.
     pub compile_time: Duration,
     /// Creating devices, linking, and the initial copies to the devices.
@@ -275,6 +297,9 @@ struct Dev {
     infer: Routine,
 }
 
+/// The transfer of a merge's source into the target's merge buffer, and the routine adding it.
+type MergeWork = Arc<(Transfer, Routine)>;
+
 /// One merge of the tree: `to` adds `from`'s gradients (and loss) to its own.
 struct MergeJob {
     to: usize,
@@ -282,7 +307,7 @@ struct MergeJob {
     description: Arc<str>,
     /// The transfer of the fused gradients into `to`'s merge buffer, then the routine adding
     /// them.
-    work: Arc<(Transfer, Routine)>,
+    work: MergeWork,
 }
 
 /// The copy of the fused parameters from device 0 to device `to`.
@@ -374,15 +399,6 @@ impl Exchange {
     /// of each epoch and advances `epochs`. On any failure (or panic) every count fails, so
     /// that no queue and not the host waits forever.
     fn run_group(&self, run: &Run, gi: usize) -> Result<()> {
-        struct FailOnExit<'a>(&'a Run, bool);
-        impl Drop for FailOnExit<'_> {
-            fn drop(&mut self) {
-                if !self.1 {
-                    self.0.progress.iter().for_each(Progress::fail);
-                    self.0.epochs.fail();
-                }
-            }
-        }
         let mut exit = FailOnExit(run, false);
         let g = &self.groups[gi];
         let n_dev = self.grads.len();
@@ -449,13 +465,141 @@ struct Run {
     /// The batch of each step.
     order: Vec<usize>,
     per_epoch: usize,
-    /// Per group, its finished stages.
+    /// The exchange: per group, its finished stages. The tree: per device, the steps whose
+    /// sum of its subtree is final.
     progress: Vec<Progress>,
+    /// The tree: the steps device 0 has updated the parameters of.
+    updated: Progress,
     /// Epochs whose loss history device 0 has copied to the host.
     epochs: Progress,
     history: Tnode,
     /// Device 0's buffer of the loss history.
     history_buffer: BufferPtr,
+}
+
+/// The tree as one program per device queue, for one rank when the exchange does not fit
+/// (see `TreeProgram::run_group`): the same merges, update and copies as the host-scheduled
+/// tree, in the same order, with waits on [`Progress`] counts instead of events.
+struct TreeProgram {
+    slot: StaticSymbol,
+    step: StaticSymbol,
+    /// Per device, the gradient routine, and its queue.
+    grads: Vec<Routine>,
+    queue: Vec<Option<usize>>,
+    /// The tree's merges, in order: `(to, from, work)`.
+    merges: Vec<(usize, usize, MergeWork)>,
+    /// Per device, how many merges add into it.
+    incoming: Vec<usize>,
+    /// Device 0's update.
+    update: Routine,
+    /// The parameter copies from device 0: `(to, what, transfer)`.
+    copies: Vec<(usize, Arc<str>, Arc<Transfer>)>,
+    /// The devices by queue.
+    groups: Vec<Vec<usize>>,
+}
+
+impl TreeProgram {
+    /// Runs the whole training of the devices `groups[gi]` (one queue), as one task on it:
+    /// per step, their gradients, the merges into them (waiting, for a source on another
+    /// queue, until its own merges are done: `progress[from]` counts the steps whose sum of
+    /// its subtree is final), device 0's update (then `updated` advances), and the copies of
+    /// device 0's parameters into them (waiting for `updated` on another queue than device
+    /// 0's). A queue does its merges in the tree's order (stride 1, 2, 4, ...), and a merge
+    /// waits only for subtrees of smaller strides, so no two queues wait for each other. The
+    /// write-after-read rules are the host-scheduled tree's (see `Plan::schedule_step`). On
+    /// any failure (or panic) every count fails.
+    fn run_group(&self, run: &Run, gi: usize) -> Result<()> {
+        let mut exit = FailOnExit(run, false);
+        let members = &self.groups[gi];
+        let n_dev = self.grads.len();
+        let mine = |i: usize| self.queue[i] == self.queue[members[0]];
+        let mut left = vec![0usize; n_dev];
+        for (s, &k) in run.order.iter().enumerate() {
+            let done = s as u64 + 1;
+            for &i in members {
+                let g = &self.grads[i];
+                g.bindings()
+                    .set_symbol(&self.slot, (k * n_dev + i) as i64)?;
+                part(g.name(), g.run_in_task())?;
+                left[i] = self.incoming[i];
+                if left[i] == 0 {
+                    run.progress[i].advance();
+                }
+            }
+            for (to, from, work) in &self.merges {
+                if !mine(*to) {
+                    continue;
+                }
+                if !mine(*from) {
+                    run.progress[*from].wait_for(done)?;
+                }
+                let (t, r) = &**work;
+                part(t.description(), t.run())?;
+                part(r.name(), r.run_in_task())?;
+                left[*to] -= 1;
+                if left[*to] == 0 {
+                    run.progress[*to].advance();
+                }
+            }
+            if mine(0) {
+                self.update.bindings().set_symbol(&self.step, s as i64)?;
+                part(self.update.name(), self.update.run_in_task())?;
+                run.updated.advance();
+            }
+            for (to, what, copy) in &self.copies {
+                if mine(*to) {
+                    run.updated.wait_for(done)?;
+                    part(what, copy.run())?;
+                }
+            }
+            if mine(0) && (s + 1) % run.per_epoch == 0 {
+                run.history
+                    .with_host_mut(|a| run.history_buffer.read_ndarray(a))
+                    .unwrap_or(Ok(()))?;
+                run.epochs.advance();
+            }
+        }
+        exit.1 = true;
+        Ok(())
+    }
+}
+
+/// A training run as one program per queue.
+#[derive(Clone)]
+enum Program {
+    Exchange(Arc<Exchange>),
+    Tree(Arc<TreeProgram>),
+}
+
+impl Program {
+    /// The devices of each queue, the first one's queue running the group's program.
+    fn groups(&self) -> Vec<Vec<usize>> {
+        match self {
+            Program::Exchange(x) => x.groups.iter().map(|g| g.members.clone()).collect(),
+            Program::Tree(t) => t.groups.clone(),
+        }
+    }
+
+    fn run_group(&self, run: &Run, gi: usize) -> Result<()> {
+        match self {
+            Program::Exchange(x) => x.run_group(run, gi),
+            Program::Tree(t) => t.run_group(run, gi),
+        }
+    }
+}
+
+/// Fails every count of a run unless disarmed (`.1 = true`): a program that stops early
+/// (an error or a panic) must not leave another queue or the host waiting.
+struct FailOnExit<'a>(&'a Run, bool);
+
+impl Drop for FailOnExit<'_> {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.progress.iter().for_each(Progress::fail);
+            self.0.updated.fail();
+            self.0.epochs.fail();
+        }
+    }
 }
 
 /// The exchange's groups for devices on these queues (`queue[i]`: device `i`'s queue), when
@@ -659,6 +803,45 @@ impl Plan {
         })
     }
 
+    /// The tree as one program per queue (one rank; see [`TreeProgram`]).
+    fn tree_program(&self) -> TreeProgram {
+        let queue: Vec<Option<usize>> = self
+            .devs
+            .iter()
+            .map(|d| d.device.has_worker().then(|| d.device.physical().ordinal()))
+            .collect();
+        let mut groups: Vec<Vec<usize>> = vec![];
+        for (i, q) in queue.iter().enumerate() {
+            match groups.iter_mut().find(|g| queue[g[0]] == *q) {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        let mut incoming = vec![0; self.devs.len()];
+        for m in &self.merges {
+            incoming[m.to] += 1;
+        }
+        TreeProgram {
+            slot: self.slot.clone(),
+            step: self.step.clone(),
+            grads: self.devs.iter().map(|d| d.grad.clone()).collect(),
+            queue,
+            merges: self
+                .merges
+                .iter()
+                .map(|m| (m.to, m.from, m.work.clone()))
+                .collect(),
+            incoming,
+            update: self.devs[0].update.clone(),
+            copies: self
+                .copies
+                .iter()
+                .map(|c| (c.to, c.description.clone(), c.work.clone()))
+                .collect(),
+            groups,
+        }
+    }
+
     /// Schedules training step `s` on batch `k` of the epoch (module documentation),
     /// ordering the devices' work with events instead of awaiting them:
     /// - a merge target waits for its source's event (the source's gradients are final), so
@@ -853,11 +1036,19 @@ pub fn train(
         .iter()
         .map(|d| d.has_worker().then(|| d.physical().ordinal()))
         .collect();
-    let groups = if cfg.exchange && ranks == 1 && !devices.iter().any(Device::is_remote) {
+    let in_process = ranks == 1 && !devices.iter().any(Device::is_remote);
+    let groups = if matches!(cfg.schedule, Schedule::Auto | Schedule::Exchange) && in_process {
         exchange_groups(&queues)
     } else {
         None
     };
+    if groups.is_none() && cfg.schedule == Schedule::Exchange {
+        return usage(format!(
+            "the exchange needs one rank and a power of two of devices in equal, aligned \
+             blocks per queue; {n_dev} devices on queues {queues:?} over {ranks} rank(s) do \
+             not fit (Schedule::Auto runs the tree then)"
+        ));
+    }
     let exchange = match groups {
         None => None,
         Some(groups) => {
@@ -1087,9 +1278,23 @@ pub fn train(
         Ok(())
     };
     let t_train = Instant::now();
-    if let Some(x) = &plan.exchange {
-        // The exchange runs as one program per queue (see `Exchange::run_group`): the host
-        // schedules it once and sleeps until each epoch's loss history is on the host.
+    // One rank, in process: the training as one program per queue (the exchange where it
+    // fits, else the tree), unless `cfg.programs` is off.
+    let program = match &plan.exchange {
+        Some(x) => Some(Program::Exchange(x.clone())),
+        None if cfg.schedule != Schedule::HostTree && in_process => {
+            Some(Program::Tree(Arc::new(plan.tree_program())))
+        }
+        None => None,
+    };
+    let schedule = match &program {
+        Some(Program::Exchange(_)) => Schedule::Exchange,
+        Some(Program::Tree(_)) => Schedule::Tree,
+        None => Schedule::HostTree,
+    };
+    if let Some(program) = program {
+        // The host schedules one task per queue and sleeps until each epoch's loss history
+        // is on the host (see `Exchange::run_group`, `TreeProgram::run_group`).
         let t = Instant::now();
         let order: Vec<usize> = (0..cfg.epochs)
             .flat_map(|_| order_rng.permutation(per_epoch))
@@ -1098,36 +1303,36 @@ pub fn train(
             .ctx
             .get_buffer(&history)
             .ok_or_else(|| Error::Usage("the loss history is not on device 0".into()))?;
+        let groups = program.groups();
+        let counted: Vec<usize> = match &program {
+            Program::Exchange(_) => groups.iter().map(|g| g[0]).collect(),
+            Program::Tree(_) => (0..n_dev).collect(),
+        };
         let run = Arc::new(Run {
             order,
             per_epoch,
-            progress: x
-                .groups
+            progress: counted
                 .iter()
-                .map(|g| {
-                    Progress::new(format!(
-                        "the training on {}",
-                        devs[g.members[0]].device.name()
-                    ))
-                })
+                .map(|&i| Progress::new(format!("the training on {}", devs[i].device.name())))
                 .collect(),
+            updated: Progress::new(format!("the updates on {}", devs[0].device.name())),
             epochs: Progress::new("the loss history of device 0"),
             history: history.clone(),
             history_buffer,
         });
-        for (gi, g) in x.groups.iter().enumerate() {
+        for (gi, members) in groups.iter().enumerate() {
             let description = format!(
                 "the training of {}",
-                g.members
+                members
                     .iter()
                     .map(|&i| devs[i].device.name())
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            let (x, run) = (x.clone(), run.clone());
+            let (program, run) = (program.clone(), run.clone());
             backend.schedule(
-                &devs[g.members[0]].device,
-                Task::new(description, move || x.run_group(&run, gi)),
+                &devs[members[0]].device,
+                Task::new(description, move || program.run_group(&run, gi)),
             )?;
         }
         phases.scheduling += t.elapsed();
@@ -1228,7 +1433,7 @@ pub fn train(
         steps,
         samples: steps * cfg.batch,
         routines: names.len(),
-        exchange: plan.exchange.is_some(),
+        schedule,
         compile_time,
         setup_time,
         train_time,
