@@ -3,7 +3,8 @@
 //! ```text
 //! cargo run --release --example moons -- [--seed N] [--points N] [--hidden N] [--batch N]
 //!     [--epochs N] [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-//!     [--backend multicore|sync|mpi] [--plot FILE.png] [--no-plot]
+//!     [--schedule auto|exchange|tree|host-tree] [--backend multicore|sync|mpi]
+//!     [--plot FILE.png] [--no-plot]
 //! mpirun -n R target/release/examples/moons --backend mpi [--devices N] ...
 //! ```
 //!
@@ -29,7 +30,8 @@ use std::process::ExitCode;
 
 const USAGE: &str = "usage: moons [--seed N] [--points N] [--hidden N] [--batch N] [--epochs N]
              [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-             [--backend multicore|sync|mpi] [--plot FILE.png] [--no-plot]
+             [--schedule auto|exchange|tree|host-tree] [--backend multicore|sync|mpi]
+             [--plot FILE.png] [--no-plot]
 
 Trains a 2-H-H-1 ReLU MLP (hinge loss, SGD with linearly decaying learning rate and weight
 decay) on two moons, data-parallel over N virtual devices.
@@ -44,6 +46,9 @@ decay) on two moons, data-parallel over N virtual devices.
   --devices N       virtual devices (default: what the backend suggests, dividing the batch);
                     with --backend mpi: devices per rank (default 1)
   --copy-to-merge   copy gradients into merge buffers (default: streaming, no copy)
+  --schedule NAME   how steps run: auto (default: the exchange where the devices allow it,
+                    else the tree, as one program per core; the host-scheduled tree over
+                    MPI), exchange, tree, or host-tree (the tree, scheduled step by step)
   --backend NAME    multicore (default), sync, or mpi (under mpirun; needs a build with
                     --features mpi)
   --plot FILE.png   also draw the points and the decision boundary into a PNG
@@ -85,6 +90,19 @@ fn parse_args() -> Result<Args, String> {
             "--weight-decay" => a.cfg.weight_decay = num(&flag, value()?)?,
             "--devices" => a.cfg.devices = Some(num(&flag, value()?)?),
             "--copy-to-merge" => a.cfg.merge = MergeBufferUse::Copy,
+            "--schedule" => {
+                a.cfg.schedule = match value()?.as_str() {
+                    "auto" => Schedule::Auto,
+                    "exchange" => Schedule::Exchange,
+                    "tree" => Schedule::Tree,
+                    "host-tree" => Schedule::HostTree,
+                    other => {
+                        return Err(format!(
+                            "--schedule: {other:?} is not auto, exchange, tree or host-tree"
+                        ))
+                    }
+                }
+            }
             "--backend" => a.backend = value()?,
             "--plot" => a.png = Some(value()?),
             "--no-plot" => a.terminal_plot = false,
