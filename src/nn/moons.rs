@@ -434,11 +434,8 @@ impl Exchange {
             for (what, copy) in &g.copies {
                 part(what, copy.run())?;
             }
-            if gi == 0 && (s + 1) % run.per_epoch == 0 {
-                run.history
-                    .with_host_mut(|a| run.history_buffer.read_ndarray(a))
-                    .unwrap_or(Ok(()))?;
-                run.epochs.advance();
+            if gi == 0 {
+                run.end_of_step(s)?;
             }
         }
         exit.1 = true;
@@ -446,7 +443,7 @@ impl Exchange {
     }
 }
 
-/// How often the host reports the epochs' losses while the exchange runs (it sleeps in
+/// How often the host reports the epochs' losses while the programs run (it sleeps in
 /// between).
 const REPORT_EVERY: Duration = Duration::from_millis(100);
 
@@ -475,6 +472,19 @@ struct Run {
     history: Tnode,
     /// Device 0's buffer of the loss history.
     history_buffer: BufferPtr,
+}
+
+impl Run {
+    /// Device 0's end of step `s`: at the end of an epoch, the loss history to the host.
+    fn end_of_step(&self, s: usize) -> Result<()> {
+        if (s + 1) % self.per_epoch == 0 {
+            self.history
+                .with_host_mut(|a| self.history_buffer.read_ndarray(a))
+                .unwrap_or(Ok(()))?;
+            self.epochs.advance();
+        }
+        Ok(())
+    }
 }
 
 /// The tree as one program per device queue, for one rank when the exchange does not fit
@@ -552,11 +562,8 @@ impl TreeProgram {
                     part(what, copy.run())?;
                 }
             }
-            if mine(0) && (s + 1) % run.per_epoch == 0 {
-                run.history
-                    .with_host_mut(|a| run.history_buffer.read_ndarray(a))
-                    .unwrap_or(Ok(()))?;
-                run.epochs.advance();
+            if mine(0) {
+                run.end_of_step(s)?;
             }
         }
         exit.1 = true;
