@@ -477,7 +477,7 @@ struct Run {
 impl Run {
     /// Device 0's end of step `s`: at the end of an epoch, the loss history to the host.
     fn end_of_step(&self, s: usize) -> Result<()> {
-        if (s + 1) % self.per_epoch == 0 {
+        if (s + 1).is_multiple_of(self.per_epoch) {
             self.history
                 .with_host_mut(|a| self.history_buffer.read_ndarray(a))
                 .unwrap_or(Ok(()))?;
