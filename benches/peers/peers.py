@@ -422,9 +422,9 @@ def table(args):
         return med([r.get(key) for r in rs])
 
     print("moons compile latency, median ms. arrayjit cold: compile_ms of the summary line with a "
-          "fresh ARRAYJIT_CACHE_DIR (one compile_batch of 5 routines for 2 devices, 4 for 1: "
-          "gradient, SGD update, inference, a merge within a core, and the merge between cores "
-          f"or the copy of the merged sum; {meta.get('compile_jobs', '?')} compiler "
+          "fresh ARRAYJIT_CACHE_DIR (one compile_batch of 4 routines: gradient, the last merge "
+          "with the SGD update, inference, and a merge within a core; "
+          f"{meta.get('compile_jobs', '?')} compiler "
           "jobs); JAX: tracing, lowering and XLA compilation of the jitted training step (ahead of time, default "
           "threads, no compilation cache):")
     small_desc = meta.get("moons_small", "default job")

@@ -372,9 +372,8 @@ struct Group {
     local: Vec<Merge>,
     /// The leader's rounds with the other groups' leaders.
     rounds: Vec<Merge>,
-    /// Without rounds: the leader's copy of its row of gradient sums into the merged ones.
-    finalize: Option<Routine>,
-    /// The leader's update.
+    /// The leader's update, with the last round before it in one routine (without rounds,
+    /// the copy of the leader's row as the merged sum).
     update: Routine,
     /// The parameters from the leader to the other members.
     copies: Vec<(String, Transfer)>,
@@ -420,17 +419,17 @@ impl Exchange {
                 with_parity(&m.routine, parity)?;
             }
             run.progress[gi].advance();
+            // The last round runs the update too.
+            g.update.bindings().set_symbol(&self.step, s as i64)?;
             for (r, m) in g.rounds.iter().enumerate() {
                 run.progress[m.from_group].wait_for(s as u64 * stages + r as u64 + 1)?;
                 part(&m.description, m.transfer.run())?;
                 with_parity(&m.routine, parity)?;
                 run.progress[gi].advance();
             }
-            if let Some(f) = &g.finalize {
-                with_parity(f, parity)?;
+            if g.rounds.is_empty() {
+                with_parity(&g.update, parity)?;
             }
-            g.update.bindings().set_symbol(&self.step, s as i64)?;
-            part(g.update.name(), g.update.run_in_task())?;
             for (what, copy) in &g.copies {
                 part(what, copy.run())?;
             }
@@ -682,7 +681,12 @@ impl Plan {
                 for r in 0..sums.rounds {
                     let pg = gi ^ (1 << r);
                     let partner = &devs[groups[pg][0]];
-                    let routine = leader.merges[1 + r].clone();
+                    // The last round is the update's routine (see `train`).
+                    let routine = if r + 1 == sums.rounds {
+                        leader.update.clone()
+                    } else {
+                        leader.merges[1 + r].clone()
+                    };
                     rounds.push(Merge {
                         from_group: pg,
                         description: format!(
@@ -695,7 +699,6 @@ impl Plan {
                         routine,
                     });
                 }
-                let finalize = (sums.rounds == 0).then(|| leader.merges[1].clone());
                 let mut copies = vec![];
                 for &i in &members[1..] {
                     let d = &devs[i];
@@ -720,7 +723,6 @@ impl Plan {
                     members: members.clone(),
                     local,
                     rounds,
-                    finalize,
                     update: leader.update.clone(),
                     copies,
                 });
@@ -1083,7 +1085,12 @@ pub fn train(
         Some((parity, _, _)) => Bindings(vec![slot.clone(), step.clone(), parity.clone()]),
         None => bindings,
     };
-    let mut names: Vec<String> = ["grad", "sgd_update", "infer"].map(String::from).into();
+    let second = if exchange.is_some() {
+        "merge_and_update"
+    } else {
+        "sgd_update"
+    };
+    let mut names: Vec<String> = ["grad", second, "infer"].map(String::from).into();
     // The update unpacks the merged gradients and loss into tensors of its own (not the
     // gradient routine's), so that the two routines share only the fused tensors and the
     // parameters: the unpacked ones stay local to the update's code.
@@ -1117,6 +1124,49 @@ pub fn train(
             params.pack()?,
         ]))
     };
+    let projections = |spec: &str, to: &Tnode, from: &[&Tnode]| {
+        let dims: Vec<&[usize]> = from.iter().map(|t| t.dims()).collect();
+        einsum::projections(spec, to.dims(), &dims, &bindings)
+    };
+    // Round `r` of the exchange (1-based): the partner's previous sum added to this leader's.
+    let round = |sums: &Sums, r: usize| -> Result<Assignments> {
+        let from = &sums.rows[r - 1];
+        let (to, spec) = if r < sums.rounds {
+            (&sums.rows[r], "{parity}i,{parity}i->{parity}i")
+        } else {
+            (&sums.merged, "{parity}i,{parity}i->i")
+        };
+        Ok(Assignments::block(
+            &format!("exchange round {r}"),
+            Assignments::AccumBinop {
+                initialize_neutral: false,
+                accum: Binop::Arg2,
+                op: Binop::Add,
+                lhs: to.clone(),
+                rhs1: Buffer::Node(from.clone()),
+                rhs2: Buffer::MergeBuffer(from.clone()),
+                projections: projections(spec, to, &[from, from])?,
+            },
+        ))
+    };
+    // What makes the merged sum: the last round, or without rounds the leader's own row.
+    let last_merge = |sums: &Sums| -> Result<Assignments> {
+        if sums.rounds > 0 {
+            return round(sums, sums.rounds);
+        }
+        let row = &sums.rows[0];
+        Ok(Assignments::block(
+            "the leader's row of gradient sums, as merged",
+            Assignments::AccumUnop {
+                initialize_neutral: false,
+                accum: Binop::Arg2,
+                op: Unop::Identity,
+                lhs: sums.merged.clone(),
+                rhs: Buffer::Node(row.clone()),
+                projections: projections("{parity}i->i", &sums.merged, &[row])?,
+            },
+        ))
+    };
     let mut code = match &exchange {
         Some((parity, sums, _)) => vec![
             Assignments::seq([
@@ -1124,7 +1174,9 @@ pub fn train(
                 mlp.grad_routine(&data_x, &data_t, &slot, &loss, cfg.batch)?,
                 grads.pack_into_row(&sums.rows[0], parity)?,
             ]),
-            update(&sums.merged)?,
+            // The last round (or, without rounds, the copy of the leader's row) and the update,
+            // in one routine.
+            Assignments::seq([last_merge(sums)?, update(&sums.merged)?]),
         ],
         None => vec![
             Assignments::seq([
@@ -1141,10 +1193,6 @@ pub fn train(
     ]));
     match &exchange {
         Some((_, sums, _)) => {
-            let projections = |spec: &str, to: &Tnode, from: &[&Tnode]| {
-                let dims: Vec<&[usize]> = from.iter().map(|t| t.dims()).collect();
-                einsum::projections(spec, to.dims(), &dims, &bindings)
-            };
             // The tree within a queue: a follower's row added to the leader's, in place.
             let row = &sums.rows[0];
             code.push(Assignments::block(
@@ -1159,44 +1207,10 @@ pub fn train(
                 },
             ));
             names.push("local_merge".into());
-            for r in 1..=sums.rounds {
-                let (from, to) = if r < sums.rounds {
-                    (&sums.rows[r - 1], &sums.rows[r])
-                } else {
-                    (&sums.rows[r - 1], &sums.merged)
-                };
-                let spec = if r < sums.rounds {
-                    "{parity}i,{parity}i->{parity}i"
-                } else {
-                    "{parity}i,{parity}i->i"
-                };
-                code.push(Assignments::block(
-                    &format!("exchange round {r}"),
-                    Assignments::AccumBinop {
-                        initialize_neutral: false,
-                        accum: Binop::Arg2,
-                        op: Binop::Add,
-                        lhs: to.clone(),
-                        rhs1: Buffer::Node(from.clone()),
-                        rhs2: Buffer::MergeBuffer(from.clone()),
-                        projections: projections(spec, to, &[from, from])?,
-                    },
-                ));
+            // All rounds but the last (which goes with the update).
+            for r in 1..sums.rounds {
+                code.push(round(sums, r)?);
                 names.push(format!("exchange_round{r}"));
-            }
-            if sums.rounds == 0 {
-                code.push(Assignments::block(
-                    "the leader's row of gradient sums, as merged",
-                    Assignments::AccumUnop {
-                        initialize_neutral: false,
-                        accum: Binop::Arg2,
-                        op: Unop::Identity,
-                        lhs: sums.merged.clone(),
-                        rhs: Buffer::Node(row.clone()),
-                        projections: projections("{parity}i->i", &sums.merged, &[row])?,
-                    },
-                ));
-                names.push("finalize".into());
             }
         }
         None => {
