@@ -5,10 +5,9 @@
 //! buffers, a cross-device handoff); for a small model that cost, not the data, is most of a
 //! data-parallel step.
 
+use super::copy;
 use crate::error::{Error, Result};
-use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, MemoryMode, Prec, Projections, StaticSymbol, Tnode, Unop,
-};
+use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, Projections, StaticSymbol, Tnode};
 
 /// A flat tensor holding `parts`, each at its offset, row-major, in the order given.
 #[derive(Clone, Debug)]
@@ -220,18 +219,6 @@ impl Bucket {
             &format!("unpack {}", from.name()),
             Assignments::seq(code),
         ))
-    }
-}
-
-/// `lhs[..] = rhs[..]` under `p`.
-fn copy(lhs: &Tnode, rhs: &Tnode, p: Projections) -> Assignments {
-    Assignments::AccumUnop {
-        initialize_neutral: false,
-        accum: Binop::Arg2,
-        op: Unop::Identity,
-        lhs: lhs.clone(),
-        rhs: Buffer::Node(rhs.clone()),
-        projections: p,
     }
 }
 

@@ -234,6 +234,11 @@ fn unop(
     }
 }
 
+/// `lhs[..] = rhs[..]` under `p`.
+fn copy(lhs: &Tnode, rhs: &Tnode, p: Projections) -> Assignments {
+    unop(false, Binop::Arg2, Unop::Identity, lhs, node(rhs), p)
+}
+
 fn node(t: &Tnode) -> Buffer {
     Buffer::Node(t.clone())
 }

@@ -68,7 +68,7 @@
 //! # }
 //! ```
 
-use super::{merge_add, Bucket, Mlp, Rng};
+use super::{binop, copy, merge_add, unop, Bucket, Mlp, Rng};
 use crate::backend::{
     Backend, BufferPtr, Config, Context, Device, Event, MergeBufferUse, Progress, Routine, Task,
     Transfer,
@@ -1103,19 +1103,16 @@ pub fn train(
         let (merged_loss, merged_grads) = applied
             .split_last()
             .ok_or_else(|| Error::Usage("no gradients".into()))?;
-        let record = Assignments::AccumUnop {
-            initialize_neutral: false,
-            accum: Binop::Arg2,
-            op: Unop::Identity,
-            lhs: history.clone(),
-            rhs: Buffer::Node(merged_loss.clone()),
-            projections: einsum::projections(
+        let record = copy(
+            &history,
+            merged_loss,
+            einsum::projections(
                 "0->{step}",
                 history.dims(),
                 &[merged_loss.dims()],
                 &bindings,
             )?,
-        };
+        );
         Ok(Assignments::seq([
             params.unpack()?,
             grads.unpack_from(merged, &applied)?,
@@ -1138,15 +1135,15 @@ pub fn train(
         };
         Ok(Assignments::block(
             &format!("exchange round {r}"),
-            Assignments::AccumBinop {
-                initialize_neutral: false,
-                accum: Binop::Arg2,
-                op: Binop::Add,
-                lhs: to.clone(),
-                rhs1: Buffer::Node(from.clone()),
-                rhs2: Buffer::MergeBuffer(from.clone()),
-                projections: projections(spec, to, &[from, from])?,
-            },
+            binop(
+                false,
+                Binop::Arg2,
+                Binop::Add,
+                to,
+                Buffer::Node(from.clone()),
+                Buffer::MergeBuffer(from.clone()),
+                projections(spec, to, &[from, from])?,
+            ),
         ))
     };
     // What makes the merged sum: the last round, or without rounds the leader's own row.
@@ -1157,14 +1154,11 @@ pub fn train(
         let row = &sums.rows[0];
         Ok(Assignments::block(
             "the leader's row of gradient sums, as merged",
-            Assignments::AccumUnop {
-                initialize_neutral: false,
-                accum: Binop::Arg2,
-                op: Unop::Identity,
-                lhs: sums.merged.clone(),
-                rhs: Buffer::Node(row.clone()),
-                projections: projections("{parity}i->i", &sums.merged, &[row])?,
-            },
+            copy(
+                &sums.merged,
+                row,
+                projections("{parity}i->i", &sums.merged, &[row])?,
+            ),
         ))
     };
     let mut code = match &exchange {
@@ -1197,14 +1191,14 @@ pub fn train(
             let row = &sums.rows[0];
             code.push(Assignments::block(
                 "merge the gradients and the loss of a device on the same queue",
-                Assignments::AccumUnop {
-                    initialize_neutral: false,
-                    accum: Binop::Add,
-                    op: Unop::Identity,
-                    lhs: row.clone(),
-                    rhs: Buffer::MergeBuffer(row.clone()),
-                    projections: projections("{parity}i->{parity}i", row, &[row])?,
-                },
+                unop(
+                    false,
+                    Binop::Add,
+                    Unop::Identity,
+                    row,
+                    Buffer::MergeBuffer(row.clone()),
+                    projections("{parity}i->{parity}i", row, &[row])?,
+                ),
             ));
             names.push("local_merge".into());
             // All rounds but the last (which goes with the update).
