@@ -129,10 +129,16 @@ impl Routine {
         &self.0.compiled.sig
     }
 
+    /// The static-index values set now, without allocating (inline up to
+    /// `StaticValues::INLINE`).
+    fn current_values(&self) -> StaticValues {
+        StaticValues::collect(self.0.bindings.iter_values())
+    }
+
     /// A task running the routine with the binding values current *now* (they are captured,
     /// so the caller may change them right after).
     pub fn task(&self) -> Task {
-        let values = StaticValues::collect(self.0.bindings.iter_values());
+        let values = self.current_values();
         let work: Arc<dyn Runnable> = self.0.clone();
         Task::shared(self.0.task_description.clone(), work, values).with_accesses(self.accesses())
     }
@@ -165,7 +171,7 @@ impl Routine {
             }
             d.wait_for_hazards(&self.accesses());
         }
-        self.0.run_with(&self.0.bindings.values())
+        self.0.run_with(self.current_values().as_slice())
     }
 
     /// The context buffers a run reads (`false`) and writes (`true`), and on a device whose
@@ -186,7 +192,7 @@ impl Routine {
     /// a task running on the routine's own device (where [`Routine::run`] would wait for
     /// itself).
     pub fn run_in_task(&self) -> Result<()> {
-        self.0.run_with(&self.0.bindings.values())
+        self.0.run_with(self.current_values().as_slice())
     }
 }
 

@@ -434,15 +434,9 @@ fn run_captured(task: Task) -> Result<()> {
 
 impl Device {
     /// A device whose tasks run on a new worker thread (the first virtual device of a
-    /// physical device; see [`Device::on_same_queue`]).
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    pub(crate) fn with_worker(physical: PhysicalDevice, subordinal: usize) -> Result<Device> {
-        Device::with_worker_on(physical, subordinal, None)
-    }
-
-    /// Like [`Device::with_worker`], the worker pinned to CPU `core` (if given; a failure to
-    /// pin is reported through `tracing` and leaves the worker unpinned).
-    pub(crate) fn with_worker_on(
+    /// physical device; see [`Device::on_same_queue`]), pinned to CPU `core` if given (a
+    /// failure to pin is reported through `tracing` and leaves the worker unpinned).
+    pub(crate) fn with_worker(
         physical: PhysicalDevice,
         subordinal: usize,
         core: Option<usize>,

@@ -707,7 +707,7 @@ impl Backend for MulticoreBackend {
         } else {
             None
         };
-        Device::with_worker_on(physical.clone(), subordinal, core)
+        Device::with_worker(physical.clone(), subordinal, core)
     }
 }
 

@@ -825,7 +825,7 @@ impl Backend for MpiBackend {
     /// every other rank.
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
         if physical.ordinal() == self.rank {
-            Device::with_worker(physical.clone(), subordinal)
+            Device::with_worker(physical.clone(), subordinal, None)
         } else {
             Ok(Device::remote(physical.clone(), subordinal))
         }
