@@ -291,7 +291,8 @@ struct Dev {
     ctx: Context,
     grad: Routine,
     /// The tree: one routine adding the fused gradients (and loss) in the merge buffer to
-    /// this device's. The exchange: one routine per round.
+    /// this device's. The exchange: the merge within a queue, then one routine per round
+    /// but the last (which is `update`'s).
     merges: Vec<Routine>,
     update: Routine,
     infer: Routine,
@@ -612,26 +613,35 @@ impl Drop for FailOnExit<'_> {
 /// they qualify (see [`Exchange`]): `n` devices in aligned blocks of `2^a` per queue, `2^b`
 /// blocks. `None` otherwise.
 fn exchange_groups(queue: &[Option<usize>]) -> Option<Vec<Vec<usize>>> {
-    let n = queue.len();
-    let mut groups: Vec<Vec<usize>> = vec![];
-    for (i, q) in queue.iter().enumerate() {
-        match groups.last_mut() {
-            Some(g) if queue[g[0]] == *q => g.push(i),
-            _ => {
-                // A queue seen before, not adjacent: not a block.
-                if groups.iter().any(|g| queue[g[0]] == *q) {
-                    return None;
-                }
-                groups.push(vec![i]);
-            }
-        }
-    }
+    let groups = queue_groups(queue);
     let size = groups.first()?.len();
-    let ok = n.is_power_of_two()
+    let blocks = groups
+        .iter()
+        .all(|g| g.len() == size && g.windows(2).all(|w| w[1] == w[0] + 1));
+    let ok = queue.len().is_power_of_two()
         && size.is_power_of_two()
         && groups.len().is_power_of_two()
-        && groups.iter().all(|g| g.len() == size);
+        && blocks;
     ok.then_some(groups)
+}
+
+/// The queue a device's tasks run on: its physical device's worker, or `None` for the
+/// devices without one (which run tasks on the scheduling thread, all alike).
+fn queue_of(d: &Device) -> Option<usize> {
+    d.has_worker().then(|| d.physical().ordinal())
+}
+
+/// The devices by queue (`queue[i]`: device `i`'s), in order of first appearance, each in
+/// device order.
+fn queue_groups(queue: &[Option<usize>]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = vec![];
+    for (i, q) in queue.iter().enumerate() {
+        match groups.iter_mut().find(|g| queue[g[0]] == *q) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
 }
 
 /// Runs a transfer or a routine of a job, naming it in a failure.
@@ -814,18 +824,8 @@ impl Plan {
 
     /// The tree as one program per queue (one rank; see [`TreeProgram`]).
     fn tree_program(&self) -> TreeProgram {
-        let queue: Vec<Option<usize>> = self
-            .devs
-            .iter()
-            .map(|d| d.device.has_worker().then(|| d.device.physical().ordinal()))
-            .collect();
-        let mut groups: Vec<Vec<usize>> = vec![];
-        for (i, q) in queue.iter().enumerate() {
-            match groups.iter_mut().find(|g| queue[g[0]] == *q) {
-                Some(g) => g.push(i),
-                None => groups.push(vec![i]),
-            }
-        }
+        let queue: Vec<Option<usize>> = self.devs.iter().map(|d| queue_of(&d.device)).collect();
+        let groups = queue_groups(&queue);
         let mut incoming = vec![0; self.devs.len()];
         for m in &self.merges {
             incoming[m.to] += 1;
@@ -1041,10 +1041,7 @@ pub fn train(
         let physical = backend.get_device(backend.placement(i, n_dev))?;
         devices.push(backend.new_virtual_device(&physical)?);
     }
-    let queues: Vec<Option<usize>> = devices
-        .iter()
-        .map(|d| d.has_worker().then(|| d.physical().ordinal()))
-        .collect();
+    let queues: Vec<Option<usize>> = devices.iter().map(queue_of).collect();
     let in_process = ranks == 1 && !devices.iter().any(Device::is_remote);
     let groups = if matches!(cfg.schedule, Schedule::Auto | Schedule::Exchange) && in_process {
         exchange_groups(&queues)
