@@ -209,18 +209,9 @@ impl Task {
     }
 
     /// The task, first running `wait` (on the device, before the work): how the device layer
-    /// makes a task wait for its hazards without a task of its own.
+    /// makes a task wait for its hazards without a task of its own. Only for a task already
+    /// checked ([`Task::check`]): the check of shared work does not carry over.
     pub(crate) fn after(mut self, wait: impl FnOnce() + Send + 'static) -> Task {
-        if let Some(r) = work_check(&self.work) {
-            // The shared work's check stays with the task.
-            let p = self.precondition.take();
-            self.precondition = Some(Box::new(move || {
-                if let Some(p) = &p {
-                    p()?;
-                }
-                r.check()
-            }));
-        }
         let work = self.work;
         self.work = Work::Once(Box::new(move || {
             wait();
