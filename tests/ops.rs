@@ -307,3 +307,54 @@ fn static_index_in_einsum_spec() {
         Err(arrayjit::Error::BindingOutOfRange { .. })
     ));
 }
+
+/// A static index's limit comes from every axis it indexes in the routine as written, not
+/// only from the reads that survive optimization: `arg1` drops its second operand, which is
+/// the only use of `s` (issue 19, item 7: `s = 1000` on an extent-2 axis ran).
+#[test]
+fn static_index_limit_counts_reads_the_optimizer_drops() {
+    let s = StaticSymbol::new("s", None);
+    let b = Bindings(vec![s.clone()]);
+    let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+    let w = input("w", &[2], Prec::Single, &[10., 20.]);
+    let y = output("y", &[3], Prec::Single);
+    let a = binop(&y, Binop::Arg2, false, Binop::Arg1, &x, &w, "i,{s}->i", &b);
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, _) = build(&backend, "drop", &b, &a).unwrap();
+    r.bindings().set("s", 1).unwrap();
+    assert_eq!(run_and_read(&backend, &r, &[&y])[0], vec![1., 2., 3.]);
+    for bad in [2, 1000, -1] {
+        let err = r.bindings().set("s", bad).unwrap_err();
+        assert!(
+            matches!(&err, arrayjit::Error::BindingOutOfRange { index, value, limit: 2, .. } if index == "s" && *value == bad),
+            "s = {bad}: {err:?}"
+        );
+    }
+}
+
+/// A static index used on axes of extents 3 and 1 accepts only 0, however the optimizer
+/// rewrites the accesses (issue 19, item 1).
+#[test]
+fn static_index_limit_is_the_smallest_axis() {
+    let s = StaticSymbol::new("s", None);
+    let b = Bindings(vec![s.clone()]);
+    let x = input("x", &[2], Prec::Single, &[1., 2.]);
+    let y1 = output("y1", &[3], Prec::Single);
+    let y2 = output("y2", &[2, 1, 2], Prec::Single);
+    let a = Assignments::seq([
+        unop(&y1, Binop::Add, false, Unop::Identity, &x, "j->{s}", &b),
+        unop(&y2, Binop::Arg2, false, Unop::Identity, &x, "j->a{s}j", &b),
+    ]);
+    let backend = arrayjit::backend::CcBackend::new();
+    let (r, _) = build(&backend, "two_axes", &b, &a).unwrap();
+    r.bindings().set("s", 0).unwrap();
+    let got = run_and_read(&backend, &r, &[&y1, &y2]);
+    assert_eq!(got[0], vec![3., 0., 0.]);
+    assert_eq!(got[1], vec![1., 2., 1., 2.]);
+    for bad in [1, 2] {
+        assert!(matches!(
+            r.bindings().set("s", bad),
+            Err(arrayjit::Error::BindingOutOfRange { limit: 1, .. })
+        ));
+    }
+}

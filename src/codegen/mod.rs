@@ -579,7 +579,20 @@ impl Writer {
     ) -> (RoutineSignature, Vec<Part>) {
         let c_name = self.names.routine(&o.name);
         let statics: Vec<StaticSymbol> = bindings.0.clone();
-        let static_limits = statics.iter().map(|s| static_limit(&o.code, s)).collect();
+        // The limits of the code as written (every access the routine's meaning has, as the
+        // interpreter checks them; the optimizer may drop reads, like `arg1`'s unused
+        // operand) and of the optimized code (whose linear indices are checked too).
+        let static_limits = statics
+            .iter()
+            .map(|s| {
+                let written = static_limit(&o.unoptimized, s);
+                let optimized = static_limit(&o.code, s);
+                match (written, optimized) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            })
+            .collect();
         let written = written_nodes(&o.code);
         let mut buffers = vec![];
         let mut local_nodes = vec![];
@@ -750,9 +763,14 @@ impl Writer {
             } else {
                 " = {0}"
             };
+            // The alignment is explicit: GCC 12 (`-O3`, AVX-512, with
+            // `--param=max-completely-peel-times=1`) may raise a local array's alignment for
+            // an aligned vector store without realigning the frame, which then faults
+            // (`regression_gcc12_unaligned_stack_array`). A declared alignment makes every
+            // compiler realign the frame.
             let _ = writeln!(
                 self.out,
-                "  {} {n}[{}]{init};",
+                "  {} {n}[{}] __attribute__((aligned({LOCAL_ARRAY_ALIGN}))){init};",
                 tn.prec().c_type(),
                 tn.numel()
             );
@@ -951,13 +969,33 @@ fn indent_text(s: &str, levels: usize) -> String {
 
 /// The exclusive bound on a static index's value: its range, and the extent of every axis it
 /// indexes in the code.
+/// The alignment, in bytes, of every local array in generated code: the widest vector
+/// register of any target (AVX-512).
+const LOCAL_ARRAY_ALIGN: usize = 64;
+
+/// The exclusive upper bound on the value of static index `s` that keeps every access of
+/// `code` that `s` takes part in inside its axis: the smallest over those axes (and the
+/// declared range). An axis index `offset + c·s + (other terms ≥ 0)` stays below the extent
+/// `d` only if `offset + c·s ≤ d - 1`, so `s < (d - 1 - offset) / c + 1` (and no value fits
+/// when `offset ≥ d`).
 fn static_limit(code: &Llc, s: &StaticSymbol) -> Option<usize> {
     let mut limit = s.range;
     let mut tighten = |tn: &Tnode, idcs: &[AxisIndex]| {
         for (ix, &d) in idcs.iter().zip(tn.dims()) {
-            if *ix == AxisIndex::Iterator(s.symbol) {
-                limit = Some(limit.map_or(d, |l| l.min(d)));
+            let c = ix.coef(s.symbol);
+            if c == 0 {
+                continue;
             }
+            let offset = match ix {
+                AxisIndex::Linear(l) => l.offset,
+                _ => 0,
+            };
+            let bound = if offset >= d {
+                0
+            } else {
+                (d - 1 - offset) / c + 1
+            };
+            limit = Some(limit.map_or(bound, |l| l.min(bound)));
         }
     };
     crate::loops::visit_llc(code, &mut |c| {
