@@ -384,7 +384,7 @@ fn compile_for(
     let lib_name = PathBuf::from(format!("lib{stem}.so"));
     let command = config.command_line(&src_name, &lib_name);
     if let Some(d) = &debug {
-        d.write(".cmd", &format!("{command}\n"))?;
+        d.write_cmd(&format!("{command}\n"))?;
     }
 
     // The compile cache (see the `cache` module): the object key is known now, the entry's key
@@ -405,7 +405,7 @@ fn compile_for(
         match e.lookup() {
             Lookup::Hit(lib) => {
                 if let Some(d) = &debug {
-                    d.write(".log", &format!("[cache hit: {}]\n", e.path.display()))?;
+                    d.write_log_note(&format!("[cache hit: {}]\n", e.path.display()))?;
                 }
                 Ok(Some(Arc::new(LoadedLibrary {
                     lib,
