@@ -549,6 +549,68 @@ fn a_compiler_memo_another_user_owns_or_could_write_is_not_trusted() {
     assert!(marker.exists(), "the control did not use the memo");
 }
 
+#[test]
+fn a_target_memo_another_user_owns_or_could_write_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    // A compiler that logs its runs (the target probe is the one with `-E -dM`).
+    let log = dir.path().join("runs.log");
+    let cc = dir.path().join("logging-cc");
+    write_script(
+        &cc,
+        &format!(
+            "echo \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            log.display(),
+            system_cc().display()
+        ),
+    );
+    let env: [(&str, &Path); 3] = [
+        ("ARRAYJIT_CC", &cc),
+        ("ARRAYJIT_CACHE_DIR", &cache),
+        ("TMPDIR", dir.path()),
+    ];
+    let probes = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("-E -dM"))
+            .count()
+    };
+    assert_eq!(run_child(&env).value(), 42.0);
+    assert_eq!(probes(), 1);
+    let memo = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("target-"))
+        .expect("no target-* memo was written");
+    // Remembered: a new process neither probes nor compiles.
+    assert!(run_child(&env).hit_the_cache());
+    assert_eq!(probes(), 1);
+    // Writable by others: not read (the probe runs again), and rewritten as a private file.
+    set_mode(&memo, 0o666);
+    let c = run_child(&env);
+    assert_eq!(c.value(), 42.0);
+    assert_eq!(probes(), 2, "the memo was trusted");
+    assert!(
+        c.stderr.contains(&memo.display().to_string()) && c.stderr.contains("its mode is 0666"),
+        "{}",
+        c.stderr
+    );
+    assert_eq!(mode(&memo), 0o600);
+    if root_or_skip("a_target_memo_another_user_owns_or_could_write_is_not_trusted (owner)") {
+        chown(&memo, NOBODY);
+        let c = run_child(&env);
+        assert_eq!(c.value(), 42.0);
+        assert_eq!(probes(), 3, "the memo was trusted");
+        assert!(
+            c.stderr.contains(&format!("owned by uid {NOBODY}")),
+            "{}",
+            c.stderr
+        );
+        assert_eq!(fs::metadata(&memo).unwrap().uid(), euid());
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // (8) Special files never block and are never read.
 

@@ -233,14 +233,8 @@ fn die_with_parent(cmd: &mut Command) {
     // error is built from a raw OS error code, without allocating).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
+            let (sig, unused) = (libc::SIGKILL as libc::c_ulong, 0 as libc::c_ulong);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, sig, unused, unused, unused) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // The parent may have died before the setting took effect: then no signal comes.
