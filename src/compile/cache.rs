@@ -593,8 +593,9 @@ pub(super) fn euid() -> u32 {
 /// objects are kilobytes to a few megabytes, so a larger file is not one arrayjit stored.
 const MAX_ENTRY_BYTES: u64 = 1 << 30;
 
-/// Why `meta` (of `path`, already opened or looked up without following a final symbolic
-/// link) is not a private file or directory of this user: `None` if it is one.
+/// Why the file described by `meta` is not a private regular file (or, with `dir`, directory)
+/// of this user: not of that type, owned by another user, or writable by group or others.
+/// `None` if it is one.
 fn not_private(meta: &fs::Metadata, dir: bool) -> Option<String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let ft = meta.file_type();
