@@ -91,6 +91,18 @@ pub enum Error {
         /// The loader's message.
         msg: String,
     },
+    /// A file or directory arrayjit would read, load or write through is not safe to use:
+    /// another user owns it or could have written it (group or others may write it), or it
+    /// is not the kind of file expected (a symbolic link, a FIFO, a device), or it is too
+    /// large. The compile cache and the debug directory check their files this way (see "The
+    /// compile cache" in the README).
+    #[error("refusing {path}: {msg}")]
+    UnsafeFile {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong with it (owner, mode, file type or size).
+        msg: String,
+    },
     /// A file-system operation failed.
     #[error("{what}: {source}")]
     Io {

@@ -16,6 +16,11 @@
 //! copied over the entry, another entry, a truncated or garbage file) is deleted and compiled
 //! again. Objects are only stored under a key whose target fingerprint is the probed target's.
 //!
+//! Nothing another user could have written is used: the directory must be the user's alone,
+//! and every file is checked (owner, mode, type, size) on the descriptor it is then read
+//! through, before anything in it is trusted; an entry's checked bytes are what is loaded
+//! (see "Trust" below, before [`euid`]).
+//!
 //! The cache is bounded ([`CompilerConfig::cache_max_bytes`], `ARRAYJIT_CACHE_MAX`): a hit
 //! sets its entry's modification time to now, and after storing an entry the least recently
 //! used entries are deleted until the entries fit (see [`CompileCache`]).
@@ -26,6 +31,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::cleanup::WorkDir;
 use super::config::{cache_settings, program_identity, CompilerConfig};
 use super::load::{open_library, symbol_address, Handle};
 use super::target::Target;
@@ -84,6 +90,16 @@ pub(super) struct CacheEntry {
     object: ObjectKey,
     /// The cache's size limit for objects ([`CompilerConfig::cache_max_bytes`]).
     max_bytes: u64,
+    /// Where the private temporary directories go ([`CompilerConfig::temp_root`]).
+    temp_root: PathBuf,
+}
+
+/// Why loading a checked entry failed.
+enum LoadFailure {
+    /// Copying it to a private temporary directory failed (not the entry's fault).
+    Copy(Error),
+    /// The loader refused it.
+    Load(Error),
 }
 
 /// What looking an entry up found.
@@ -114,14 +130,35 @@ impl CacheEntry {
             key,
             object,
             max_bytes: config.cache_max_bytes,
+            temp_root: config.temp_root.clone().unwrap_or_else(std::env::temp_dir),
         }
     }
 
-    /// Looks the entry up. An entry that exists but is not this key's object is deleted.
+    /// Looks the entry up. An entry that exists but is not this key's object, or that fails
+    /// the checks of [`open_private`] (another user's file, one group or others can write, a
+    /// symbolic link, a FIFO, a file larger than the limit), is deleted; the refusals of
+    /// [`open_private`] are also logged as warnings.
+    ///
+    /// The entry is read through the descriptor that was checked, its trailer and checksum
+    /// are checked on the bytes read, and those same bytes are what is loaded: they are
+    /// written to a fresh file in a new private (0700) temporary directory, which is loaded
+    /// and deleted. So nothing that changes the entry after the checks (a rename over it, a
+    /// write into it) can change what is loaded. (Loading `/proc/self/fd/N` of the checked
+    /// descriptor instead would avoid the copy, but the loader recognises libraries by name:
+    /// a later entry opened under the same descriptor number would get the earlier library.)
     pub(super) fn lookup(&self) -> Lookup {
-        let bytes = match fs::read(&self.path) {
+        let limit = self.max_bytes.min(MAX_ENTRY_BYTES);
+        let file = match open_private(&self.path, limit) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Lookup::Miss,
+            Err(e @ Error::UnsafeFile { .. }) => {
+                tracing::warn!(target: "arrayjit::compile", "compile cache: {e}; deleting it");
+                return self.discard(format!("is refused ({e})"));
+            }
+            Err(e) => return self.discard(format!("cannot be read: {e}")),
+        };
+        let bytes = match read_all(&self.path, &file, limit) {
             Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Lookup::Miss,
             Err(e) => return self.discard(format!("cannot be read: {e}")),
         };
         let Some((object, trailer)) = bytes
@@ -142,12 +179,17 @@ impl CacheEntry {
         if trailer[KEY_LEN..KEY_LEN + CHECKSUM_LEN] != checksum(object) {
             return self.discard("is damaged (its checksum does not match)".into());
         }
-        drop(bytes);
         let sym = self.object.symbol();
-        let lib = match open_library(&self.path) {
+        let lib = match self.load_copy(object) {
             Ok(lib) => lib,
-            Err(e) => return self.discard(format!("cannot be loaded: {e}")),
+            Err(LoadFailure::Copy(e)) => {
+                // Not the entry's fault (e.g. a full temporary directory): keep it.
+                tracing::info!(target: "arrayjit::compile", "compile cache: {e}; compiling again");
+                return Lookup::Miss;
+            }
+            Err(LoadFailure::Load(e)) => return self.discard(format!("cannot be loaded: {e}")),
         };
+        drop(bytes);
         let addr = match symbol_address(&lib, &sym) {
             Ok(a) => a,
             Err(msg) => {
@@ -166,9 +208,35 @@ impl CacheEntry {
             drop(lib);
             return self.discard(format!("its symbol {sym} holds another key"));
         }
-        // Recently used: evicted last. (A failure only makes the entry look older.)
-        let _ = touch(&self.path);
+        // Recently used: evicted last. Through the checked descriptor (the owner may set the
+        // times of a file opened read-only), not the path. A failure only makes the entry
+        // look older.
+        let _ = file.set_modified(SystemTime::now());
         Lookup::Hit(lib)
+    }
+
+    /// Loads the checked bytes of an entry from a fresh private temporary directory (see
+    /// [`lookup`](Self::lookup)), which is deleted again (the loaded mapping stays valid).
+    fn load_copy(&self, object: &[u8]) -> std::result::Result<Handle, LoadFailure> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = WorkDir::create(&self.temp_root).map_err(LoadFailure::Copy)?;
+        let path = tmp.path().join(format!("{}.so", self.key));
+        let written = fs::File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write_all(object));
+        if let Err(e) = written {
+            return Err(LoadFailure::Copy(Error::io(
+                format!("copying a cache entry to {}", path.display()),
+                e,
+            )));
+        }
+        let lib = open_library(&path).map_err(LoadFailure::Load)?;
+        let _ = tmp.close();
+        Ok(lib)
     }
 
     /// Deletes an invalid entry (failures only mean it is overwritten later).
@@ -189,15 +257,16 @@ impl CacheEntry {
         let Ok(mut object) = fs::read(built) else {
             return;
         };
-        if fs::create_dir_all(dir).is_err() {
+        if (object.len() + TRAILER_LEN) as u64 > self.max_bytes.min(MAX_ENTRY_BYTES) {
             return;
         }
+        if !trusted_dir(dir) {
+            return;
+        }
+        // A temporary file of mode 0600, renamed over the entry.
         let Ok(mut tmp) = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir) else {
             return;
         };
-        if (object.len() + TRAILER_LEN) as u64 > self.max_bytes {
-            return;
-        }
         let sum = checksum(&object);
         object.extend_from_slice(self.key.as_bytes());
         object.extend_from_slice(&sum);
@@ -208,7 +277,8 @@ impl CacheEntry {
     }
 }
 
-/// Sets a file's modification time to now.
+/// Sets a file's modification time to now (as a hit does).
+#[cfg(test)]
 fn touch(path: &Path) -> io::Result<()> {
     fs::File::options()
         .write(true)
@@ -491,6 +561,245 @@ fn checksum(bytes: &[u8]) -> [u8; CHECKSUM_LEN] {
     *blake3::hash(bytes).as_bytes()
 }
 
+// ---------------------------------------------------------------------------------------------
+// Trust: what a file in the cache directory must be before arrayjit reads, loads or runs what
+// it says.
+//
+// A cache entry is loaded into the process (its constructors run during `dlopen`, before any
+// key check) and a `detected-cc-*` memo names a program that is run, so a file that another
+// user could have written must never be used. The rules:
+//
+// - The cache directory is created with mode 0700 (whatever the umask), and used only if it is
+//   a directory owned by the effective user that neither group nor others can write, and no
+//   directory above it (as written and as resolved) is writable by group or others without
+//   the sticky bit (such a parent lets another user rename the cache directory away and put
+//   their own in its place). Otherwise a warning is logged (once per directory and process)
+//   and the compile runs without the cache: no entry is read or stored, no memo is read or
+//   written.
+// - A file in it is opened with `O_NOFOLLOW | O_NONBLOCK` (a symbolic link is refused, a FIFO
+//   cannot block), and the opened descriptor is checked with `fstat`: a regular file, owned by
+//   the effective user, not writable by group or others, and not larger than a bound. Only
+//   then is it read, through that same descriptor. A refused entry is logged as a warning,
+//   deleted and compiled again; a refused memo is logged as a warning and rewritten.
+// ---------------------------------------------------------------------------------------------
+
+/// The effective user id of this process.
+pub(super) fn euid() -> u32 {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The largest cache entry that is ever read, whatever the cache's size limit: generated
+/// objects are kilobytes to a few megabytes, so a larger file is not one arrayjit stored.
+const MAX_ENTRY_BYTES: u64 = 1 << 30;
+
+/// Why the file described by `meta` is not a private regular file (or, with `dir`, directory)
+/// of this user: not of that type, owned by another user, or writable by group or others.
+/// `None` if it is one.
+fn not_private(meta: &fs::Metadata, dir: bool) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let ft = meta.file_type();
+    let kind = if ft.is_dir() {
+        "a directory"
+    } else if ft.is_file() {
+        "a regular file"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else {
+        "a special file"
+    };
+    let wanted = if dir { ft.is_dir() } else { ft.is_file() };
+    if !wanted {
+        let expected = if dir { "a directory" } else { "a regular file" };
+        return Some(format!("it is {kind}, not {expected}"));
+    }
+    let me = euid();
+    if meta.uid() != me {
+        return Some(format!(
+            "it is owned by uid {}, not by this user (uid {me})",
+            meta.uid()
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Some(format!(
+            "its mode is {mode:04o}: {} can write to it",
+            if mode & 0o020 != 0 && mode & 0o002 != 0 {
+                "group and others"
+            } else if mode & 0o020 != 0 {
+                "its group"
+            } else {
+                "others"
+            }
+        ));
+    }
+    None
+}
+
+/// Opens `path` for reading without following a symbolic link and without blocking (on a
+/// FIFO), and checks the opened file: a regular file of this user that group and others
+/// cannot write, of at most `max_bytes`. `Ok(None)`: there is no such file.
+///
+/// The checks are made on the opened descriptor (`fstat`), and the caller reads through it,
+/// so the file checked is the file read (renaming another file into place afterwards does
+/// not change what the descriptor refers to).
+pub(super) fn open_private(path: &Path, max_bytes: u64) -> Result<Option<fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let unsafe_file = |msg: String| Error::UnsafeFile {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let file = match fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        // O_NOFOLLOW on a symbolic link.
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(unsafe_file(
+                "it is a symbolic link, not a regular file".into(),
+            ))
+        }
+        // A socket cannot be opened at all.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(unsafe_file("it is a socket, not a regular file".into()))
+        }
+        Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io(format!("examining {}", path.display()), e))?;
+    if let Some(msg) = not_private(&meta, false) {
+        return Err(unsafe_file(msg));
+    }
+    if meta.len() > max_bytes {
+        return Err(unsafe_file(format!(
+            "it holds {} bytes, more than the {max_bytes} a valid file can have",
+            meta.len()
+        )));
+    }
+    Ok(Some(file))
+}
+
+/// Reads the file `open_private` opened, at most `max_bytes` of it.
+fn read_all(path: &Path, file: &fs::File, max_bytes: u64) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(Error::UnsafeFile {
+            path: path.to_path_buf(),
+            msg: format!("it grew beyond {max_bytes} bytes while it was read"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// A memo file of the cache directory (`detected-cc-*`, `target-*`) as text, if it exists,
+/// the directory is trusted ([`trusted_dir`]) and the file passes [`open_private`]'s checks
+/// with at most `max_bytes`. A file that exists but is refused is logged as a warning (it is
+/// rewritten by the caller's fresh answer).
+pub(super) fn read_memo(path: &Path, max_bytes: u64) -> Option<String> {
+    if !path.parent().is_some_and(trusted_dir) {
+        return None;
+    }
+    let read = open_private(path, max_bytes)
+        .and_then(|f| f.map(|f| read_all(path, &f, max_bytes)).transpose());
+    match read {
+        Ok(Some(bytes)) => String::from_utf8(bytes).ok(),
+        Ok(None) => None,
+        Err(e) => {
+            if matches!(e, Error::UnsafeFile { .. }) {
+                tracing::warn!(target: "arrayjit::compile", "compile cache: {e}; ignoring it");
+            }
+            None
+        }
+    }
+}
+
+/// Creates `dir` (and missing parents) with mode 0700 if it does not exist, then checks that
+/// it can hold the cache: see the rules above. The error names the directory and what is
+/// wrong with it.
+pub(super) fn check_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| Error::io(format!("creating the directory {}", dir.display()), e))?;
+    // The directory itself may be reached through a symbolic link (a cache directory moved
+    // to another disk); the directory it names is the one checked.
+    let meta = fs::metadata(dir)
+        .map_err(|e| Error::io(format!("examining the directory {}", dir.display()), e))?;
+    if let Some(msg) = not_private(&meta, true) {
+        return Err(Error::UnsafeFile {
+            path: dir.to_path_buf(),
+            msg,
+        });
+    }
+    // The directories above it, as written and as resolved: one that group or others can
+    // write without the sticky bit lets another user replace the cache directory.
+    let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let resolved = fs::canonicalize(dir).unwrap_or_else(|_| absolute.clone());
+    for chain in [&absolute, &resolved] {
+        for parent in chain.ancestors().skip(1) {
+            let Ok(meta) = fs::metadata(parent) else {
+                continue;
+            };
+            let mode = meta.mode() & 0o7777;
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                return Err(Error::UnsafeFile {
+                    path: dir.to_path_buf(),
+                    msg: format!(
+                        "the directory {} above it has mode {mode:04o}: others can write to \
+                         it (and it has no sticky bit), so they could replace the cache \
+                         directory",
+                        parent.display()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the cache directory `dir` may be used ([`check_private_dir`]); if not, a warning
+/// saying why and that the cache is not used is logged, once per directory and process.
+pub(super) fn trusted_dir(dir: &Path) -> bool {
+    use std::collections::HashSet;
+    use std::sync::{LazyLock, Mutex};
+    static WARNED: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(Mutex::default);
+    match check_private_dir(dir) {
+        Ok(()) => true,
+        Err(e) => {
+            let first = WARNED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(dir.to_path_buf());
+            if first {
+                tracing::warn!(
+                    target: "arrayjit::compile",
+                    "compile cache not used: {e} (compiling without the cache; use a directory \
+                     only you can write, e.g. `chmod 700` it, or set ARRAYJIT_CACHE_DIR)"
+                );
+            }
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,6 +816,7 @@ mod tests {
             key: "e".repeat(64),
             object: ObjectKey { key: key.clone() },
             max_bytes: 1 << 30,
+            temp_root: dir.path().to_path_buf(),
         };
         let build = |name: &str, source: &str| {
             fs::write(dir.path().join(format!("{name}.c")), source).unwrap();

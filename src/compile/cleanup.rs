@@ -9,6 +9,11 @@
 //! nothing new can start), kills every registered process group, removes every registered
 //! directory and exits with 128 + the signal number. The library never installs signal
 //! handlers by itself: a program opts in (the `arrayjit` CLI and the `moons` example do).
+//!
+//! Nothing cleans up after SIGKILL, so two more measures cover it: every compiler is started
+//! with `PR_SET_PDEATHSIG` = SIGKILL (Linux; see the `run` module), so it dies with the thread
+//! that started it, and the first temporary directory a process creates in a root removes
+//! the stale ones left there by killed processes ([`remove_stale_dirs`]).
 
 use std::collections::HashMap;
 use std::fs;
@@ -44,20 +49,43 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A private temporary directory (`<root>/arrayjit-XXXXXX`), registered for signal cleanup
-/// and removed when closed or dropped.
+/// A private temporary directory (`<root>/arrayjit-XXXXXX`, mode 0700), registered for signal
+/// cleanup and removed when closed or dropped.
+///
+/// While it exists, the process holds an exclusive `flock` on the directory (through a
+/// descriptor of it), released by the kernel however the process ends. A process killed
+/// with SIGKILL cannot remove its directories, so the first directory a process creates in a
+/// root first removes the stale ones there: see [`remove_stale_dirs`].
 pub(super) struct WorkDir {
     id: u64,
     dir: Option<tempfile::TempDir>,
     path: PathBuf,
+    /// The directory, opened and locked (the lock goes with the descriptor).
+    _lock: Option<fs::File>,
 }
 
+/// The prefix of the temporary directories' names; the rest is [`RANDOM_LEN`] letters and
+/// digits.
+const PREFIX: &str = "arrayjit-";
+/// How many random characters follow [`PREFIX`] (`tempfile`'s default).
+const RANDOM_LEN: usize = 6;
+
+/// A temporary directory is only removed as stale if it has not been modified for this long
+/// (and no process holds its lock). The lock alone says whether its process is alive; the age
+/// also spares a directory whose process has not taken the lock yet, or an older arrayjit
+/// that takes none (whose compiles are bounded by `ARRAYJIT_COMPILE_TIMEOUT`, 300 s by
+/// default).
+pub(super) const STALE_DIR_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 impl WorkDir {
-    /// Creates and registers a fresh private directory in `root`.
+    /// Creates and registers a fresh private directory in `root` (the first time in a
+    /// process, after removing the stale directories in `root`).
     pub(super) fn create(root: &Path) -> Result<WorkDir> {
+        remove_stale_dirs_once(root);
         let mut reg = registry();
         let dir = tempfile::Builder::new()
-            .prefix("arrayjit-")
+            .prefix(PREFIX)
+            .rand_bytes(RANDOM_LEN)
             .tempdir_in(root)
             .map_err(|e| {
                 Error::io(
@@ -68,10 +96,13 @@ impl WorkDir {
         let id = reg.id();
         let path = dir.path().to_path_buf();
         reg.dirs.insert(id, path.clone());
+        // Without the lock (a file system without flock), the age still protects it.
+        let lock = lock_dir(&path).ok().flatten();
         Ok(WorkDir {
             id,
             dir: Some(dir),
             path,
+            _lock: lock,
         })
     }
 
@@ -104,6 +135,97 @@ impl Drop for WorkDir {
             drop(d);
         }
     }
+}
+
+/// Opens the directory `path` (not following a symbolic link) and takes an exclusive `flock`
+/// on it without waiting: `Ok(None)` if another open file description holds it (a live
+/// process using the directory).
+fn lock_dir(path: &Path) -> io::Result<Option<fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let dir = fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)?;
+    // SAFETY: flock(2) on a descriptor we own (it stays open for the call); no memory is
+    // passed.
+    let r = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(Some(dir));
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
+/// [`remove_stale_dirs`] in `root`, once per root and process.
+fn remove_stale_dirs_once(root: &Path) {
+    use std::collections::HashSet;
+    static DONE: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(Mutex::default);
+    let first = DONE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(root.to_path_buf());
+    if first {
+        let removed = remove_stale_dirs(root, STALE_DIR_AGE);
+        if removed > 0 {
+            tracing::debug!(
+                target: "arrayjit::compile",
+                root = %root.display(),
+                removed,
+                "removed stale temporary directories of compiles that were killed"
+            );
+        }
+    }
+}
+
+/// Removes the temporary directories in `root` that compiles killed before they could clean
+/// up left behind: directories (not symbolic links) named `arrayjit-XXXXXX` (six letters or
+/// digits), owned by this user, not modified for `min_age`, and whose lock no process holds
+/// (see [`WorkDir`]). Returns how many were removed. Anything else (another user's
+/// directories, kept compiler logs `arrayjit-compile-*.log`, a directory in use) is left
+/// alone; failures are ignored.
+pub(super) fn remove_stale_dirs(root: &Path, min_age: std::time::Duration) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = fs::read_dir(root) else {
+        return 0;
+    };
+    let me = super::cache::euid();
+    let now = std::time::SystemTime::now();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        if rest.len() != RANDOM_LEN || !rest.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            continue;
+        }
+        // `DirEntry::metadata` does not follow symbolic links.
+        let Ok(meta) = entry.metadata() else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age >= min_age);
+        if !meta.is_dir() || meta.uid() != me || !old {
+            continue;
+        }
+        let path = entry.path();
+        // Held while removing, so that no process of ours can be using it meanwhile.
+        let Ok(Some(_lock)) = lock_dir(&path) else {
+            continue;
+        };
+        if fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// A started compiler whose process group is registered for signal cleanup until

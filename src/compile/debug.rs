@@ -3,11 +3,12 @@
 //! output and the caller's extra files.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::run::Captured;
-use super::{write_file, RUNTIME_HEADER};
+use super::RUNTIME_HEADER;
 use crate::{Error, Result};
 
 /// File extensions the compile stage itself writes into the debug directory.
@@ -67,6 +68,15 @@ pub(super) fn check_debug_files(files: &[DebugFile]) -> Result<Vec<(String, &str
 }
 
 /// The files kept in the debug directory for one compile.
+///
+/// The debug directory may be shared with other users (a project directory, `/tmp/debug`), so
+/// nothing there is ever opened by a name that someone else could have planted: every file of
+/// a compile (`<stem>.c`, `.cmd`, `.log` and the extra files) is created exclusively
+/// (`O_CREAT | O_EXCL`, plus `O_NOFOLLOW`) when the stem is claimed, and written later through
+/// the descriptor kept here. A symbolic link or any other file already at one of these names
+/// makes the stem taken, never followed or truncated. The runtime header `arrayjit.h`, shared
+/// by all compiles, is only read if it is a regular file (opened without following links and
+/// without blocking on a FIFO) and is replaced by a rename otherwise.
 pub(super) struct DebugOutput {
     /// The debug directory.
     pub(super) dir: PathBuf,
@@ -74,11 +84,25 @@ pub(super) struct DebugOutput {
     pub(super) stem: String,
     /// `<dir>/<stem>.c`.
     pub(super) source_path: PathBuf,
+    /// `<stem>.cmd`, created when the stem was claimed.
+    cmd: File,
+    /// `<stem>.log`, created when the stem was claimed.
+    log: File,
+}
+
+/// Creates `path` exclusively (failing if anything, even a dangling symbolic link, is there).
+fn create_exclusive(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 impl DebugOutput {
-    /// Creates `dir` if needed, claims a stem nobody has used there yet by creating
-    /// `<stem>.c` exclusively, and writes the source, the runtime header and `extra`.
+    /// Creates `dir` if needed (mode 0700), claims a stem nobody has used there yet by
+    /// creating all of its files exclusively, and writes the source, the runtime header and
+    /// `extra`.
     pub(super) fn create(
         dir: &Path,
         stem: &str,
@@ -88,7 +112,11 @@ impl DebugOutput {
         let dir_err = |what: &str, e: io::Error| {
             Error::io(format!("debug directory {}: {what}", dir.display()), e)
         };
-        fs::create_dir_all(dir).map_err(|e| dir_err("cannot create it", e))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| dir_err("cannot create it", e))?;
 
         let extensions: Vec<&str> = RESERVED_EXTENSIONS
             .iter()
@@ -96,13 +124,14 @@ impl DebugOutput {
             .chain(extra.iter().map(|(n, _)| n.as_str()))
             .collect();
         let mut claimed = None;
-        for n in 0..100_000u32 {
+        'stems: for n in 0..100_000u32 {
             let candidate = if n == 0 {
                 stem.to_string()
             } else {
                 format!("{stem}_{n}")
             };
-            // Skip stems whose companion files exist (left over from an older run).
+            // Skip stems whose companion files exist (left over from an older run) without
+            // creating anything.
             if extensions.iter().any(|ext| {
                 dir.join(format!("{candidate}.{ext}"))
                     .symlink_metadata()
@@ -110,47 +139,80 @@ impl DebugOutput {
             }) {
                 continue;
             }
-            let path = dir.join(format!("{candidate}.c"));
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(file) => {
-                    claimed = Some((candidate, path, file));
-                    break;
+            // Claim every file of the stem; if one appeared meanwhile, give the stem up.
+            let mut files: Vec<(PathBuf, File)> = Vec::with_capacity(extensions.len());
+            for ext in &extensions {
+                let path = dir.join(format!("{candidate}.{ext}"));
+                match create_exclusive(&path) {
+                    Ok(f) => files.push((path, f)),
+                    Err(e) => {
+                        for (p, _) in &files {
+                            let _ = fs::remove_file(p);
+                        }
+                        if e.kind() == io::ErrorKind::AlreadyExists
+                            || e.raw_os_error() == Some(libc::ELOOP)
+                        {
+                            continue 'stems;
+                        }
+                        return Err(dir_err(&format!("cannot create {candidate}.{ext}"), e));
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(dir_err(&format!("cannot create {candidate}.c"), e)),
             }
+            claimed = Some((candidate, files));
+            break;
         }
-        let (stem, source_path, mut file) = claimed.ok_or_else(|| {
+        let (stem, files) = claimed.ok_or_else(|| {
             dir_err(
                 &format!("no free file name for {stem}.c"),
                 io::Error::from(io::ErrorKind::AlreadyExists),
             )
         })?;
-        file.write_all(source.as_bytes())
-            .and_then(|()| file.sync_all())
+        // The files in the order of `extensions`: c, cmd, log, then the extra files.
+        let mut files = files.into_iter();
+        let mut take = || {
+            files
+                .next()
+                .ok_or_else(|| Error::Internal("debug files missing".into()))
+        };
+        let (source_path, c) = take()?;
+        let (_, cmd) = take()?;
+        let (_, log) = take()?;
+        write_to(&source_path, &c, source)?;
+        c.sync_all()
             .map_err(|e| Error::io(format!("writing {}", source_path.display()), e))?;
-        drop(file);
+        for (_, contents) in extra {
+            let (path, file) = take()?;
+            write_to(&path, &file, contents)?;
+        }
 
         write_header(dir)?;
-        let out = DebugOutput {
+        Ok(DebugOutput {
             dir: dir.to_path_buf(),
             stem,
             source_path,
-        };
-        for (name, contents) in extra {
-            out.write(&format!(".{name}"), contents)?;
-        }
-        Ok(out)
+            cmd,
+            log,
+        })
     }
 
-    /// Writes `<dir>/<stem><suffix>`.
-    pub(super) fn write(&self, suffix: &str, contents: &str) -> Result<()> {
-        write_file(&self.dir.join(format!("{}{suffix}", self.stem)), contents)
+    /// Writes the command line into `<stem>.cmd`.
+    pub(super) fn write_cmd(&self, contents: &str) -> Result<()> {
+        write_to(&self.path("cmd"), &self.cmd, contents)
+    }
+
+    /// Writes a note (a cache hit) into `<stem>.log`.
+    pub(super) fn write_log_note(&self, contents: &str) -> Result<()> {
+        write_to(&self.log_path(), &self.log, contents)
+    }
+
+    /// `<dir>/<stem>.<ext>`.
+    fn path(&self, ext: &str) -> PathBuf {
+        self.dir.join(format!("{}.{ext}", self.stem))
     }
 
     /// `<dir>/<stem>.log`.
     pub(super) fn log_path(&self) -> PathBuf {
-        self.dir.join(format!("{}.log", self.stem))
+        self.path("log")
     }
 
     /// Writes the compiler's whole output (streamed, never held in memory) to `<stem>.log`,
@@ -158,7 +220,7 @@ impl DebugOutput {
     pub(super) fn write_log(&self, note: Option<&str>, output: &Captured) -> Result<()> {
         let path = self.log_path();
         let err = |e: io::Error| Error::io(format!("writing {}", path.display()), e);
-        let mut w = io::BufWriter::new(File::create(&path).map_err(err)?);
+        let mut w = io::BufWriter::new(&self.log);
         if let Some(n) = note {
             writeln!(w, "[{n}]").map_err(err)?;
         }
@@ -167,11 +229,35 @@ impl DebugOutput {
     }
 }
 
+/// Writes `contents` through `file` (created for `path`), as an [`Error::Io`] naming the path.
+fn write_to(path: &Path, mut file: &File, contents: &str) -> Result<()> {
+    file.write_all(contents.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
 /// Puts the runtime header into the debug directory unless an identical copy is there already.
 /// The header is replaced atomically, because other compiles may be reading it concurrently.
+/// The existing file is only read if it is a regular file of the header's size (opened with
+/// `O_NOFOLLOW | O_NONBLOCK`, so a FIFO or a link to a device is never read or waited on);
+/// anything else at that name is replaced.
 fn write_header(dir: &Path) -> Result<()> {
     let path = dir.join("arrayjit.h");
-    if fs::read(&path).is_ok_and(|old| old == RUNTIME_HEADER.as_bytes()) {
+    let same = || -> io::Result<bool> {
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)?;
+        let meta = f.metadata()?;
+        if !meta.is_file() || meta.len() != RUNTIME_HEADER.len() as u64 {
+            return Ok(false);
+        }
+        let mut old = Vec::with_capacity(RUNTIME_HEADER.len());
+        (&mut f)
+            .take(RUNTIME_HEADER.len() as u64)
+            .read_to_end(&mut old)?;
+        Ok(old == RUNTIME_HEADER.as_bytes())
+    };
+    if same().unwrap_or(false) {
         return Ok(());
     }
     let err = |e: io::Error| Error::io(format!("writing {}", path.display()), e);

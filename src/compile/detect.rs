@@ -21,10 +21,10 @@
 //! compiler, and otherwise names the file in the error.
 
 use std::collections::HashMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
+use super::cache::{read_memo, trusted_dir};
 use super::config::{find_in_path, program_identity, TARGET};
 use super::{hash_hex, write_atomically};
 use crate::{Error, Result};
@@ -62,7 +62,8 @@ pub(super) fn memo_file(cache_dir: &Path) -> PathBuf {
 /// The compiler the `cc` crate chooses for the crate's target, remembered as described in the
 /// module documentation.
 pub(super) fn detect_compiler(cache_dir: Option<&Path>) -> Result<PathBuf> {
-    let file = cache_dir.map(memo_file);
+    // An untrusted cache directory (see `cache::trusted_dir`, which warns) remembers nothing.
+    let file = cache_dir.filter(|d| trusted_dir(d)).map(memo_file);
     let mut memo = memo();
     let entry = memo.entry(file.clone()).or_insert_with(|| {
         if let Some(f) = &file {
@@ -127,13 +128,13 @@ pub(super) fn redetect(file: &Path) -> Option<PathBuf> {
 
 /// Reads a `detected-cc-*` file; `None` unless it is exactly in the documented format, for
 /// this target, and the compiler it names is still the same file.
+///
+/// The file names a program that is run, so it is only read if the cache directory and the
+/// file are this user's alone (see [`read_memo`]): a file another user owns or could have
+/// written is ignored with a warning, and the compiler detected afresh.
 fn read_memo_file(file: &Path) -> Option<PathBuf> {
     // A valid file is a few hundred bytes; never read a huge one.
-    let meta = fs::metadata(file).ok()?;
-    if !meta.is_file() || meta.len() > 64 * 1024 {
-        return None;
-    }
-    let text = fs::read_to_string(file).ok()?;
+    let text = read_memo(file, 64 * 1024)?;
     let mut lines = text.strip_suffix('\n')?.split('\n');
     if lines.next()? != HEADER {
         return None;
@@ -205,6 +206,7 @@ fn detect_with_the_cc_crate() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn detection_works_and_is_remembered_in_a_valid_file() {

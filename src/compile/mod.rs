@@ -342,6 +342,19 @@ fn compile_for(
     file_stem: &str,
     debug_files_in: &[DebugFile],
 ) -> Result<Option<Arc<LoadedLibrary>>> {
+    // A cache directory that is not this user's alone is not used: the compile runs without
+    // the cache (`cache::trusted_dir` logs a warning saying why).
+    let without_cache;
+    let config = match &config.cache_dir {
+        Some(dir) if !cache::trusted_dir(dir) => {
+            without_cache = CompilerConfig {
+                cache_dir: None,
+                ..config.clone()
+            };
+            &without_cache
+        }
+        _ => config,
+    };
     // The target and the flags: probed (or remembered), or from the guess until the probe
     // answers (the target then comes with the verdict, below).
     let (mut target, config) = match speculation {
@@ -371,7 +384,7 @@ fn compile_for(
     let lib_name = PathBuf::from(format!("lib{stem}.so"));
     let command = config.command_line(&src_name, &lib_name);
     if let Some(d) = &debug {
-        d.write(".cmd", &format!("{command}\n"))?;
+        d.write_cmd(&format!("{command}\n"))?;
     }
 
     // The compile cache (see the `cache` module): the object key is known now, the entry's key
@@ -392,7 +405,7 @@ fn compile_for(
         match e.lookup() {
             Lookup::Hit(lib) => {
                 if let Some(d) = &debug {
-                    d.write(".log", &format!("[cache hit: {}]\n", e.path.display()))?;
+                    d.write_log_note(&format!("[cache hit: {}]\n", e.path.display()))?;
                 }
                 Ok(Some(Arc::new(LoadedLibrary {
                     lib,
@@ -576,11 +589,12 @@ fn hash_hex(parts: &[&[u8]]) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// Writes a small file atomically (temporary file + rename); failures are ignored (used for
-/// memo files, which only save time).
+/// Writes a small file atomically (temporary file of mode 0600 + rename) into the cache
+/// directory, if that is trusted (`cache::trusted_dir`, which creates it with mode 0700);
+/// failures are ignored (used for memo files, which only save time).
 fn write_atomically(dest: &Path, contents: &str) {
     let Some(dir) = dest.parent() else { return };
-    if fs::create_dir_all(dir).is_err() {
+    if !cache::trusted_dir(dir) {
         return;
     }
     let Ok(mut tmp) = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir) else {

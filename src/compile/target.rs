@@ -451,11 +451,8 @@ impl DiskMemo {
     /// The remembered dump, if the file is valid: the header, this key, and a dump whose
     /// fingerprint is the recorded one (a truncated or edited file does not validate).
     fn read(&self) -> Option<String> {
-        let meta = fs::metadata(&self.file).ok()?;
-        if !meta.is_file() || meta.len() > MAX_DUMP_BYTES + 4096 {
-            return None;
-        }
-        let text = fs::read_to_string(&self.file).ok()?;
+        // Only a file of this user's that nobody else can write (`cache::read_memo`).
+        let text = super::cache::read_memo(&self.file, MAX_DUMP_BYTES + 4096)?;
         let rest = text.strip_prefix(MEMO_HEADER)?.strip_prefix('\n')?;
         let (key_line, rest) = rest.split_once('\n')?;
         let (fp_line, dump) = rest.split_once('\n')?;
