@@ -116,6 +116,12 @@ pub struct CompilerConfig {
     /// `<arm_neon.h>`) instead of GCC/Clang vector extensions of the same width. Both give
     /// the same instructions; the intrinsics' headers add about 70 ms to every compile.
     pub intrinsics: bool,
+    /// Bounds-checked code: every array access of the generated code checks its indices
+    /// against the tensor's extents first; an access outside is
+    /// [`Error::IndexOutOfBounds`] naming the routine, the tensor, the indices and the
+    /// extents (the routine stops there, never crashes). Slower; checked code is cached
+    /// apart from unchecked code (its C differs).
+    pub checked: bool,
 }
 
 /// Reads environment variables through one strict path: every accessor either returns a
@@ -338,6 +344,8 @@ impl CompilerConfig {
     ///   of at least 1 (default: the machine's available parallelism);
     /// - `ARRAYJIT_INTRINSICS`: a boolean (default off): spell vector code with intrinsics
     ///   instead of vector extensions (see [`CompilerConfig::intrinsics`]).
+    /// - `ARRAYJIT_CHECKED`: a boolean (default off): bounds-checked code (see
+    ///   [`CompilerConfig::checked`]).
     pub fn from_env() -> Result<CompilerConfig> {
         Self::from_lookup(|name| std::env::var_os(name), detect::detect_compiler)
     }
@@ -376,6 +384,7 @@ impl CompilerConfig {
         let cflags = env.flags("ARRAYJIT_CFLAGS", true)?.unwrap_or_default();
         let workaround_on = env.boolean("ARRAYJIT_GCC_WORKAROUND", true)?;
         let intrinsics = env.boolean("ARRAYJIT_INTRINSICS", false)?;
+        let checked = env.boolean("ARRAYJIT_CHECKED", false)?;
         let debug_dir = env.path("ARRAYJIT_DEBUG_DIR");
         let trace_dir = env.path("ARRAYJIT_TRACE_DIR");
 
@@ -442,6 +451,7 @@ impl CompilerConfig {
             cache_max_bytes,
             compile_jobs,
             intrinsics,
+            checked,
         })
     }
 
@@ -693,6 +703,29 @@ mod tests {
         .unwrap();
         assert!(c.compile_jobs >= 1);
         assert_eq!(c.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+    }
+
+    #[test]
+    fn checked_is_a_strict_boolean() {
+        assert!(!config_from(&[]).unwrap().checked);
+        for on in ["1", "on", "TRUE", " yes "] {
+            assert!(
+                config_from(&[("ARRAYJIT_CHECKED", on)]).unwrap().checked,
+                "{on}"
+            );
+        }
+        for off in ["0", "off", "False", "no", ""] {
+            assert!(
+                !config_from(&[("ARRAYJIT_CHECKED", off)]).unwrap().checked,
+                "{off}"
+            );
+        }
+        assert_config_error(
+            &[("ARRAYJIT_CHECKED", "2")],
+            "ARRAYJIT_CHECKED",
+            "2",
+            "1, on, true or yes to enable; 0, off, false or no to disable",
+        );
     }
 
     #[test]
