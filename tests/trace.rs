@@ -199,3 +199,58 @@ fn the_log_is_not_opened_through_a_symlink() {
     run_traced(&jit, "linked", &x, &code, 2);
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched\n");
 }
+
+/// Checked and traced at once: a run stopped by an out-of-bounds access closes its log (the
+/// lines logged before the violation are there, whole) and reports the access.
+#[test]
+fn a_checked_run_stopped_by_a_violation_keeps_its_log() {
+    use arrayjit::ir::{FetchOp, StaticSymbol};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        trace_dir: Some(dir.path().to_path_buf()),
+        checked: true,
+        ..CompilerConfig::from_env().expect("a C compiler is needed for these tests")
+    };
+    let jit = Jit::new(JitConfig {
+        compiler: Some(cfg),
+        ..JitConfig::default()
+    })
+    .unwrap();
+    // z = x + x; y = z[{s}, :]
+    let s = StaticSymbol::new("s", Some(2));
+    let b = Bindings(vec![s.clone()]);
+    let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+    let z = output("z", &[2, 2], Prec::Single);
+    let y = output("y", &[2], Prec::Single);
+    let code = Assignments::seq([
+        binop(&z, Binop::Arg2, false, Binop::Add, &x, &x, "ij,ij->ij", &b),
+        Assignments::Fetch {
+            array: y.clone(),
+            fetch_op: FetchOp::Slice {
+                batch_idx: s.clone(),
+                sliced: z.clone(),
+            },
+        },
+    ]);
+    let code = jit.compile("both", &b, &code).unwrap();
+    let dev = jit.device().unwrap();
+    let r = jit.link(&jit.context(&dev).unwrap(), &code).unwrap();
+    jit.upload(r.context(), &x).unwrap();
+    jit.sync(&dev).unwrap();
+    match r.run_unchecked_statics_for_test(&[3]) {
+        Err(Error::IndexOutOfBounds {
+            tensor,
+            indices,
+            extents,
+            ..
+        }) => assert_eq!(
+            (tensor.as_str(), indices, extents),
+            ("z", vec![3, 0], vec![2, 2])
+        ),
+        other => panic!("expected IndexOutOfBounds, got {other:?}"),
+    }
+    assert_eq!(
+        log_of(dir.path(), "both"),
+        "# run of routine both\nz[0, 0] = 2\nz[0, 1] = 4\nz[1, 0] = 6\nz[1, 1] = 8\n"
+    );
+}
