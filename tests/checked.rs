@@ -285,3 +285,68 @@ fn checked_code_is_cached_apart() {
     assert_ne!(sources[0], sources[1]);
     assert_eq!(sources[0], sources[2]);
 }
+
+/// The C side of the ABI alone: `aj_out_of_bounds` fills an `aj_check_t` laid out as the
+/// library reads it (mirrored here), and for a vector access whose first element is inside
+/// the tensor, records its last lane (the overflow shows on the first axis).
+#[test]
+fn the_check_record_of_a_vector_access() {
+    #[repr(C)]
+    struct Record {
+        failed: i32,
+        tensor: i32,
+        naxes: i32,
+        lanes: i32,
+        indices: [i64; 16],
+        extents: [i64; 16],
+    }
+    const SRC: &str = "#define AJ_CHECKED 1\n#include \"arrayjit.h\"\n\
+        int f(void *const *buffers, const int64_t *statics, const void *merge_buffer) {\n\
+          (void)merge_buffer;\n\
+          aj_check_t *aj_chk = (aj_check_t *)buffers[0];\n\
+          int64_t i = statics[0], j = statics[1];\n\
+          if (AJ_OOB(i, 3) || AJ_OOB(j, 5) || AJ_OOB(i * 5 + j + 3, 15)) return aj_out_of_bounds(aj_chk, 2, 2, (const int64_t[]){i, j}, (const int64_t[]){3, 5}, 4);\n\
+          return 0;\n\
+        }\n";
+    let root = tempfile::tempdir().unwrap();
+    let cfg = CompilerConfig {
+        temp_root: Some(root.path().to_path_buf()),
+        cache_dir: None,
+        ..config(false)
+    };
+    let lib = arrayjit::compile::compile_and_load(&cfg, SRC, "check_record", &[]).unwrap();
+    let f = lib.entry("f").unwrap();
+    let call = |i: i64, j: i64| {
+        let mut r = Record {
+            failed: 0,
+            tensor: 0,
+            naxes: 0,
+            lanes: 0,
+            indices: [0; 16],
+            extents: [0; 16],
+        };
+        let buffers = [(&mut r as *mut Record).cast::<u8>()];
+        let statics = [i, j];
+        // SAFETY: `f` (SRC above) reads statics[0..2] and writes at most one aj_check_t
+        // through buffers[0], which points at `r`, a Record of the same layout (272 bytes,
+        // asserted by the header); `lib` outlives the call.
+        let status = unsafe { f(buffers.as_ptr(), statics.as_ptr(), std::ptr::null()) };
+        (status, r)
+    };
+    let (status, r) = call(1, 3);
+    assert_eq!((status, r.failed), (0, 0));
+    // Lanes (2, 3) .. (3, 1): the last lane is past the end.
+    let (status, r) = call(2, 3);
+    assert_eq!(
+        (status, r.failed, r.tensor, r.naxes, r.lanes),
+        (3, 1, 2, 2, 4)
+    );
+    assert_eq!(
+        (&r.indices[..2], &r.extents[..2]),
+        (&[3, 1][..], &[3, 5][..])
+    );
+    // A first element outside is recorded as it is.
+    let (status, r) = call(-1, 3);
+    assert_eq!((status, r.failed), (3, 1));
+    assert_eq!(&r.indices[..2], &[-1, 3]);
+}
