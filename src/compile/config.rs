@@ -94,8 +94,12 @@ pub struct CompilerConfig {
     /// Where to keep the source, command line and compiler output of every compile, if anywhere.
     pub debug_dir: Option<PathBuf>,
     /// Trace logging: generated routines append, on every run, each value their assignments
-    /// store (with its indices) to `<trace_dir>/<routine>.log`. For debugging tiny
-    /// computations: tracing code is scalar (no vector kernels) and slow.
+    /// store (with its indices) to `<trace_dir>/`[`trace_file_name`]`(routine)`, one whole
+    /// line per value; the directory is created (mode 0700) when code is compiled if it is
+    /// missing. For debugging tiny computations: tracing code is scalar (no vector kernels)
+    /// and slow.
+    ///
+    /// [`trace_file_name`]: crate::codegen::trace_file_name
     pub trace_dir: Option<PathBuf>,
     /// How long the compiler may run before it (and every process it started) is killed.
     pub timeout: Duration,
