@@ -19,6 +19,11 @@
 //! units (GB/s), like the issue.
 //!
 //! Before timing, the arrayjit result is checked against the baseline.
+//!
+//! The `bounds checks` groups measure the cost of bounds-checked code (`ARRAYJIT_CHECKED`,
+//! `CcBackend::with_checked`) on the f32 matmul 512³ (GEMM kernels: packing, vector tiles)
+//! and the fused elementwise chain on 2^24 f32: the same routine compiled unchecked and
+//! checked. Only these: `cargo bench --bench kernels -- "bounds checks"`.
 
 use arrayjit::backend::{CcBackend, Config, MergeBuffer, Routine};
 use arrayjit::ir::einsum::projections;
@@ -458,5 +463,80 @@ fn row_sums(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matmul, contractions, fused, row_sums);
+/// The fused chain of [`fused`] on `n` elements: the code, its inputs, its output and the
+/// baseline's result.
+fn fused_program(n: usize) -> (Assignments, [Tnode; 4], Tnode, Vec<f32>) {
+    let [a, b, cc, d] =
+        [("a", 1), ("b", 2), ("c", 3), ("d", 4)].map(|(s, seed)| uniform(s, &[n], seed));
+    let two = temp("two", &[1]);
+    let (ab, abc, r, r2) = (
+        temp("ab", &[n]),
+        temp("abc", &[n]),
+        temp("r", &[n]),
+        temp("r2", &[n]),
+    );
+    let out = output("out", &[n]);
+    let code = Assignments::seq([
+        binop(&ab, Binop::Arg2, false, Binop::Mul, &a, &b, "i,i->i"),
+        binop(&abc, Binop::Arg2, false, Binop::Add, &ab, &cc, "i,i->i"),
+        unop(&r, Binop::Arg2, false, Unop::Relu, &abc, "i->i"),
+        Assignments::Fetch {
+            array: two.clone(),
+            fetch_op: FetchOp::Constant(2.0),
+        },
+        binop(&r2, Binop::Arg2, false, Binop::Mul, &r, &two, "i,0->i"),
+        binop(&out, Binop::Arg2, false, Binop::Sub, &r2, &d, "i,i->i"),
+    ]);
+    let [ha, hb, hc, hd] = [&a, &b, &cc, &d].map(host_f32);
+    let mut want = vec![0.0f32; n];
+    fused_loop(&ha, &hb, &hc, &hd, &mut want);
+    (code, [a, b, cc, d], out, want)
+}
+
+/// Bounds-checked against unchecked code: the matmul 512³ f32 and the fused chain.
+fn bounds_checks(c: &mut Criterion) {
+    let n = 512usize;
+    let a = uniform("a", &[n, n], 1);
+    let b = uniform("b", &[n, n], 2);
+    let out = output("c", &[n, n]);
+    let code = binop(&out, Binop::Add, true, Binop::Mul, &a, &b, "ij,jk->ik");
+    let mut want = vec![0.0f32; n * n];
+    matmul_ikj(&host_f32(&a), &host_f32(&b), &mut want, n);
+    let mut g = c.benchmark_group(format!("bounds checks: matmul {n}x{n}x{n} f32"));
+    configure(&mut g);
+    g.throughput(Throughput::Elements(2 * (n as u64).pow(3)));
+    for checked in [false, true] {
+        let be = CcBackend::new().with_checked(checked);
+        let r = build(&be, "matmul", &code, &[&a, &b]);
+        assert_eq!(r.signature().checked, checked);
+        check(&be, &r, &out, &want, 1e-4);
+        let label = if checked { "checked" } else { "unchecked" };
+        g.bench_function(label, |bench| bench.iter(|| r.run().unwrap()));
+    }
+    g.finish();
+
+    let n = 1usize << 24;
+    let (code, inputs, out, want) = fused_program(n);
+    let mut g = c.benchmark_group("bounds checks: fused elementwise 2^24 f32");
+    configure(&mut g);
+    g.throughput(Throughput::BytesDecimal(5 * 4 * n as u64));
+    for checked in [false, true] {
+        let be = CcBackend::new().with_checked(checked);
+        let r = build(&be, "fused", &code, &inputs.each_ref());
+        assert_eq!(r.signature().checked, checked);
+        check(&be, &r, &out, &want, 1e-6);
+        let label = if checked { "checked" } else { "unchecked" };
+        g.bench_function(label, |bench| bench.iter(|| r.run().unwrap()));
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    matmul,
+    contractions,
+    fused,
+    row_sums,
+    bounds_checks
+);
 criterion_main!(benches);

@@ -125,4 +125,140 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
 /* Local arrays larger than this many bytes are allocated on the heap, not the stack. */
 #define AJ_MAX_STACK_BYTES 16384
 
+/* ---- Bounds-checked mode and trace logs (generated files define AJ_CHECKED or AJ_TRACE
+ * before including this header; nothing below exists otherwise). ---- */
+
+#ifdef AJ_CHECKED
+/* The record a checked routine fills when an access is out of bounds, passed by the caller as
+ * the last entry of the entry point's `buffers` table (see the Rust side, backend/cc.rs: the
+ * layout must match `CheckRecord`). `tensor` indexes the routine's table of tensors, kept on
+ * the Rust side: no name travels through C. `indices` and `extents` hold the first
+ * AJ_CHECK_MAX_AXES axes of the offending element (for a vector access: the first lane out of
+ * bounds). */
+#define AJ_CHECK_MAX_AXES 16
+/* The status a checked routine returns after an out-of-bounds access (nothing more is read
+ * or written after it). */
+#define AJ_STATUS_OUT_OF_BOUNDS 3
+typedef struct aj_check {
+  int32_t failed; /* 0, or 1 once an access was out of bounds */
+  int32_t tensor; /* index into the routine's tensor table */
+  int32_t naxes;  /* the tensor's number of axes */
+  int32_t lanes;  /* 1 for a scalar access, the vector's lanes otherwise */
+  int64_t indices[AJ_CHECK_MAX_AXES];
+  int64_t extents[AJ_CHECK_MAX_AXES];
+} aj_check_t;
+_Static_assert(sizeof(aj_check_t) == 272, "aj_check_t must match the Rust CheckRecord");
+
+/* Whether index value `i` lies outside 0..n-1 (one unsigned comparison). */
+#define AJ_OOB(i, n) __builtin_expect((uint64_t)(int64_t)(i) >= (uint64_t)(n), 0)
+
+/* Records an out-of-bounds access of `lanes` consecutive elements (in memory order) of
+ * tensor `tensor` starting at `idx` (extents `ext`, `naxes` axes) and returns
+ * AJ_STATUS_OUT_OF_BOUNDS. When the first element is inside the tensor, the element recorded
+ * is the vector's last lane, whose indices are computed in row-major order (the first axis
+ * unbounded, so the overflow shows there). */
+__attribute__((cold, noinline)) static int aj_out_of_bounds(aj_check_t *c, int32_t tensor,
+                                                            int32_t naxes, const int64_t *idx,
+                                                            const int64_t *ext, int32_t lanes) {
+  int inside = 1;
+  for (int32_t k = 0; k < naxes; ++k)
+    if (idx[k] < 0 || idx[k] >= ext[k]) inside = 0;
+  int32_t n = naxes < AJ_CHECK_MAX_AXES ? naxes : AJ_CHECK_MAX_AXES;
+  c->failed = 1;
+  c->tensor = tensor;
+  c->naxes = naxes;
+  c->lanes = lanes;
+  if (inside && lanes > 1 && naxes > 0) {
+    /* The flat position of the last lane, split into indices again. */
+    int64_t flat = 0;
+    for (int32_t k = 0; k < naxes; ++k) flat = flat * ext[k] + idx[k];
+    flat += lanes - 1;
+    for (int32_t k = naxes - 1; k > 0; --k) {
+      if (k < n) c->indices[k] = flat % ext[k];
+      flat /= ext[k];
+    }
+    c->indices[0] = flat;
+  } else {
+    for (int32_t k = 0; k < n; ++k) c->indices[k] = idx[k];
+  }
+  for (int32_t k = 0; k < n; ++k) c->extents[k] = ext[k];
+  return AJ_STATUS_OUT_OF_BOUNDS;
+}
+#endif
+
+#ifdef AJ_TRACE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <unistd.h>
+/* A trace log being written by one call of a routine's part: lines are formatted into `buf`
+ * and written with one write(2) per batch of whole lines on a descriptor opened with
+ * O_APPEND, so concurrent runs (several devices) never interleave within a line. The file is
+ * opened without following symlinks. Formats are always the generator's constants; names
+ * (routine, tensors) are passed as `%s` arguments, never as formats. */
+typedef struct aj_trace {
+  int fd;
+  size_t len;
+  char buf[8192];
+} aj_trace_t;
+
+static void aj_trace_open(aj_trace_t *t, const char *path) {
+  t->len = 0;
+  t->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+}
+
+static void aj_trace_write(int fd, const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static void aj_trace_flush(aj_trace_t *t) {
+  if (t->fd >= 0 && t->len > 0) aj_trace_write(t->fd, t->buf, t->len);
+  t->len = 0;
+}
+
+/* Appends one line (the format ends with a newline). A line longer than the buffer is
+ * written on its own. */
+__attribute__((format(printf, 2, 3))) static void aj_trace_printf(aj_trace_t *t,
+                                                                  const char *fmt, ...) {
+  if (t->fd < 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  size_t room = sizeof t->buf - t->len;
+  int n = vsnprintf(t->buf + t->len, room, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if ((size_t)n < room) {
+    t->len += (size_t)n;
+    return;
+  }
+  /* It did not fit: write what is buffered, then the line alone. */
+  aj_trace_flush(t);
+  char *line = malloc((size_t)n + 1);
+  if (!line) return;
+  va_start(ap, fmt);
+  vsnprintf(line, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  if ((size_t)n < sizeof t->buf) {
+    memcpy(t->buf, line, (size_t)n);
+    t->len = (size_t)n;
+  } else {
+    aj_trace_write(t->fd, line, (size_t)n);
+  }
+  free(line);
+}
+
+static void aj_trace_close(aj_trace_t *t) {
+  aj_trace_flush(t);
+  if (t->fd >= 0) close(t->fd);
+  t->fd = -1;
+}
+#endif
+
 #endif

@@ -127,6 +127,26 @@ pub enum Error {
         /// The exclusive upper bound.
         limit: usize,
     },
+    /// Bounds-checked code (`ARRAYJIT_CHECKED`, [`CompilerConfig::checked`]) found an access
+    /// outside a tensor: the routine stopped before it, without reading or writing anything
+    /// more. For a vector access, the indices are those of its first element outside the
+    /// tensor. (Only the first 16 axes are reported.)
+    ///
+    /// [`CompilerConfig::checked`]: crate::compile::CompilerConfig::checked
+    #[error(
+        "routine {routine}: index out of bounds: tensor {tensor} accessed at [{}] but its extents are [{}]",
+        join(indices), join(extents)
+    )]
+    IndexOutOfBounds {
+        /// The routine's name.
+        routine: String,
+        /// The tensor's name.
+        tensor: String,
+        /// The index value on every axis.
+        indices: Vec<i64>,
+        /// The extent of every axis.
+        extents: Vec<usize>,
+    },
     /// An error while optimizing, compiling or linking a routine, naming it (several names,
     /// comma-separated, when the C compiler failed on a file holding several routines).
     #[error("routine {routine}: {source}")]
@@ -260,6 +280,7 @@ impl Error {
         match e {
             e @ (Error::InRoutine { .. }
             | Error::BindingOutOfRange { .. }
+            | Error::IndexOutOfBounds { .. }
             | Error::MergeBufferMismatch { .. }) => e,
             e => Error::InRoutine {
                 routine: routine.to_string(),
@@ -282,6 +303,15 @@ impl Error {
             source,
         }
     }
+}
+
+/// The values separated by `, `.
+fn join<T: std::fmt::Display>(values: &[T]) -> String {
+    values
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Shorthand for results with [`Error`].

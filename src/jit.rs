@@ -59,13 +59,20 @@ pub struct JitConfig {
     /// Run every task on the calling thread (the sync backend, for debugging) instead of on
     /// a worker per device.
     pub synchronous: bool,
+    /// Bounds-checked code: every array access checks its indices first, and an access out
+    /// of bounds is [`Error::IndexOutOfBounds`] instead of a crash (see
+    /// [`CompilerConfig::checked`]; either setting turns it on; `ARRAYJIT_CHECKED=1` sets
+    /// the compiler configuration's).
+    pub checked: bool,
 }
 
 impl JitConfig {
     /// The compiler configuration read once from the environment now, default otherwise.
     pub fn from_env() -> Result<JitConfig> {
+        let compiler = CompilerConfig::from_env()?;
         Ok(JitConfig {
-            compiler: Some(CompilerConfig::from_env()?),
+            checked: compiler.checked,
+            compiler: Some(compiler),
             ..JitConfig::default()
         })
     }
@@ -83,7 +90,8 @@ impl Jit {
         let cc = match config.compiler {
             Some(c) => CcBackend::with_config(c, config.optimizer),
             None => CcBackend::with_settings(config.optimizer),
-        };
+        }
+        .with_checked(config.checked);
         let backend: Box<dyn Backend> = if config.synchronous {
             Box::new(SyncBackend::with_cc(cc))
         } else {

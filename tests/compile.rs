@@ -40,6 +40,7 @@ fn config(root: &Path) -> CompilerConfig {
         cache_max_bytes: arrayjit::compile::DEFAULT_CACHE_MAX_BYTES,
         compile_jobs: 1,
         intrinsics: false,
+        checked: false,
     }
 }
 

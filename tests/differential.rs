@@ -27,7 +27,13 @@
 //! the visits are set, every other batch uses 64 instead of the default 1, so that nodes read
 //! many times, like the operands of a contraction, are inlined too),
 //! `ARRAYJIT_FUZZ_BIG=n` (how many cases in a thousand get a large statement, default
-//! 190). The C compiler's own variables apply too (`ARRAYJIT_CC`,
+//! 190). Every fourth batch (batches 3, 6, 11, 14, ...: `k % 8` is 3 or 6, so both
+//! `max_visits` settings get some) compiles (a) and (c) in bounds-checked
+//! mode (`CompilerConfig::checked`): the generator's programs are valid, so an
+//! out-of-bounds access (`Error::IndexOutOfBounds`, naming the tensor, indices and extents)
+//! is a bug and fails the case; this costs no extra compile, the batch is just compiled
+//! checked instead of unchecked. `ARRAYJIT_CHECKED=1` checks every batch. The C compiler's
+//! own variables apply too (`ARRAYJIT_CC`,
 //! `ARRAYJIT_ARCH_FLAGS`, `ARRAYJIT_CFLAGS`, ...): the kernels follow the target they
 //! describe (AVX-512, AVX2, SSE2 vector widths and register counts).
 //!
@@ -171,6 +177,12 @@ fn env_flag(name: &str) -> bool {
 /// The optimizer's `max_visits` in every other batch.
 const MANY_VISITS: usize = 64;
 
+/// Whether batch `k` runs bounds-checked code: every fourth batch, alternately one with many
+/// visits (odd `k`) and one with the default (even `k`).
+fn checked_batch(k: usize) -> bool {
+    matches!(k % 8, 3 | 6)
+}
+
 #[test]
 fn differential_random_programs() {
     let cases = env_u64("ARRAYJIT_FUZZ_CASES", 300) as usize;
@@ -186,6 +198,7 @@ fn differential_random_programs() {
             ) as usize,
             ..defaults
         },
+        checked: false,
     };
     // Every other batch inlines nodes read many times per cell (unless the visits are set):
     // then pointwise chains feeding a contraction are inlined into it, and its kernel packs
@@ -195,6 +208,7 @@ fn differential_random_programs() {
             max_visits: MANY_VISITS,
             ..opts.settings.clone()
         },
+        checked: false,
     };
     let visits_set = std::env::var("ARRAYJIT_FUZZ_MAX_VISITS").is_ok();
     let verbose = env_flag("ARRAYJIT_FUZZ_VERBOSE");
@@ -217,6 +231,16 @@ fn differential_random_programs() {
                 } else {
                     &opts
                 };
+                let checked;
+                let o = if checked_batch(k) {
+                    checked = Opts {
+                        checked: true,
+                        ..o.clone()
+                    };
+                    &checked
+                } else {
+                    o
+                };
                 let (reports, stats) = process(chunk, o, verbose);
                 results.lock().unwrap().push((k, reports, stats));
             });
@@ -231,8 +255,11 @@ fn differential_random_programs() {
         for r in reports {
             if !r.problems.is_empty() {
                 eprintln!(
-                    "==== differential mismatch, seed {} (rerun: ARRAYJIT_FUZZ_SEED={} ARRAYJIT_FUZZ_CASES=1 ARRAYJIT_FUZZ_MAX_VISITS={}, with the same compiler variables) ====",
-                    r.seed, r.seed, r.max_visits
+                    "==== differential mismatch, seed {} (rerun: ARRAYJIT_FUZZ_SEED={} ARRAYJIT_FUZZ_CASES=1 ARRAYJIT_FUZZ_MAX_VISITS={}{}, with the same compiler variables) ====",
+                    r.seed,
+                    r.seed,
+                    r.max_visits,
+                    if r.checked { " ARRAYJIT_CHECKED=1" } else { "" }
                 );
                 for m in &r.problems {
                     eprintln!("  {m}");

@@ -124,7 +124,7 @@ fn batches_and_several_devices() {
 }
 
 /// Trace logging: every run of a routine appends each value its assignments store, with
-/// the indices, to `<trace_dir>/<routine>.log`.
+/// the indices, to `<trace_dir>/<trace_file_name(routine)>`.
 #[test]
 fn trace_logs_every_stored_value() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,7 +146,7 @@ fn trace_logs_every_stored_value() {
     ]);
     let code = jit.compile("traced", &b, &code).unwrap();
     assert!(
-        code.source().contains("fprintf(aj_log"),
+        code.source().contains("aj_trace_printf(&aj_log"),
         "{}",
         code.source()
     );
@@ -155,7 +155,8 @@ fn trace_logs_every_stored_value() {
     jit.upload(r.context(), &x).unwrap();
     r.run().unwrap();
     r.run().unwrap();
-    let log = std::fs::read_to_string(dir.path().join("odd dir 'x'/traced.log")).unwrap();
+    let file = arrayjit::codegen::trace_file_name("traced");
+    let log = std::fs::read_to_string(dir.path().join("odd dir 'x'").join(file)).unwrap();
     let one_run = "# run of routine traced\n\
                    y[0, 0] = 2\ny[0, 1] = 4\ny[1, 0] = 6\ny[1, 1] = 8\n\
                    s[0] = 2\ns[0] = 6\ns[1] = 6\ns[1] = 14\n";

@@ -6,7 +6,7 @@ use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
 use super::task::{Runnable, StaticValues};
-use crate::codegen::{self, Generated, RoutineSignature};
+use crate::codegen::{self, CodegenOptions, Generated, RoutineSignature};
 use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary, Speculation};
 use crate::error::{Error, Result};
 use crate::ir::{
@@ -17,6 +17,7 @@ use crate::optimize::{self, Optimized, Settings};
 use crate::target::VectorTarget;
 use crate::{loops, lower};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -135,6 +136,31 @@ impl Routine {
         StaticValues::collect(self.0.bindings.iter_values())
     }
 
+    /// Runs the routine now, on this thread, with the given static-index values (in the
+    /// order of [`RoutineSignature::statics`]) **without checking them** against their
+    /// limits, so that an out-of-range value reaches the generated code. Only for testing
+    /// bounds-checked code: it is an error for a routine not compiled in checked mode
+    /// ([`CompilerConfig::checked`]), whose code would access memory out of bounds.
+    #[doc(hidden)]
+    pub fn run_unchecked_statics_for_test(&self, values: &[i64]) -> Result<()> {
+        let sig = &self.0.compiled.sig;
+        if !sig.checked {
+            return Err(Error::Usage(format!(
+                "routine {}: run_unchecked_statics_for_test needs bounds-checked code",
+                self.0.name
+            )));
+        }
+        if values.len() != sig.statics.len() {
+            return Err(Error::Usage(format!(
+                "routine {}: {} static values for {} static indices",
+                self.0.name,
+                values.len(),
+                sig.statics.len()
+            )));
+        }
+        self.0.run_values(values, false)
+    }
+
     /// A task running the routine with the binding values current *now* (they are captured,
     /// so the caller may change them right after).
     pub fn task(&self) -> Task {
@@ -202,10 +228,71 @@ impl Runnable for RoutineInner {
     }
 
     fn run_with(&self, values: &[i64]) -> Result<()> {
+        self.run_values(values, true)
+    }
+}
+
+/// The record bounds-checked code fills on an out-of-bounds access: the C `aj_check_t` of
+/// the runtime header (same layout, checked on both sides).
+#[repr(C)]
+struct CheckRecord {
+    failed: i32,
+    tensor: i32,
+    naxes: i32,
+    lanes: i32,
+    indices: [i64; CHECK_MAX_AXES],
+    extents: [i64; CHECK_MAX_AXES],
+}
+
+/// `AJ_CHECK_MAX_AXES` of the runtime header.
+const CHECK_MAX_AXES: usize = 16;
+const _: () = assert!(std::mem::size_of::<CheckRecord>() == 272);
+
+impl CheckRecord {
+    fn new() -> CheckRecord {
+        CheckRecord {
+            failed: 0,
+            tensor: 0,
+            naxes: 0,
+            lanes: 0,
+            indices: [0; CHECK_MAX_AXES],
+            extents: [0; CHECK_MAX_AXES],
+        }
+    }
+
+    /// The error this record describes, for routine `name` whose tensor table is `table`.
+    fn to_error(&self, name: &str, table: &[Tnode]) -> Error {
+        let Some(tn) = usize::try_from(self.tensor).ok().and_then(|t| table.get(t)) else {
+            return Error::Internal(format!(
+                "routine {name}: checked code reported tensor {} of a table of {}",
+                self.tensor,
+                table.len()
+            ));
+        };
+        let n = usize::try_from(self.naxes)
+            .unwrap_or(0)
+            .min(CHECK_MAX_AXES)
+            .min(tn.dims().len());
+        Error::IndexOutOfBounds {
+            routine: name.to_string(),
+            tensor: tn.name(),
+            indices: self.indices[..n].to_vec(),
+            extents: tn.dims()[..n].to_vec(),
+        }
+    }
+}
+
+impl RoutineInner {
+    /// Runs the routine with `values` for its static indices, checked against their limits
+    /// unless `check_statics` is false (only for bounds-checked code, see
+    /// [`Routine::run_unchecked_statics_for_test`]).
+    fn run_values(&self, values: &[i64], check_statics: bool) -> Result<()> {
         self.context.check_live()?;
         let sig = &self.compiled.sig;
-        for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
-            check_static_value(&self.name, s, v, *limit)?;
+        if check_statics || !sig.checked {
+            for ((s, &v), limit) in sig.statics.iter().zip(values).zip(&sig.static_limits) {
+                check_static_value(&self.name, s, v, *limit)?;
+            }
         }
         // The merge buffer's cell stays locked for the run (only this device's tasks set it),
         // so the run borrows the buffer instead of cloning its handle.
@@ -257,16 +344,23 @@ impl Runnable for RoutineInner {
         if !self.warned_unwritten.load(Ordering::Relaxed) {
             self.warn_unwritten_reads();
         }
-        // The buffer table, on the stack for the usual routine.
+        // The buffer table, on the stack for the usual routine; checked code finds its check
+        // record after the buffers.
+        let mut record = CheckRecord::new();
+        let record_ptr = (&mut record as *mut CheckRecord).cast::<u8>();
+        let extra = sig.checked.then_some(record_ptr);
+        let n = self.buffers.len() + usize::from(sig.checked);
         let mut table = [std::ptr::null_mut::<u8>(); 32];
-        let heap: Vec<*mut u8>;
-        let ptrs: &[*mut u8] = if self.buffers.len() <= table.len() {
-            for (slot, b) in table.iter_mut().zip(self.buffers.iter()) {
-                *slot = b.as_ptr();
+        let mut heap: Vec<*mut u8>;
+        let ptrs: &[*mut u8] = if n <= table.len() {
+            let all = self.buffers.iter().map(|b| b.as_ptr()).chain(extra);
+            for (slot, p) in table.iter_mut().zip(all) {
+                *slot = p;
             }
-            &table[..self.buffers.len()]
+            &table[..n]
         } else {
             heap = self.buffers.iter().map(|b| b.as_ptr()).collect();
+            heap.extend(extra);
             &heap
         };
         let merge_ptr = merge.map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
@@ -277,8 +371,20 @@ impl Runnable for RoutineInner {
             // `sig.scratch`, each of the node's full size (allocated at link); `values` has
             // one entry per static index, each checked above against the extents it indexes;
             // the merge buffer, if read, holds the expected node and is large enough (checked
-            // above). The libraries stay loaded while `self.compiled` lives.
+            // above). The libraries stay loaded while `self.compiled` lives. Checked code
+            // (`sig.checked`) also gets a pointer to `record`, a live `aj_check_t` of the
+            // same layout, as the table's last entry, and checks every access itself, so
+            // that static values need not be checked for it.
             let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
+            if sig.checked && record.failed != 0 {
+                // The code stopped at the access: what it wrote before stays written.
+                for (b, &w) in self.buffers.iter().zip(&sig.writes) {
+                    if w {
+                        b.mark_written();
+                    }
+                }
+                return Err(record.to_error(&self.name, &sig.check_tensors));
+            }
             if status != 0 {
                 return Err(Error::Usage(format!(
                     "routine {}: part {} of its code failed (status {status})",
@@ -345,6 +451,9 @@ pub struct CcBackend {
     /// changed): each routine starts from them, and a routine contradicting an earlier one
     /// (a node inlined there and read from memory here) is an error naming the node.
     modes: Mutex<MemoryModes>,
+    /// Bounds-checked code even when the compiler configuration does not ask for it (see
+    /// [`CcBackend::with_checked`]).
+    checked: bool,
 }
 
 impl Default for CcBackend {
@@ -388,7 +497,26 @@ impl CcBackend {
             settings: Settings::default(),
             compiler: None,
             modes: Mutex::new(MemoryModes::new()),
+            checked: false,
         }
+    }
+
+    /// The backend generating bounds-checked code ([`CompilerConfig::checked`]) when
+    /// `checked` is true, whatever the compiler configuration says (with false, the
+    /// configuration decides).
+    pub fn with_checked(self, checked: bool) -> CcBackend {
+        CcBackend { checked, ..self }
+    }
+
+    /// How code is generated under `cfg`: its trace directory (created if missing, see
+    /// [`prepare_trace_dir`]) and bounds checks (the configuration's or the backend's).
+    fn codegen_options(&self, cfg: &CompilerConfig) -> Result<(Option<PathBuf>, bool)> {
+        let trace = cfg
+            .trace_dir
+            .as_deref()
+            .map(prepare_trace_dir)
+            .transpose()?;
+        Ok((trace, cfg.checked || self.checked))
     }
 
     /// A backend with the given optimizer settings (e.g. optimization off).
@@ -570,9 +698,13 @@ impl CcBackend {
         self.check_initialized()?;
         let name = routine_name(name, asgns, 0);
         self.for_target(shared, |cfg, target, speculation| {
-            let trace = cfg.trace_dir.as_deref();
+            let (trace, checked) = self.codegen_options(cfg)?;
             let optimized = self.optimize_one(&name, asgns, target, trace.is_some())?;
-            let generated = codegen::generate(&[(&optimized, bindings)], target, trace)?;
+            let options = CodegenOptions {
+                trace_dir: trace.as_deref(),
+                checked,
+            };
+            let generated = codegen::generate(&[(&optimized, bindings)], target, options)?;
             let source = generated.source();
             let dumps = dumps(&optimized, asgns, 0);
             let state = if shared {
@@ -703,9 +835,12 @@ impl CcBackend {
             Ok((cfg, t)) => (Some(cfg), t),
             Err(_) => (None, VectorTarget::default()),
         };
-        let trace = cfg.as_ref().and_then(|c| c.trace_dir.as_deref());
+        let options = CodegenOptions {
+            trace_dir: cfg.as_ref().and_then(|c| c.trace_dir.as_deref()),
+            checked: self.checked || cfg.as_ref().is_some_and(|c| c.checked),
+        };
         Ok(self
-            .prepare_batch(names, None, bindings, asgns, &target, trace)?
+            .prepare_batch(names, None, bindings, asgns, &target, options)?
             .1)
     }
 
@@ -717,7 +852,7 @@ impl CcBackend {
         bindings: &Bindings,
         asgns: &[Assignments],
         target: &VectorTarget,
-        trace: Option<&std::path::Path>,
+        options: CodegenOptions<'_>,
     ) -> Result<(
         Vec<Option<(String, Optimized)>>,
         String,
@@ -732,7 +867,7 @@ impl CcBackend {
                 entries.push(None);
                 continue;
             }
-            let o = self.optimize_one(&name, a, target, trace.is_some())?;
+            let o = self.optimize_one(&name, a, target, options.trace_dir.is_some())?;
             all_dumps.extend(dumps(&o, a, i));
             entries.push(Some((name, o)));
         }
@@ -741,7 +876,7 @@ impl CcBackend {
             .flatten()
             .map(|(_, o)| (o, bindings))
             .collect();
-        let generated = codegen::generate(&included, target, trace)?;
+        let generated = codegen::generate(&included, target, options)?;
         let source = generated.source();
         Ok((entries, source, generated, all_dumps))
     }
@@ -767,14 +902,13 @@ impl CcBackend {
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
         self.for_target(shared, |cfg, target, speculation| {
-            let (entries, source, generated, all_dumps) = self.prepare_batch(
-                names,
-                occupancy,
-                bindings,
-                asgns,
-                target,
-                cfg.trace_dir.as_deref(),
-            )?;
+            let (trace, checked) = self.codegen_options(cfg)?;
+            let options = CodegenOptions {
+                trace_dir: trace.as_deref(),
+                checked,
+            };
+            let (entries, source, generated, all_dumps) =
+                self.prepare_batch(names, occupancy, bindings, asgns, target, options)?;
             let entries = entries
                 .into_iter()
                 .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
@@ -1068,6 +1202,26 @@ fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
     }
     files.retain(|f| !f.is_empty());
     files
+}
+
+/// The trace directory as generated code uses it: created (with its parents, mode 0700) if
+/// it does not exist, and made absolute (the code runs in whatever directory the process is
+/// in then).
+///
+/// # Errors
+///
+/// [`Error::Io`] naming the directory when it cannot be created or resolved.
+fn prepare_trace_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let what = || format!("trace directory {} (ARRAYJIT_TRACE_DIR)", dir.display());
+    if !dir.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| Error::io(format!("creating {}", what()), e))?;
+    }
+    std::path::absolute(dir).map_err(|e| Error::io(format!("resolving {}", what()), e))
 }
 
 /// The error for a compile without a speculation that reports a disproved guess (which

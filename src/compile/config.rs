@@ -94,8 +94,12 @@ pub struct CompilerConfig {
     /// Where to keep the source, command line and compiler output of every compile, if anywhere.
     pub debug_dir: Option<PathBuf>,
     /// Trace logging: generated routines append, on every run, each value their assignments
-    /// store (with its indices) to `<trace_dir>/<routine>.log`. For debugging tiny
-    /// computations: tracing code is scalar (no vector kernels) and slow.
+    /// store (with its indices) to `<trace_dir>/`[`trace_file_name`]`(routine)`, one whole
+    /// line per value; the directory is created (mode 0700) when code is compiled if it is
+    /// missing. For debugging tiny computations: tracing code is scalar (no vector kernels)
+    /// and slow.
+    ///
+    /// [`trace_file_name`]: crate::codegen::trace_file_name
     pub trace_dir: Option<PathBuf>,
     /// How long the compiler may run before it (and every process it started) is killed.
     pub timeout: Duration,
@@ -116,6 +120,12 @@ pub struct CompilerConfig {
     /// `<arm_neon.h>`) instead of GCC/Clang vector extensions of the same width. Both give
     /// the same instructions; the intrinsics' headers add about 70 ms to every compile.
     pub intrinsics: bool,
+    /// Bounds-checked code: every array access of the generated code checks its indices
+    /// against the tensor's extents first; an access outside is
+    /// [`Error::IndexOutOfBounds`] naming the routine, the tensor, the indices and the
+    /// extents (the routine stops there, never crashes). Slower; checked code is cached
+    /// apart from unchecked code (its C differs).
+    pub checked: bool,
 }
 
 /// Reads environment variables through one strict path: every accessor either returns a
@@ -338,6 +348,8 @@ impl CompilerConfig {
     ///   of at least 1 (default: the machine's available parallelism);
     /// - `ARRAYJIT_INTRINSICS`: a boolean (default off): spell vector code with intrinsics
     ///   instead of vector extensions (see [`CompilerConfig::intrinsics`]).
+    /// - `ARRAYJIT_CHECKED`: a boolean (default off): bounds-checked code (see
+    ///   [`CompilerConfig::checked`]).
     pub fn from_env() -> Result<CompilerConfig> {
         Self::from_lookup(|name| std::env::var_os(name), detect::detect_compiler)
     }
@@ -376,6 +388,7 @@ impl CompilerConfig {
         let cflags = env.flags("ARRAYJIT_CFLAGS", true)?.unwrap_or_default();
         let workaround_on = env.boolean("ARRAYJIT_GCC_WORKAROUND", true)?;
         let intrinsics = env.boolean("ARRAYJIT_INTRINSICS", false)?;
+        let checked = env.boolean("ARRAYJIT_CHECKED", false)?;
         let debug_dir = env.path("ARRAYJIT_DEBUG_DIR");
         let trace_dir = env.path("ARRAYJIT_TRACE_DIR");
 
@@ -442,6 +455,7 @@ impl CompilerConfig {
             cache_max_bytes,
             compile_jobs,
             intrinsics,
+            checked,
         })
     }
 
@@ -693,6 +707,29 @@ mod tests {
         .unwrap();
         assert!(c.compile_jobs >= 1);
         assert_eq!(c.cache_max_bytes, DEFAULT_CACHE_MAX_BYTES);
+    }
+
+    #[test]
+    fn checked_is_a_strict_boolean() {
+        assert!(!config_from(&[]).unwrap().checked);
+        for on in ["1", "on", "TRUE", " yes "] {
+            assert!(
+                config_from(&[("ARRAYJIT_CHECKED", on)]).unwrap().checked,
+                "{on}"
+            );
+        }
+        for off in ["0", "off", "False", "no", ""] {
+            assert!(
+                !config_from(&[("ARRAYJIT_CHECKED", off)]).unwrap().checked,
+                "{off}"
+            );
+        }
+        assert_config_error(
+            &[("ARRAYJIT_CHECKED", "2")],
+            "ARRAYJIT_CHECKED",
+            "2",
+            "1, on, true or yes to enable; 0, off, false or no to disable",
+        );
     }
 
     #[test]

@@ -380,6 +380,7 @@ mod tests {
             cache_max_bytes: 1 << 30,
             compile_jobs: 1,
             intrinsics: false,
+            checked: false,
         }
     }
 

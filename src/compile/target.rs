@@ -667,6 +667,7 @@ mod tests {
             cache_max_bytes: super::super::config::DEFAULT_CACHE_MAX_BYTES,
             compile_jobs: 1,
             intrinsics: false,
+            checked: false,
         };
         let memo = DiskMemo::new(dir.path(), "id", &cfg, &["-march=native"]);
         assert_eq!(memo.read(), None);

@@ -16,6 +16,9 @@ use std::collections::BTreeMap;
 pub struct Opts {
     /// Optimizer settings of the compiled run (a).
     pub settings: Settings,
+    /// Compile (a) and (c) in bounds-checked mode: any out-of-bounds access fails the case
+    /// (`Error::IndexOutOfBounds` from the run).
+    pub checked: bool,
 }
 
 /// Multiplier on the error bound.
@@ -195,6 +198,8 @@ pub struct CaseReport {
     pub seed: u64,
     /// The optimizer's `max_visits` of the compiled run (a) (it depends on the batch).
     pub max_visits: usize,
+    /// Whether the batch ran in bounds-checked mode.
+    pub checked: bool,
     pub problems: Vec<String>,
     pub json: String,
 }
@@ -213,7 +218,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
     let progs: Vec<Program> = seeds.iter().map(|&s| generate(s)).collect();
     lap(0, &mut stats);
     let refs: Vec<&Program> = progs.iter().collect();
-    let a = run_compiled(&refs, &opts.settings);
+    let a = run_compiled(&refs, &opts.settings, opts.checked);
     lap(1, &mut stats);
     let c = run_compiled(
         &refs,
@@ -221,6 +226,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
             enabled: false,
             ..Default::default()
         },
+        opts.checked,
     );
     lap(2, &mut stats);
     let mut reports = vec![];
@@ -334,6 +340,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
         reports.push(CaseReport {
             seed: p.seed,
             max_visits: opts.settings.max_visits,
+            checked: opts.checked,
             problems,
             json,
         });

@@ -252,10 +252,12 @@ fn vector_words(t: &str) -> Vec<(usize, String)> {
 }
 
 /// (a) / (c): compiles the cases in one batch (one C file) and runs each; on a compile
-/// failure, retries case by case (with fresh nodes) to find the culprit.
-pub fn run_compiled(progs: &[&Program], settings: &Settings) -> Vec<Compiled> {
+/// failure, retries case by case (with fresh nodes) to find the culprit. With `checked`, the
+/// code is bounds-checked: an out-of-bounds access fails its case with the error naming the
+/// tensor, the indices and the extents.
+pub fn run_compiled(progs: &[&Program], settings: &Settings, checked: bool) -> Vec<Compiled> {
     let insts: Vec<Instance> = progs.iter().map(|p| instantiate(p)).collect();
-    let backend = CcBackend::with_settings(settings.clone());
+    let backend = CcBackend::with_settings(settings.clone()).with_checked(checked);
     backend.initialize(Config::default());
     let bindings = Bindings(insts.iter().flat_map(|i| i.statics.clone()).collect());
     let names: Vec<String> = progs.iter().map(|p| format!("case_{}", p.seed)).collect();
@@ -273,7 +275,7 @@ pub fn run_compiled(progs: &[&Program], settings: &Settings) -> Vec<Compiled> {
         Err(_) => {
             return progs
                 .iter()
-                .flat_map(|p| run_compiled(&[p], settings))
+                .flat_map(|p| run_compiled(&[p], settings, checked))
                 .collect()
         }
     };
