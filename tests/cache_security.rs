@@ -83,6 +83,7 @@ fn config(root: &Path, cache: Option<&Path>) -> CompilerConfig {
         cache_max_bytes: arrayjit::compile::DEFAULT_CACHE_MAX_BYTES,
         compile_jobs: 1,
         intrinsics: false,
+        checked: false,
     }
 }
 
