@@ -27,7 +27,7 @@ pub struct Settings {
     pub max_tracing_dim: usize,
     /// The most points (iterations of the innermost statements) tracing walks per loop nest:
     /// past it, inner loops are walked for one iteration only, and tracing stays conservative
-    /// about the iterations it skips (see [`trace`]). Keeps tracing's cost bounded whatever the
+    /// about the iterations it skips (see [`trace()`]). Keeps tracing's cost bounded whatever the
     /// depth of a nest.
     pub max_tracing_points: usize,
     /// Inline scalar nodes computed only from constants, however often they are read.
