@@ -353,3 +353,78 @@ fn inlined_values_read_twice_per_level_stay_small() {
     assert_eq!(got[0], vec![1.0, 1.0, 0.0, 0.0]);
     assert!(src.len() < 4000 + 1000 * n, "{} bytes of C", src.len());
 }
+
+/// Tracing's budget changes what it walks, never what it decides: with a budget of a single
+/// point, broadcast reads deep in a rank-7 nest still count the visits of the full walk (so
+/// the broadcast operand is not inlined), and transposed reads of a computed node still
+/// find it written, exactly as without a budget.
+#[test]
+fn tracing_budget_keeps_the_decisions() {
+    use arrayjit::optimize::{optimize, Settings};
+    let b = Bindings::empty();
+    let d7 = [5usize; 7];
+    let x = output("x", &d7, Prec::Single);
+    let v = output("v", &[5], Prec::Single);
+    let y = temp("y", &[5], Prec::Single);
+    let t = temp("t", &d7, Prec::Single);
+    let u = temp("u", &d7, Prec::Single);
+    let z = output("z", &d7, Prec::Single);
+    let s = output("s", &[1], Prec::Single);
+    let cases = [
+        // y[g] read at every (a..f): 5^6 times per cell.
+        Assignments::seq([
+            unop(&y, Binop::Arg2, false, Unop::Relu, &v, "a->a", &b),
+            binop(
+                &z,
+                Binop::Arg2,
+                false,
+                Binop::Mul,
+                &y,
+                &x,
+                "g,abcdefg->abcdefg",
+                &b,
+            ),
+        ]),
+        // t written in full, read transposed; u summed.
+        Assignments::seq([
+            unop(
+                &t,
+                Binop::Arg2,
+                false,
+                Unop::Relu,
+                &x,
+                "abcdefg->abcdefg",
+                &b,
+            ),
+            unop(
+                &u,
+                Binop::Arg2,
+                false,
+                Unop::Relu,
+                &t,
+                "abcdefg->gfedcba",
+                &b,
+            ),
+            unop(&s, Binop::Add, true, Unop::Identity, &u, "abcdefg->0", &b),
+        ]),
+    ];
+    for (k, asg) in cases.iter().enumerate() {
+        let decisions = |budget: usize| {
+            let settings = Settings {
+                max_tracing_points: budget,
+                ..Settings::default()
+            };
+            let o = optimize("m", arrayjit::lower::lower(asg).unwrap(), &settings).unwrap();
+            let traced: Vec<_> = o
+                .traced_store
+                .nodes()
+                .map(|t| (t.tn.name(), t.read_only, t.is_recurrent, t.max_visits))
+                .collect();
+            (traced, o.nodes, o.traced_store.points())
+        };
+        let (full, bounded) = (decisions(usize::MAX), decisions(1));
+        assert_eq!(full.0, bounded.0, "case {k}");
+        assert_eq!(full.1, bounded.1, "case {k}");
+        assert!(bounded.2 <= 4, "case {k}: {} points", bounded.2);
+    }
+}
