@@ -84,9 +84,9 @@ static inline unsigned char aj_to_byte(double x) {
 }
 
 /* `c > 0 ? v : 0` without a branch or a conditional select: the comparison becomes a bit
- * mask. Relu and relu_gate use these, so that C compilers vectorize them without
- * if-conversion (which GCC 12 miscompiles in some loops, see the README). NaN or -0.0 in `c`
- * give +0.0, exactly as the conditional would. */
+ * mask. Relu (through aj_relu_f/aj_relu_d below) and relu_gate use these, so that C
+ * compilers vectorize them without if-conversion (which GCC 12 miscompiles in some loops, see
+ * the README). NaN or -0.0 in `c` give +0.0, exactly as the conditional would. */
 static inline float aj_gate_f(float c, float v) {
   int32_t bits;
   memcpy(&bits, &v, sizeof bits);
@@ -101,6 +101,64 @@ static inline double aj_gate_d(double c, double v) {
   bits &= -(int64_t)(c > 0.0);
   memcpy(&v, &bits, sizeof bits);
   return v;
+}
+
+/* relu: `a > 0 ? a : 0`, taking its operand once (a nested expression is never printed
+ * twice; inlined chains of relus stay linear in size). */
+static inline float aj_relu_f(float a) { return aj_gate_f(a, a); }
+
+static inline double aj_relu_d(double a) { return aj_gate_d(a, a); }
+
+/* max and min, exactly as IEEE 754-2019 maximumNumber and minimumNumber: a NaN operand is
+ * ignored (the other operand is the result; two NaNs give NaN), and +0 is larger than -0
+ * whatever the order: max(-0, +0) = max(+0, -0) = +0, min(-0, +0) = min(+0, -0) = -0. (C's
+ * fmax and fmin leave the sign of a zero result unspecified: it changed with the optimization
+ * level.) Equal operands are merged bitwise, AND for max and OR for min, which only matters
+ * for zeros of different signs. Bit masks, no conditional select, so that loops of them
+ * vectorize without if-conversion (see aj_gate_f). The reference interpreter uses the same
+ * definition (`max_number` and `min_number` in src/ir/ops.rs). */
+static inline float aj_max_f(float a, float b) {
+  uint32_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint32_t take_a = -(uint32_t)((a > b) | (b != b));
+  uint32_t eq = -(uint32_t)(a == b);
+  uint32_t r = (ia & take_a) | (ib & ~(take_a | eq)) | (ia & ib & eq);
+  memcpy(&a, &r, sizeof r);
+  return a;
+}
+
+static inline float aj_min_f(float a, float b) {
+  uint32_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint32_t take_a = -(uint32_t)((a < b) | (b != b));
+  uint32_t eq = -(uint32_t)(a == b);
+  uint32_t r = (ia & take_a) | (ib & ~(take_a | eq)) | ((ia | ib) & eq);
+  memcpy(&a, &r, sizeof r);
+  return a;
+}
+
+static inline double aj_max_d(double a, double b) {
+  uint64_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint64_t take_a = -(uint64_t)((a > b) | (b != b));
+  uint64_t eq = -(uint64_t)(a == b);
+  uint64_t r = (ia & take_a) | (ib & ~(take_a | eq)) | (ia & ib & eq);
+  memcpy(&a, &r, sizeof r);
+  return a;
+}
+
+static inline double aj_min_d(double a, double b) {
+  uint64_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint64_t take_a = -(uint64_t)((a < b) | (b != b));
+  uint64_t eq = -(uint64_t)(a == b);
+  uint64_t r = (ia & take_a) | (ib & ~(take_a | eq)) | ((ia | ib) & eq);
+  memcpy(&a, &r, sizeof r);
+  return a;
 }
 
 /* AJ_SHUFFLE(T, M, a, b, i...): the lanes i... of a followed by b (vectors of type T), as a

@@ -308,6 +308,167 @@ fn static_index_in_einsum_spec() {
     ));
 }
 
+/// No operation's C template names an operand twice: the operand's text would be printed
+/// twice, so each level of a chain of inlined operations would double the C expression
+/// (`relu` was `aj_gate_f($a, $a)`: 30 chained relus made gigabytes of C).
+#[test]
+fn no_operation_template_repeats_an_operand() {
+    let templates = Binop::ALL
+        .iter()
+        .flat_map(|op| {
+            let i = op.info();
+            [(op.name(), i.c_float), (op.name(), i.c_double)]
+        })
+        .chain(Unop::ALL.iter().flat_map(|op| {
+            let i = op.info();
+            [(op.name(), i.c_float), (op.name(), i.c_double)]
+        }));
+    for (name, t) in templates {
+        assert!(t.matches("$a").count() <= 1, "{name}: {t}");
+        assert!(t.matches("$b").count() <= 1, "{name}: {t}");
+    }
+}
+
+/// Runs `asg` compiled at `-O<level>` and returns the host values of `outs` and the C source.
+fn compute_at_opt_level(
+    level: &str,
+    asg: &Assignments,
+    outs: &[&Tnode],
+) -> (Vec<Vec<f64>>, String) {
+    use arrayjit::backend::CcBackend;
+    use arrayjit::compile::CompilerConfig;
+    let cfg = CompilerConfig {
+        opt_level: level.into(),
+        cache_dir: None,
+        ..CompilerConfig::from_env().unwrap()
+    };
+    let backend = CcBackend::with_config(cfg, Default::default());
+    let (r, src) = build(&backend, "signed_zeros", &Bindings::empty(), asg).unwrap();
+    (run_and_read(&backend, &r, outs), src)
+}
+
+/// Bitwise equality of results, with the sign of zeros checked (NaN matches NaN).
+fn assert_same_bits(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let same =
+            (g.is_nan() && w.is_nan()) || (g == w && g.is_sign_negative() == w.is_sign_negative());
+        assert!(
+            same,
+            "{what} cell {i}: got {g:?}, want {w:?}\n got: {got:?}\nwant: {want:?}"
+        );
+    }
+}
+
+/// max and min are IEEE 754-2019 maximumNumber / minimumNumber: a NaN operand is ignored, and
+/// +0 is larger than -0, whatever the order of the operands: max(-0, +0) = max(+0, -0) = +0,
+/// min(-0, +0) = min(+0, -0) = -0. Pointwise and as accumulators (short rows, and rows long
+/// enough for the vectorized reductions of single and double), in half, single and double,
+/// compiled at -O0 and -O3 and interpreted: every result bit for bit, signs included.
+#[test]
+fn max_and_min_order_signed_zeros() {
+    let (n, p) = (-0.0f64, 0.0f64);
+    let nan = f64::NAN;
+    let a = [n, p, n, p, nan, n, nan, 1.0, n];
+    let b = [p, n, n, p, n, nan, p, n, -1.0];
+    let max_ab = [p, p, n, p, n, n, p, 1.0, n];
+    let min_ab = [n, n, n, p, n, n, p, n, -1.0];
+    // Rows to reduce: a long one (beyond the vectorized reductions' 2 x 16 lanes) of -0 with a
+    // single +0 in the middle, a long one of -0 only, and short ones.
+    let width = 40;
+    let mut rows: Vec<Vec<f64>> = vec![vec![n; width], vec![n; width]];
+    rows[0][21] = p;
+    let mut short = |r: &[f64]| {
+        let mut v = r.to_vec();
+        v.resize(width, r[r.len() - 1]);
+        rows.push(v);
+    };
+    short(&[p, n]);
+    short(&[n, p]);
+    short(&[nan, n]);
+    short(&[p, nan]);
+    let red_max = [p, n, p, p, n, p];
+    let red_min = [n, n, n, n, n, p];
+    let flat: Vec<f64> = rows.concat();
+    for prec in [Prec::Half, Prec::Single, Prec::Double] {
+        let bnd = Bindings::empty();
+        let at = input("a", &[a.len()], prec, &a);
+        let bt = input("b", &[b.len()], prec, &b);
+        let xt = input("x", &[rows.len(), width], prec, &flat);
+        let outs: Vec<Tnode> = ["max", "min", "rmax", "rmin"]
+            .iter()
+            .map(|s| {
+                output(
+                    s,
+                    &[if s.starts_with('r') {
+                        rows.len()
+                    } else {
+                        a.len()
+                    }],
+                    prec,
+                )
+            })
+            .collect();
+        let asg = Assignments::seq([
+            binop(
+                &outs[0],
+                Binop::Arg2,
+                false,
+                Binop::Max,
+                &at,
+                &bt,
+                "i,i->i",
+                &bnd,
+            ),
+            binop(
+                &outs[1],
+                Binop::Arg2,
+                false,
+                Binop::Min,
+                &at,
+                &bt,
+                "i,i->i",
+                &bnd,
+            ),
+            unop(
+                &outs[2],
+                Binop::Max,
+                true,
+                Unop::Identity,
+                &xt,
+                "ij->i",
+                &bnd,
+            ),
+            unop(
+                &outs[3],
+                Binop::Min,
+                true,
+                Unop::Identity,
+                &xt,
+                "ij->i",
+                &bnd,
+            ),
+        ]);
+        let want: [&[f64]; 4] = [&max_ab, &min_ab, &red_max, &red_min];
+        let refs: Vec<&Tnode> = outs.iter().collect();
+        for level in ["0", "3"] {
+            let (got, src) = compute_at_opt_level(level, &asg, &refs);
+            // Single and double long rows take the vectorized reductions' path.
+            assert_eq!(src.contains("_acc"), prec != Prec::Half, "{src}");
+            for ((o, g), w) in outs.iter().zip(&got).zip(want) {
+                assert_same_bits(g, w, &format!("{} [{prec}] -O{level}", o.name()));
+            }
+        }
+        let mut mem = arrayjit::interp::Memory::new();
+        mem.load_from_hosts(&asg.nodes());
+        arrayjit::interp::run_assignments(&asg, &[], &mut mem).unwrap();
+        for (o, w) in outs.iter().zip(want) {
+            let g = mem.get(o).unwrap();
+            assert_same_bits(g, w, &format!("{} [{prec}] interpreted", o.name()));
+        }
+    }
+}
+
 /// A static index's limit comes from every axis it indexes in the routine as written, not
 /// only from the reads that survive optimization: `arg1` drops its second operand, which is
 /// the only use of `s` (issue 19, item 7: `s = 1000` on an extent-2 axis ran).

@@ -6,7 +6,10 @@
 //!
 //! C templates use `$a` and `$b` for the operands; each template comes in a `float` and a
 //! `double` flavour, chosen by the compute type of the precision being written
-//! (see [`crate::ir::Prec::compute_c_type`]).
+//! (see [`crate::ir::Prec::compute_c_type`]). A template names each operand at most once
+//! (an operation that needs its operand twice is a `static inline` helper of
+//! `runtime_c/arrayjit.h` taking it once): operands are whole printed expressions, so naming
+//! one twice would double the C text at every level of an inlined chain.
 
 use std::fmt;
 
@@ -29,9 +32,11 @@ pub enum Binop {
     Arg1,
     /// `b` (second argument); as an accumulator it means "overwrite"
     Arg2,
-    /// The larger of `a` and `b` (a NaN operand is ignored, as C `fmax`)
+    /// The larger of `a` and `b`: IEEE 754-2019 maximumNumber (a NaN operand is ignored, as
+    /// C `fmax`, and +0 is larger than -0), see [`max_number`]
     Max,
-    /// The smaller of `a` and `b` (a NaN operand is ignored, as C `fmin`)
+    /// The smaller of `a` and `b`: IEEE 754-2019 minimumNumber (a NaN operand is ignored, as
+    /// C `fmin`, and -0 is smaller than +0), see [`min_number`]
     Min,
 }
 
@@ -88,6 +93,39 @@ pub struct UnopInfo {
     pub c_double: &'static str,
     /// The meaning, in `f64`.
     pub interpret: fn(f64) -> f64,
+}
+
+/// The larger of `a` and `b`, as IEEE 754-2019 maximumNumber: a NaN operand is ignored (two
+/// NaNs give NaN), and +0 is larger than -0, so `max(-0, +0) = max(+0, -0) = +0`. (Rust's
+/// `f64::max` and C's `fmax` leave the sign of a zero result unspecified.) The generated C
+/// computes the same with `aj_max_f` / `aj_max_d` of `runtime_c/arrayjit.h`.
+pub fn max_number(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b > a {
+        b
+    } else if b.is_nan() || a > b {
+        a
+    } else if a.is_sign_negative() {
+        // Equal: they differ at most in the sign of a zero, and +0 wins.
+        b
+    } else {
+        a
+    }
+}
+
+/// The smaller of `a` and `b`, as IEEE 754-2019 minimumNumber: a NaN operand is ignored (two
+/// NaNs give NaN), and -0 is smaller than +0, so `min(-0, +0) = min(+0, -0) = -0`. The
+/// generated C computes the same with `aj_min_f` / `aj_min_d` of `runtime_c/arrayjit.h`.
+pub fn min_number(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b < a {
+        b
+    } else if b.is_nan() || a < b {
+        a
+    } else if a.is_sign_negative() {
+        // Equal: they differ at most in the sign of a zero, and -0 wins.
+        a
+    } else {
+        b
+    }
 }
 
 fn relu(a: f64) -> f64 {
@@ -157,18 +195,18 @@ impl Binop {
             Binop::Max => row(
                 "max",
                 f64::NEG_INFINITY,
-                "fmaxf($a, $b)",
-                "fmax($a, $b)",
+                "aj_max_f($a, $b)",
+                "aj_max_d($a, $b)",
                 None,
-                f64::max,
+                max_number,
             ),
             Binop::Min => row(
                 "min",
                 f64::INFINITY,
-                "fminf($a, $b)",
-                "fmin($a, $b)",
+                "aj_min_f($a, $b)",
+                "aj_min_d($a, $b)",
                 None,
-                f64::min,
+                min_number,
             ),
         }
     }
@@ -231,7 +269,7 @@ impl Unop {
         };
         match self {
             Unop::Identity => row("identity", "$a", "$a", |a| a),
-            Unop::Relu => row("relu", "aj_gate_f($a, $a)", "aj_gate_d($a, $a)", relu),
+            Unop::Relu => row("relu", "aj_relu_f($a)", "aj_relu_d($a)", relu),
             Unop::Neg => row("neg", "(-$a)", "(-$a)", |a| -a),
             Unop::Exp => row("exp", "expf($a)", "exp($a)", f64::exp),
             Unop::Log => row("log", "logf($a)", "log($a)", f64::ln),

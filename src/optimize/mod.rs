@@ -25,6 +25,11 @@ pub struct Settings {
     pub max_visits: usize,
     /// How many iterations of each loop tracing walks.
     pub max_tracing_dim: usize,
+    /// The most points (iterations of the innermost statements) tracing walks per loop nest:
+    /// past it, inner loops are walked for one iteration only, and tracing stays conservative
+    /// about the iterations it skips (see [`trace()`]). Keeps tracing's cost bounded whatever the
+    /// depth of a nest.
+    pub max_tracing_points: usize,
     /// Inline scalar nodes computed only from constants, however often they are read.
     pub inline_scalar_constexprs: bool,
     /// A node whose computation costs more than this many operations per read (a large
@@ -43,6 +48,7 @@ impl Default for Settings {
             enabled: true,
             max_visits: 1,
             max_tracing_dim: 5,
+            max_tracing_points: 1 << 14,
             inline_scalar_constexprs: true,
             max_inline_work: 64,
             loop_opts: true,

@@ -1,5 +1,28 @@
 //! Tracing: walks the code for the first few iterations of each loop, counting reads and
 //! writes per node and cell.
+//!
+//! # Cost
+//!
+//! Each loop is walked for its first `max_tracing_dim` iterations, so a loop nest costs the
+//! product of those counts: exponential in the nest's depth (a sum over a rank-20 tensor of
+//! extent 2 visited 2^20 points). The walk is therefore bounded by
+//! [`Settings::max_tracing_points`]: a loop is walked for its first `max_tracing_dim`
+//! iterations only while the product of the walked iterations of it and its enclosing loops
+//! stays within that budget; past it, the loop is walked for its first iteration only. Every
+//! statement of a nest is still reached, and each statement is executed at most
+//! `max_tracing_points` times per top-level nest.
+//!
+//! A loop walked for fewer iterations than it has is *cut short*, and the analysis stays
+//! conservative about what it did not see, whether the cut comes from `max_tracing_dim` or
+//! from the budget:
+//! - a cell whose coordinates depend on a cut-short loop is *inexact*: reading it counts as
+//!   reading a written cell only if a `Zero_out` or a single store covering every cell of the
+//!   node came first, otherwise the node is recurrent (it persists: always correct);
+//! - a read inside a loop walked once by the budget counts as many visits as the full walk
+//!   would have given its cell (the loop's `max_tracing_dim` first iterations) when the read's
+//!   cell does not depend on the loop's iterator, or depends on it through a linear
+//!   combination (where other iterations may land on the same cell), so the budget never
+//!   makes a node look read less often, and thus inlinable, than the full walk would.
 
 use super::Settings;
 use crate::error::Result;
@@ -31,16 +54,24 @@ pub struct TracedNode {
 
 /// Per-node tracing results, ordered by node id.
 #[derive(Clone, Debug, Default)]
-pub struct TracedStore(pub BTreeMap<Tnode, TracedNode>);
+pub struct TracedStore {
+    nodes: BTreeMap<Tnode, TracedNode>,
+    points: usize,
+}
 
 impl TracedStore {
     /// The traced nodes, by id.
     pub fn nodes(&self) -> impl Iterator<Item = &TracedNode> {
-        self.0.values()
+        self.nodes.values()
     }
     /// The tracing result for a node.
     pub fn get(&self, tn: &Tnode) -> Option<&TracedNode> {
-        self.0.get(tn)
+        self.nodes.get(tn)
+    }
+    /// How many statements (stores, local stores, zero fills) tracing executed: the measure
+    /// of its work that [`Settings::max_tracing_points`] bounds per loop nest.
+    pub fn points(&self) -> usize {
+        self.points
     }
 }
 
@@ -67,6 +98,13 @@ struct Tracer<'a> {
     ranges: HashMap<Symbol, (i64, i64)>,
     /// Loop iterators whose loop was cut short by sampling.
     truncated: HashSet<Symbol>,
+    /// The enclosing loops that the budget walks once although the full walk would take
+    /// several iterations: each iterator with that number of iterations.
+    collapsed: Vec<(Symbol, usize)>,
+    /// The product of the walked iterations of the enclosing loops.
+    walked: usize,
+    /// Statements executed so far.
+    points: usize,
     nodes: BTreeMap<Tnode, NodeState>,
 }
 
@@ -113,6 +151,7 @@ impl Tracer<'_> {
 
     fn read(&mut self, tn: &Tnode, idcs: &[AxisIndex], own: Option<(&Tnode, &[AxisIndex])>) {
         let (cell, exact) = self.cell(idcs);
+        let weight = self.collapsed_weight(idcs);
         let st = self.nodes.entry(tn.clone()).or_default();
         st.reads += 1;
         // A cell whose coordinates are not all known (a static index, or a loop cut short by
@@ -123,8 +162,24 @@ impl Tracer<'_> {
         }
         let self_accum = own.is_some_and(|(t, i)| t == tn && i == idcs);
         if !self_accum {
-            *st.visits.entry(cell).or_default() += 1;
+            let v = st.visits.entry(cell).or_default();
+            *v = v.saturating_add(weight);
         }
+    }
+
+    /// How many visits one traced read at `idcs` stands for: the full walk's iterations of
+    /// every loop walked once by the budget whose iterator the read does not index alone
+    /// (see the module documentation).
+    fn collapsed_weight(&self, idcs: &[AxisIndex]) -> usize {
+        self.collapsed
+            .iter()
+            .filter(|(s, _)| {
+                !idcs.iter().any(|ix| matches!(ix, AxisIndex::Iterator(t) if t == s))
+                    || idcs.iter().any(
+                        |ix| matches!(ix, AxisIndex::Linear(l) if l.terms().iter().any(|(t, _)| t == s)),
+                    )
+            })
+            .fold(1usize, |w, (_, n)| w.saturating_mul(*n))
     }
 
     fn value(&mut self, v: &Llv, own: Option<(&Tnode, &[AxisIndex])>) {
@@ -156,21 +211,39 @@ impl Tracer<'_> {
                 body,
                 ..
             } => {
-                let n = to - from + 1;
-                let limit = self.settings.max_tracing_dim.max(1) as i64;
-                if n > limit {
+                let n = (to - from + 1).max(0);
+                let full = n.min(self.settings.max_tracing_dim.max(1) as i64);
+                // Within the budget, the loop's first `full` iterations; past it, one.
+                let budget = self.settings.max_tracing_points.max(1);
+                let walk = if self.walked.saturating_mul(full as usize) <= budget {
+                    full
+                } else {
+                    full.min(1)
+                };
+                if n > walk {
                     self.truncated.insert(*index);
                 }
+                let collapsed = walk < full;
+                if collapsed {
+                    self.collapsed.push((*index, full as usize));
+                }
+                let outer = self.walked;
+                self.walked = outer.saturating_mul(walk.max(1) as usize);
                 self.ranges.insert(*index, (*from, *to));
-                for i in *from..=(*to).min(from + limit - 1) {
+                for i in *from..*from + walk {
                     self.env.insert(*index, i);
                     self.stmt(body);
+                }
+                self.walked = outer;
+                if collapsed {
+                    self.collapsed.pop();
                 }
                 self.env.remove(index);
                 self.ranges.remove(index);
                 self.truncated.remove(index);
             }
             Llc::ZeroOut(tn) => {
+                self.points += 1;
                 let st = self.nodes.entry(tn.clone()).or_default();
                 if !st.any_write {
                     st.zeroed = true;
@@ -179,6 +252,7 @@ impl Tracer<'_> {
                 st.writes += 1;
             }
             Llc::Set { tn, idcs, value } => {
+                self.points += 1;
                 self.value(value, Some((tn, idcs)));
                 let (cell, _) = self.cell(idcs);
                 let full = self.covers_all_cells(tn, idcs);
@@ -188,24 +262,37 @@ impl Tracer<'_> {
                 st.any_write = true;
                 st.writes += 1;
             }
-            Llc::SetLocal(_, value) => self.value(value, None),
+            Llc::SetLocal(_, value) => {
+                self.points += 1;
+                self.value(value, None)
+            }
         }
     }
 }
 
-/// Traces the code.
+/// Traces the code: walks each loop for its first [`Settings::max_tracing_dim`] iterations
+/// while the iterations walked in a loop nest stay within [`Settings::max_tracing_points`], and
+/// for its first iteration past that budget. What the walk skips is treated conservatively: a
+/// read of a cell that depends on a loop cut short counts as a read before any write unless the
+/// whole node was zeroed or written first (the node is then recurrent, so it persists), and a
+/// read in a loop walked once by the budget counts the visits the full walk would have seen.
 pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
     let mut t = Tracer {
         settings,
         env: HashMap::new(),
         ranges: HashMap::new(),
         truncated: HashSet::new(),
+        collapsed: vec![],
+        walked: 1,
+        points: 0,
         nodes: BTreeMap::new(),
     };
     t.stmt(code);
     let constexpr = scalar_constexprs(code);
-    Ok(TracedStore(
-        t.nodes
+    Ok(TracedStore {
+        points: t.points,
+        nodes: t
+            .nodes
             .into_iter()
             .map(|(tn, st)| {
                 let node = TracedNode {
@@ -221,7 +308,7 @@ pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
                 (tn, node)
             })
             .collect(),
-    ))
+    })
 }
 
 static ZERO: Llv = Llv::Constant(0.0);
