@@ -1147,3 +1147,120 @@ fn chained_tasks_run_in_order_and_stop_at_the_first_failure() {
     let err = b.schedule(&d, refused).unwrap_err().to_string();
     assert!(err.contains("not now"), "{err}");
 }
+
+/// Holds `d`'s queue until the returned sender sends (or is dropped): `None` on the sync
+/// backend, where the task would run, and block, at once.
+fn hold(b: &dyn Backend, d: &Device) -> Option<mpsc::Sender<()>> {
+    if b.name() == "sync" {
+        return None;
+    }
+    let (tx, rx) = mpsc::channel::<()>();
+    b.schedule(
+        d,
+        Task::new("hold", move || {
+            rx.recv().ok();
+            Ok(())
+        }),
+    )
+    .unwrap();
+    Some(tx)
+}
+
+/// Every hazard on a host array, made to happen by holding a device back: the host copies give
+/// the values of running them in scheduling order (the values the sync backend gives), however
+/// long their devices take. Returns what device A read each time and the host array at the
+/// end of each phase.
+fn host_copies_in_scheduling_order(b: &dyn Backend) -> Vec<Vec<f64>> {
+    let devs = devices(b, 2);
+    let (da, db) = (&devs[0], &devs[1]);
+    let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+    let c = input("c", &[3], Prec::Single, &[10., 20., 30.]);
+    let y = output("y", &[3], Prec::Single);
+    let bind = Bindings::empty();
+    let use_x = unop(&y, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind);
+    let set_x = unop(&x, Binop::Arg2, false, Unop::Identity, &c, "i->i", &bind);
+    let use_x = b.compile(true, Some("use_x"), &bind, &use_x).unwrap();
+    let set_x = b.compile(true, Some("set_x"), &bind, &set_x).unwrap();
+    let ra = b.link(&[], &b.init(da).unwrap(), &use_x).unwrap();
+    let rb = b.link(&[], &b.init(db).unwrap(), &set_x).unwrap();
+    assert!(b.from_host(rb.context(), &c).unwrap());
+    let multicore = b.name() != "sync";
+    let still_waits = |d: &Device, what: &str| {
+        if multicore {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!b.is_idle(d), "{what}");
+        }
+    };
+    let mut seen = vec![];
+
+    // 1. from_host, then the host array is overwritten (by another device's to_host, then by
+    // the user) before the from_host runs: the device gets the value at the call.
+    let hold_a = hold(b, da);
+    assert!(b.from_host(ra.context(), &x).unwrap());
+    rb.schedule().unwrap();
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    b.await_device(db).unwrap();
+    assert_eq!(x.host_values().unwrap(), vec![10., 20., 30.]);
+    x.set_host_values(&[7., 8., 9.]).unwrap();
+    drop(hold_a);
+    ra.schedule().unwrap();
+    assert!(b.to_host(ra.context(), &y).unwrap());
+    b.await_device(da).unwrap();
+    seen.push(y.host_values().unwrap());
+    seen.push(x.host_values().unwrap());
+
+    // 2. to_host from device B (held back), then from_host to device A: A gets what the
+    // to_host writes, not what B computes after it.
+    let hold_b = hold(b, db);
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    assert!(b.from_host(ra.context(), &x).unwrap());
+    c.set_host_values(&[100., 200., 300.]).unwrap();
+    assert!(b.from_host(rb.context(), &c).unwrap());
+    rb.schedule().unwrap();
+    ra.schedule().unwrap();
+    assert!(b.to_host(ra.context(), &y).unwrap());
+    still_waits(da, "the from_host did not wait for the to_host before it");
+    drop(hold_b);
+    b.await_device(da).unwrap();
+    b.await_device(db).unwrap();
+    seen.push(y.host_values().unwrap());
+    seen.push(x.host_values().unwrap());
+
+    // 3. to_host from B (held back), then to_host from A: the later one's value stays.
+    let hold_b = hold(b, db);
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    assert!(b.to_host(ra.context(), &x).unwrap());
+    still_waits(da, "the to_host did not wait for the to_host before it");
+    drop(hold_b);
+    b.await_device(da).unwrap();
+    b.await_device(db).unwrap();
+    seen.push(x.host_values().unwrap());
+    b.unsafe_cleanup();
+    seen
+}
+
+#[test]
+fn host_copies_give_the_values_of_scheduling_order_whatever_the_timing() {
+    with_watchdog(60, || {
+        let want: Vec<Vec<f64>> = vec![
+            // 1: A read x at its from_host; the host holds the user's values.
+            vec![1., 2., 3.],
+            vec![7., 8., 9.],
+            // 2: A read B's x as of the to_host; the host holds it.
+            vec![10., 20., 30.],
+            vec![10., 20., 30.],
+            // 3: A's x (the last to_host) is on the host, not B's newer one.
+            vec![10., 20., 30.],
+        ];
+        let sync = host_copies_in_scheduling_order(&SyncBackend::new());
+        assert_eq!(sync, want, "sync");
+        for pin in [true, false] {
+            let b = MulticoreBackend::new().with_pinning(pin);
+            assert_eq!(
+                host_copies_in_scheduling_order(&b),
+                want,
+                "multicore, pinned: {pin}"
+            );
+        }
+    });
+}
