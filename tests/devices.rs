@@ -1264,3 +1264,77 @@ fn host_copies_give_the_values_of_scheduling_order_whatever_the_timing() {
         }
     });
 }
+
+/// The issue's scenario as a program of the `arrayjit` command line: device 0 computes
+/// something slow, its `from_host` of x is queued behind it, and meanwhile device 1 computes
+/// a new x and copies it to the host (the command line awaits device 1 after a `to_host`).
+/// Device 0 must still upload x as it was when its `from_host` was scheduled: y = 1, as
+/// `--interpret` and the sync backend give, on every run.
+#[test]
+fn a_queued_from_host_uploads_the_host_value_of_its_step_in_a_program() {
+    let Some(bin) = option_env!("CARGO_BIN_EXE_arrayjit") else {
+        return; // built without the command line (feature `cli`)
+    };
+    with_watchdog(300, move || {
+        let dir = tempfile::tempdir().unwrap();
+        // The interpreter takes the slow routine's n³ literally: a small n there.
+        let program = |backend: &str, n: usize| {
+            format!(
+                r#"{{
+  "devices": 2,
+  "backend": "{backend}",
+  "tensors": [
+    {{"name": "x", "dims": [1], "init": {{"values": [1]}}}},
+    {{"name": "c", "dims": [1], "init": {{"values": [2]}}}},
+    {{"name": "y", "dims": [1]}},
+    {{"name": "a", "dims": [{n}, {n}], "init": "range"}},
+    {{"name": "s", "dims": [{n}, {n}]}}
+  ],
+  "routines": [
+    {{"name": "slow", "code": [{{"assign": "s", "accum": "add", "init_neutral": true,
+      "op": "mul", "args": ["a", "a"], "logic": "ij,jk->ik"}}]}},
+    {{"name": "set_x", "code": [{{"assign": "x", "op": "identity", "args": ["c"]}}]}},
+    {{"name": "use_x", "code": [{{"assign": "y", "op": "identity", "args": ["x"]}}]}}
+  ],
+  "run": [
+    {{"routine": "slow", "device": 0}},
+    {{"from_host": "x", "device": 0}},
+    {{"routine": "set_x", "device": 1}},
+    {{"to_host": "x", "device": 1}},
+    {{"routine": "use_x", "device": 0}},
+    {{"await": "all"}}
+  ],
+  "print": ["y"]
+}}"#
+            )
+        };
+        let run = |backend: &str, args: &[&str], pin: &str| {
+            let file = dir.path().join(format!("{backend}.json"));
+            let n = if args.is_empty() { 384 } else { 8 };
+            std::fs::write(&file, program(backend, n)).unwrap();
+            let out = std::process::Command::new(bin)
+                .arg("run")
+                .args(args)
+                .arg(&file)
+                .env("ARRAYJIT_PIN_WORKERS", pin)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{backend} {args:?}: {stderr}");
+            let stdout: String = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .collect();
+            assert_eq!(
+                stdout, r#"{"y":{"dims":[1],"prec":"single","values":[1]}}"#,
+                "{backend} {args:?}, ARRAYJIT_PIN_WORKERS={pin}"
+            );
+        };
+        run("multicore", &["--interpret"], "1");
+        run("sync", &[], "1");
+        for _ in 0..3 {
+            for pin in ["1", "0"] {
+                run("multicore", &[], pin);
+            }
+        }
+    });
+}
