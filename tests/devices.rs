@@ -1338,3 +1338,63 @@ fn a_queued_from_host_uploads_the_host_value_of_its_step_in_a_program() {
         }
     });
 }
+
+/// The same on two virtual devices of one core (one queue): a `from_host` after a `to_host`
+/// of the same host array uploads what the `to_host` writes, not what the device computes
+/// after it; and `from_host` on an idle device (copied at once, without a task) still reports
+/// an earlier failure on the device first.
+#[test]
+fn host_copies_between_virtual_devices_of_one_core_follow_scheduling_order() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        b.initialize(Config::default());
+        let p = b.get_device(0).unwrap();
+        let (d0, d1) = (
+            b.new_virtual_device(&p).unwrap(),
+            b.new_virtual_device(&p).unwrap(),
+        );
+        let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+        let c = input("c", &[3], Prec::Single, &[10., 20., 30.]);
+        let y = output("y", &[3], Prec::Single);
+        let bind = Bindings::empty();
+        let set_x = unop(&x, Binop::Arg2, false, Unop::Identity, &c, "i->i", &bind);
+        let use_x = unop(&y, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind);
+        let set_x = b.compile(true, Some("set_x"), &bind, &set_x).unwrap();
+        let use_x = b.compile(true, Some("use_x"), &bind, &use_x).unwrap();
+        let r0 = b.link(&[], &b.init(&d0).unwrap(), &set_x).unwrap();
+        let r1 = b.link(&[], &b.init(&d1).unwrap(), &use_x).unwrap();
+        assert!(b.from_host(r0.context(), &c).unwrap());
+        let held = hold(&b, &d0);
+        r0.schedule().unwrap();
+        assert!(b.to_host(r0.context(), &x).unwrap());
+        assert!(b.from_host(r1.context(), &x).unwrap());
+        c.set_host_values(&[100., 200., 300.]).unwrap();
+        assert!(b.from_host(r0.context(), &c).unwrap());
+        r0.schedule().unwrap();
+        r1.schedule().unwrap();
+        assert!(b.to_host(r1.context(), &y).unwrap());
+        drop(held);
+        b.await_device(&d1).unwrap();
+        b.await_device(&d0).unwrap();
+        assert_eq!(y.host_values().unwrap(), vec![10., 20., 30.]);
+        assert_eq!(x.host_values().unwrap(), vec![10., 20., 30.]);
+        b.schedule(
+            &d1,
+            Task::new("failing task", || {
+                Err(arrayjit::Error::Usage("failed on purpose".into()))
+            }),
+        )
+        .unwrap();
+        while !b.is_idle(&d1) {
+            std::thread::yield_now();
+        }
+        let e = b.from_host(r1.context(), &x).unwrap_err().to_string();
+        assert!(
+            e.contains("failing task") && e.contains("on purpose"),
+            "{e}"
+        );
+        assert!(b.from_host(r1.context(), &x).unwrap());
+        b.await_device(&d1).unwrap();
+        b.unsafe_cleanup();
+    });
+}
