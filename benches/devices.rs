@@ -1,11 +1,14 @@
 //! Device-layer costs: scheduling throughput (empty tasks), the await round trip (schedule an
 //! empty task, await it), a cross-device event hop (one device waits for another's event),
 //! and a device_to_device copy versus a plain memcpy of the same bytes (the baseline, measured
-//! in the same process).
+//! in the same process), and host copies: `from_host` on an idle device, `from_host` queued
+//! behind a task (the snapshot path) and `to_host`, each then awaited.
 
 use arrayjit::backend::{Backend, Config, Device, MergeBufferUse, MulticoreBackend, Task};
 use arrayjit::ir::{Assignments, Bindings, FetchOp, MemoryMode, Prec, Tnode};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 fn device(b: &MulticoreBackend) -> Device {
     b.initialize(Config::default());
@@ -118,5 +121,77 @@ fn copies(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, scheduling, copies);
+fn host_copies(c: &mut Criterion) {
+    let b = MulticoreBackend::new();
+    let d = device(&b);
+    let mut g = c.benchmark_group("host copy");
+    // Holds the device until the host has scheduled the copy, so that the copy is queued.
+    let held = |b: &MulticoreBackend, copy: &dyn Fn()| {
+        let go = Arc::new(AtomicBool::new(false));
+        let wait = go.clone();
+        b.schedule(
+            &d,
+            Task::new("hold", move || {
+                while !wait.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                Ok(())
+            }),
+        )
+        .unwrap();
+        copy();
+        go.store(true, Ordering::Release);
+        b.await_device(&d).unwrap();
+    };
+    // What the held copies cost without the copy.
+    g.bench_function("the holding task alone, await", |bench| {
+        bench.iter(|| held(&b, &|| ()))
+    });
+    for n in [1usize << 10, 1 << 16, 1 << 20] {
+        let x = Tnode::hosted(&["x"], &[n], Prec::Single).unwrap();
+        let code = b
+            .compile(
+                true,
+                Some("fill"),
+                &Bindings::empty(),
+                &Assignments::Fetch {
+                    array: x.clone(),
+                    fetch_op: FetchOp::Constant(1.0),
+                },
+            )
+            .unwrap();
+        let r = b.link(&[], &b.init(&d).unwrap(), &code).unwrap();
+        let ctx = r.context();
+        let bytes = (n * 4) as u64;
+        g.throughput(Throughput::Bytes(bytes));
+        g.bench_with_input(
+            BenchmarkId::new("from_host idle, await", bytes),
+            &n,
+            |bench, _| {
+                bench.iter(|| {
+                    assert!(b.from_host(ctx, &x).unwrap());
+                    b.await_device(&d).unwrap();
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("from_host behind a task, await", bytes),
+            &n,
+            |bench, _| {
+                bench.iter(|| {
+                    held(&b, &|| assert!(b.from_host(ctx, &x).unwrap()));
+                })
+            },
+        );
+        g.bench_with_input(BenchmarkId::new("to_host, await", bytes), &n, |bench, _| {
+            bench.iter(|| {
+                assert!(b.to_host(ctx, &x).unwrap());
+                b.await_device(&d).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, scheduling, copies, host_copies);
 criterion_main!(benches);

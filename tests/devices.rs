@@ -1147,3 +1147,254 @@ fn chained_tasks_run_in_order_and_stop_at_the_first_failure() {
     let err = b.schedule(&d, refused).unwrap_err().to_string();
     assert!(err.contains("not now"), "{err}");
 }
+
+/// Holds `d`'s queue until the returned sender sends (or is dropped): `None` on the sync
+/// backend, where the task would run, and block, at once.
+fn hold(b: &dyn Backend, d: &Device) -> Option<mpsc::Sender<()>> {
+    if b.name() == "sync" {
+        return None;
+    }
+    let (tx, rx) = mpsc::channel::<()>();
+    b.schedule(
+        d,
+        Task::new("hold", move || {
+            rx.recv().ok();
+            Ok(())
+        }),
+    )
+    .unwrap();
+    Some(tx)
+}
+
+/// Every hazard on a host array, made to happen by holding a device back: the host copies give
+/// the values of running them in scheduling order (the values the sync backend gives), however
+/// long their devices take. Returns what device A read each time and the host array at the
+/// end of each phase.
+fn host_copies_in_scheduling_order(b: &dyn Backend) -> Vec<Vec<f64>> {
+    let devs = devices(b, 2);
+    let (da, db) = (&devs[0], &devs[1]);
+    let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+    let c = input("c", &[3], Prec::Single, &[10., 20., 30.]);
+    let y = output("y", &[3], Prec::Single);
+    let bind = Bindings::empty();
+    let use_x = unop(&y, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind);
+    let set_x = unop(&x, Binop::Arg2, false, Unop::Identity, &c, "i->i", &bind);
+    let use_x = b.compile(true, Some("use_x"), &bind, &use_x).unwrap();
+    let set_x = b.compile(true, Some("set_x"), &bind, &set_x).unwrap();
+    let ra = b.link(&[], &b.init(da).unwrap(), &use_x).unwrap();
+    let rb = b.link(&[], &b.init(db).unwrap(), &set_x).unwrap();
+    assert!(b.from_host(rb.context(), &c).unwrap());
+    let multicore = b.name() != "sync";
+    let still_waits = |d: &Device, what: &str| {
+        if multicore {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!b.is_idle(d), "{what}");
+        }
+    };
+    let mut seen = vec![];
+
+    // 1. from_host, then the host array is overwritten (by another device's to_host, then by
+    // the user) before the from_host runs: the device gets the value at the call.
+    let hold_a = hold(b, da);
+    assert!(b.from_host(ra.context(), &x).unwrap());
+    rb.schedule().unwrap();
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    b.await_device(db).unwrap();
+    assert_eq!(x.host_values().unwrap(), vec![10., 20., 30.]);
+    x.set_host_values(&[7., 8., 9.]).unwrap();
+    drop(hold_a);
+    ra.schedule().unwrap();
+    assert!(b.to_host(ra.context(), &y).unwrap());
+    b.await_device(da).unwrap();
+    seen.push(y.host_values().unwrap());
+    seen.push(x.host_values().unwrap());
+
+    // 2. to_host from device B (held back), then from_host to device A: A gets what the
+    // to_host writes, not what B computes after it.
+    let hold_b = hold(b, db);
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    assert!(b.from_host(ra.context(), &x).unwrap());
+    c.set_host_values(&[100., 200., 300.]).unwrap();
+    assert!(b.from_host(rb.context(), &c).unwrap());
+    rb.schedule().unwrap();
+    ra.schedule().unwrap();
+    assert!(b.to_host(ra.context(), &y).unwrap());
+    still_waits(da, "the from_host did not wait for the to_host before it");
+    drop(hold_b);
+    b.await_device(da).unwrap();
+    b.await_device(db).unwrap();
+    seen.push(y.host_values().unwrap());
+    seen.push(x.host_values().unwrap());
+
+    // 3. to_host from B (held back), then to_host from A: the later one's value stays.
+    let hold_b = hold(b, db);
+    assert!(b.to_host(rb.context(), &x).unwrap());
+    assert!(b.to_host(ra.context(), &x).unwrap());
+    still_waits(da, "the to_host did not wait for the to_host before it");
+    drop(hold_b);
+    b.await_device(da).unwrap();
+    b.await_device(db).unwrap();
+    seen.push(x.host_values().unwrap());
+    b.unsafe_cleanup();
+    seen
+}
+
+#[test]
+fn host_copies_give_the_values_of_scheduling_order_whatever_the_timing() {
+    with_watchdog(60, || {
+        let want: Vec<Vec<f64>> = vec![
+            // 1: A read x at its from_host; the host holds the user's values.
+            vec![1., 2., 3.],
+            vec![7., 8., 9.],
+            // 2: A read B's x as of the to_host; the host holds it.
+            vec![10., 20., 30.],
+            vec![10., 20., 30.],
+            // 3: A's x (the last to_host) is on the host, not B's newer one.
+            vec![10., 20., 30.],
+        ];
+        let sync = host_copies_in_scheduling_order(&SyncBackend::new());
+        assert_eq!(sync, want, "sync");
+        for pin in [true, false] {
+            let b = MulticoreBackend::new().with_pinning(pin);
+            assert_eq!(
+                host_copies_in_scheduling_order(&b),
+                want,
+                "multicore, pinned: {pin}"
+            );
+        }
+    });
+}
+
+/// The issue's scenario as a program of the `arrayjit` command line: device 0 computes
+/// something slow, its `from_host` of x is queued behind it, and meanwhile device 1 computes
+/// a new x and copies it to the host (the command line awaits device 1 after a `to_host`).
+/// Device 0 must still upload x as it was when its `from_host` was scheduled: y = 1, as
+/// `--interpret` and the sync backend give, on every run.
+#[test]
+fn a_queued_from_host_uploads_the_host_value_of_its_step_in_a_program() {
+    let Some(bin) = option_env!("CARGO_BIN_EXE_arrayjit") else {
+        return; // built without the command line (feature `cli`)
+    };
+    with_watchdog(300, move || {
+        let dir = tempfile::tempdir().unwrap();
+        // The interpreter takes the slow routine's n³ literally: a small n there.
+        let program = |backend: &str, n: usize| {
+            format!(
+                r#"{{
+  "devices": 2,
+  "backend": "{backend}",
+  "tensors": [
+    {{"name": "x", "dims": [1], "init": {{"values": [1]}}}},
+    {{"name": "c", "dims": [1], "init": {{"values": [2]}}}},
+    {{"name": "y", "dims": [1]}},
+    {{"name": "a", "dims": [{n}, {n}], "init": "range"}},
+    {{"name": "s", "dims": [{n}, {n}]}}
+  ],
+  "routines": [
+    {{"name": "slow", "code": [{{"assign": "s", "accum": "add", "init_neutral": true,
+      "op": "mul", "args": ["a", "a"], "logic": "ij,jk->ik"}}]}},
+    {{"name": "set_x", "code": [{{"assign": "x", "op": "identity", "args": ["c"]}}]}},
+    {{"name": "use_x", "code": [{{"assign": "y", "op": "identity", "args": ["x"]}}]}}
+  ],
+  "run": [
+    {{"routine": "slow", "device": 0}},
+    {{"from_host": "x", "device": 0}},
+    {{"routine": "set_x", "device": 1}},
+    {{"to_host": "x", "device": 1}},
+    {{"routine": "use_x", "device": 0}},
+    {{"await": "all"}}
+  ],
+  "print": ["y"]
+}}"#
+            )
+        };
+        let run = |backend: &str, args: &[&str], pin: &str| {
+            let file = dir.path().join(format!("{backend}.json"));
+            let n = if args.is_empty() { 384 } else { 8 };
+            std::fs::write(&file, program(backend, n)).unwrap();
+            let out = std::process::Command::new(bin)
+                .arg("run")
+                .args(args)
+                .arg(&file)
+                .env("ARRAYJIT_PIN_WORKERS", pin)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{backend} {args:?}: {stderr}");
+            let stdout: String = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .collect();
+            assert_eq!(
+                stdout, r#"{"y":{"dims":[1],"prec":"single","values":[1]}}"#,
+                "{backend} {args:?}, ARRAYJIT_PIN_WORKERS={pin}"
+            );
+        };
+        run("multicore", &["--interpret"], "1");
+        run("sync", &[], "1");
+        for _ in 0..3 {
+            for pin in ["1", "0"] {
+                run("multicore", &[], pin);
+            }
+        }
+    });
+}
+
+/// The same on two virtual devices of one core (one queue): a `from_host` after a `to_host`
+/// of the same host array uploads what the `to_host` writes, not what the device computes
+/// after it; and `from_host` on an idle device (copied at once, without a task) still reports
+/// an earlier failure on the device first.
+#[test]
+fn host_copies_between_virtual_devices_of_one_core_follow_scheduling_order() {
+    with_watchdog(60, || {
+        let b = MulticoreBackend::new();
+        b.initialize(Config::default());
+        let p = b.get_device(0).unwrap();
+        let (d0, d1) = (
+            b.new_virtual_device(&p).unwrap(),
+            b.new_virtual_device(&p).unwrap(),
+        );
+        let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
+        let c = input("c", &[3], Prec::Single, &[10., 20., 30.]);
+        let y = output("y", &[3], Prec::Single);
+        let bind = Bindings::empty();
+        let set_x = unop(&x, Binop::Arg2, false, Unop::Identity, &c, "i->i", &bind);
+        let use_x = unop(&y, Binop::Arg2, false, Unop::Identity, &x, "i->i", &bind);
+        let set_x = b.compile(true, Some("set_x"), &bind, &set_x).unwrap();
+        let use_x = b.compile(true, Some("use_x"), &bind, &use_x).unwrap();
+        let r0 = b.link(&[], &b.init(&d0).unwrap(), &set_x).unwrap();
+        let r1 = b.link(&[], &b.init(&d1).unwrap(), &use_x).unwrap();
+        assert!(b.from_host(r0.context(), &c).unwrap());
+        let held = hold(&b, &d0);
+        r0.schedule().unwrap();
+        assert!(b.to_host(r0.context(), &x).unwrap());
+        assert!(b.from_host(r1.context(), &x).unwrap());
+        c.set_host_values(&[100., 200., 300.]).unwrap();
+        assert!(b.from_host(r0.context(), &c).unwrap());
+        r0.schedule().unwrap();
+        r1.schedule().unwrap();
+        assert!(b.to_host(r1.context(), &y).unwrap());
+        drop(held);
+        b.await_device(&d1).unwrap();
+        b.await_device(&d0).unwrap();
+        assert_eq!(y.host_values().unwrap(), vec![10., 20., 30.]);
+        assert_eq!(x.host_values().unwrap(), vec![10., 20., 30.]);
+        b.schedule(
+            &d1,
+            Task::new("failing task", || {
+                Err(arrayjit::Error::Usage("failed on purpose".into()))
+            }),
+        )
+        .unwrap();
+        while !b.is_idle(&d1) {
+            std::thread::yield_now();
+        }
+        let e = b.from_host(r1.context(), &x).unwrap_err().to_string();
+        assert!(
+            e.contains("failing task") && e.contains("on purpose"),
+            "{e}"
+        );
+        assert!(b.from_host(r1.context(), &x).unwrap());
+        b.await_device(&d1).unwrap();
+        b.unsafe_cleanup();
+    });
+}

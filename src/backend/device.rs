@@ -315,6 +315,11 @@ impl Event {
     pub fn device_name(&self) -> &str {
         &self.device
     }
+
+    /// Whether the event is a point in `d`'s queue (whose tasks run in order anyway).
+    pub(crate) fn is_on_queue_of(&self, d: &Device) -> bool {
+        Arc::ptr_eq(&self.shared, d.shared())
+    }
 }
 
 impl fmt::Debug for Event {
@@ -553,20 +558,38 @@ impl Device {
     /// a buffer it accesses, or that read one it writes. So work scheduled from one thread
     /// runs as if in scheduling order, whatever devices it is spread over. Tasks on one queue
     /// are in order anyway.
-    pub fn schedule(&self, mut task: Task) -> Result<()> {
+    pub fn schedule(&self, task: Task) -> Result<()> {
+        self.enqueue(task).map(drop)
+    }
+
+    /// [`Device::schedule`], returning an event that completes once the task has finished
+    /// (`None` when the task ran at once, on the sync backend, or was dropped, on a remote
+    /// device).
+    pub(crate) fn schedule_marked(&self, task: Task) -> Result<Option<Event>> {
+        Ok(self.enqueue(task)?.map(|target| Event {
+            shared: self.shared().clone(),
+            failures: self.0.failures.clone(),
+            target,
+            device: self.0.name.clone(),
+        }))
+    }
+
+    /// [`Device::schedule`], returning the task's end in the queue (`None`: the task ran at
+    /// once, or was dropped on a remote device).
+    fn enqueue(&self, mut task: Task) -> Result<Option<u64>> {
         let sh = self.shared();
         sh.take_error(&self.0.failures)?;
         task.check()?;
         if self.0.remote {
             // Another process runs this device's work.
             drop(task);
-            return Ok(());
+            return Ok(None);
         }
         if !self.0.queue.threaded {
             sh.scheduled.fetch_add(1, Ordering::SeqCst);
             let r = run_captured(task);
             sh.complete(1);
-            return r;
+            return r.map(|()| None);
         }
         let accesses = task.accesses.take();
         if let Some(acc) = &accesses {
@@ -603,7 +626,29 @@ impl Device {
         if let Some(acc) = &accesses {
             self.record_accesses(acc, after);
         }
-        Ok(())
+        Ok(Some(after))
+    }
+
+    /// Runs `work` now, on this thread, instead of scheduling it as a task accessing
+    /// `accesses`, when that is the same: the device has a worker, its queue is idle, and no
+    /// task of another queue that such a task would wait for is pending. Returns whether it
+    /// ran (false: nothing was done); like [`Device::schedule`], first returns an earlier
+    /// failure on the device.
+    pub(crate) fn run_now_if_idle(
+        &self,
+        accesses: &[(BufferPtr, bool)],
+        work: impl FnOnce() -> Result<()>,
+    ) -> Result<bool> {
+        let sh = self.shared();
+        sh.take_error(&self.0.failures)?;
+        if !self.0.queue.threaded || self.0.remote || self.pending() != 0 {
+            return Ok(false);
+        }
+        if !self.hazard_waits(accesses).is_empty() {
+            return Ok(false);
+        }
+        work()?;
+        Ok(true)
     }
 
     /// The points in other queues that a task accessing `accesses` must wait for: the last

@@ -348,8 +348,22 @@ pub trait Backend: Send + Sync {
         device.schedule(task)
     }
     /// If the array is both hosted and in-context, schedules a copy from host to context and
-    /// returns true, otherwise returns false. The caller must synchronize the device before the
-    /// host's data is overwritten.
+    /// returns true, otherwise returns false.
+    ///
+    /// The device gets the host array's value *at this call*, in scheduling order: the host
+    /// array as it is now, or, when a [`Backend::to_host`] of the same array scheduled before
+    /// (on any device) has not run yet, the value that `to_host` writes. So the caller may
+    /// overwrite the host array (e.g. [`Tnode::set_host_values`]) right after the call, and a
+    /// later `to_host` of another device may too: neither changes what this copy uploads.
+    /// This takes a snapshot: when the device is busy (or must first wait for another
+    /// device), the host array is copied now into a staging buffer that the device's task
+    /// copies from; when it is idle and nothing it would wait for is pending, the copy is
+    /// made now, on this thread, with no staging buffer (as on the sync backend).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::OutOfMemory`] when the staging buffer cannot be allocated; an earlier
+    /// failure on the device; [`Error::ContextFinalized`].
     #[allow(clippy::wrong_self_convention)] // the seed API's name
     fn from_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         ctx.check_live()?;
@@ -357,33 +371,94 @@ pub trait Backend: Send + Sync {
             return Ok(false);
         };
         let d = ctx_device(ctx)?;
-        let t = tn.clone();
-        let access = vec![(buf.clone(), true)];
-        d.schedule(
-            Task::new(format!("from_host {}", tn.name()), move || {
-                t.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()))
-            })
-            .with_accesses(access),
-        )?;
+        let description = format!("from_host {}", tn.name());
+        let access = [(buf.clone(), true)];
+        if !d.has_worker() {
+            // The sync backend runs the task now (a remote device drops it).
+            let t = tn.clone();
+            d.schedule(
+                Task::new(description, move || {
+                    t.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()))
+                })
+                .with_accesses(access),
+            )?;
+            return Ok(true);
+        }
+        let task = match host_order::pending_write(tn) {
+            // The value a to_host scheduled before writes, once it has.
+            Some((write, done)) => {
+                let name = tn.name();
+                Task::new(description, move || {
+                    done.wait();
+                    match write.written() {
+                        Some(bytes) => buf.write_bytes(&bytes),
+                        None => Err(Error::Task {
+                            task: format!("to_host {name} on {}", done.device_name()),
+                            msg: "it failed or never ran, so the value this from_host \
+                                  uploads (the one it writes) is unknown"
+                                .into(),
+                        }),
+                    }
+                })
+            }
+            None => {
+                let now = || tn.with_host(|a| buf.write_ndarray(a)).unwrap_or(Ok(()));
+                if d.run_now_if_idle(&access, now)? {
+                    return Ok(true);
+                }
+                let snapshot = host_order::snapshot(tn)?;
+                Task::new(description, move || buf.write_bytes(&snapshot))
+            }
+        };
+        d.schedule(task.with_accesses(access))?;
         Ok(true)
     }
     /// If the array is both hosted and in-context, schedules a copy from context to host and
-    /// returns true, otherwise returns false. The caller must synchronize the device before the
-    /// host's data is read.
+    /// returns true, otherwise returns false. The caller must synchronize the device (await
+    /// it, or an event after the copy) before reading the host array, and must not write
+    /// the host array before then.
+    ///
+    /// Host copies of one host array are ordered as scheduled, whatever their devices: the
+    /// copy waits for the `to_host`s of the same array scheduled before it on other devices,
+    /// so the last one scheduled leaves its value; a [`Backend::from_host`] scheduled after
+    /// it uploads the value it writes (even if the device computes a new one meanwhile).
     fn to_host(&self, ctx: &Context, tn: &Tnode) -> Result<bool> {
         ctx.check_live()?;
         let (Some(buf), true) = (ctx.get_buffer(tn), tn.is_hosted()) else {
             return Ok(false);
         };
         let d = ctx_device(ctx)?;
+        let description = format!("to_host {}", tn.name());
+        let access = [(buf.clone(), false)];
         let t = tn.clone();
-        let access = vec![(buf.clone(), false)];
-        d.schedule(
-            Task::new(format!("to_host {}", tn.name()), move || {
-                t.with_host_mut(|a| buf.read_ndarray(a)).unwrap_or(Ok(()))
-            })
-            .with_accesses(access),
-        )?;
+        if !d.has_worker() {
+            d.schedule(
+                Task::new(description, move || {
+                    t.with_host_mut(|a| buf.read_ndarray(a)).unwrap_or(Ok(()))
+                })
+                .with_accesses(access),
+            )?;
+            return Ok(true);
+        }
+        // The to_host scheduled before on another queue, if it has not run.
+        let before =
+            host_order::last_write(tn).filter(|e| !e.is_on_queue_of(&d) && !e.is_complete());
+        let write = Arc::new(host_order::HostWrite::default());
+        let w = write.clone();
+        let task = Task::new(description, move || {
+            if let Some(e) = &before {
+                e.wait();
+            }
+            let wrote = t.with_host_mut(|a| {
+                let r = buf.read_ndarray(a);
+                w.finish(r.is_ok().then(|| a.as_bytes()))?;
+                r
+            });
+            wrote.unwrap_or_else(|| w.finish(None))
+        });
+        if let Some(done) = d.schedule_marked(task.with_accesses(access))? {
+            host_order::record(tn, write, done);
+        }
         Ok(true)
     }
     /// Copies a node between devices, or into the destination's merge buffer:
@@ -771,5 +846,157 @@ pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
         other => Err(Error::Usage(format!(
             "unknown backend {other:?}: expected multicore, sync or mpi"
         ))),
+    }
+}
+
+/// The order of host copies of one host array across devices (see [`Backend::from_host`] and
+/// [`Backend::to_host`]): the `to_host`s scheduled on device queues that have not run, by
+/// node, and the snapshots `from_host` takes.
+mod host_order {
+    use super::super::device::Event;
+    use crate::error::{Error, Result};
+    use crate::ir::Tnode;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+    /// A `to_host` scheduled on a device queue: what the host copies of the same array
+    /// scheduled after it need.
+    #[derive(Default)]
+    pub(super) struct HostWrite {
+        /// Complete once the `to_host` task has finished (set before the record is listed).
+        done: OnceLock<Event>,
+        state: Mutex<State>,
+    }
+
+    #[derive(Default)]
+    enum State {
+        /// Not run yet.
+        #[default]
+        Pending,
+        /// Not run yet, and a `from_host` scheduled after it uploads what it writes.
+        Wanted,
+        /// Ran; what it wrote, if a `from_host` wanted it.
+        Written(Option<Arc<Vec<u8>>>),
+        /// Failed (the failure is reported on its device).
+        Failed,
+    }
+
+    impl HostWrite {
+        fn state(&self) -> std::sync::MutexGuard<'_, State> {
+            self.state.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// Records that the `to_host` wrote `bytes` to the host array (`None`: it failed),
+        /// keeping a copy if a `from_host` wants it. Runs in the task, holding the host
+        /// array's lock.
+        pub(super) fn finish(&self, bytes: Option<&[u8]>) -> Result<()> {
+            let mut st = self.state();
+            let wanted = matches!(*st, State::Wanted);
+            *st = match bytes {
+                None => State::Failed,
+                Some(_) if !wanted => State::Written(None),
+                Some(b) => match copy("the value a to_host wrote", b) {
+                    Ok(v) => State::Written(Some(Arc::new(v))),
+                    Err(e) => {
+                        *st = State::Failed;
+                        return Err(e);
+                    }
+                },
+            };
+            Ok(())
+        }
+
+        /// What the `to_host` wrote, once it has run, for a `from_host` that asked for it
+        /// ([`pending_write`]); `None` if it failed or never ran.
+        pub(super) fn written(&self) -> Option<Arc<Vec<u8>>> {
+            match &*self.state() {
+                State::Written(b) => b.clone(),
+                _ => None,
+            }
+        }
+    }
+
+    /// The listed `to_host`s by node id: weak, so that a record goes away with its task
+    /// (and the `from_host` tasks waiting for it).
+    struct Table {
+        writes: BTreeMap<usize, Weak<HostWrite>>,
+        /// When `writes` grows to this many entries, dead ones are dropped.
+        prune_at: usize,
+    }
+
+    static TABLE: Mutex<Table> = Mutex::new(Table {
+        writes: BTreeMap::new(),
+        prune_at: 64,
+    });
+
+    fn table() -> std::sync::MutexGuard<'static, Table> {
+        TABLE.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last `to_host` of `tn` scheduled on a device queue, while its task is alive.
+    fn last(tn: &Tnode) -> Option<Arc<HostWrite>> {
+        table().writes.get(&tn.id()).and_then(Weak::upgrade)
+    }
+
+    /// Lists a scheduled `to_host` of `tn`, ending at `done`.
+    pub(super) fn record(tn: &Tnode, write: Arc<HostWrite>, done: Event) {
+        let _ = write.done.set(done);
+        let mut t = table();
+        t.writes.insert(tn.id(), Arc::downgrade(&write));
+        if t.writes.len() >= t.prune_at {
+            t.writes.retain(|_, w| w.strong_count() > 0);
+            t.prune_at = (2 * t.writes.len()).max(64);
+        }
+    }
+
+    /// Where the last `to_host` of `tn` scheduled on a device queue ends, if it has not run:
+    /// a later `to_host` on another queue waits for it.
+    pub(super) fn last_write(tn: &Tnode) -> Option<Event> {
+        let w = last(tn)?;
+        if !matches!(*w.state(), State::Pending | State::Wanted) {
+            return None;
+        }
+        w.done.get().cloned()
+    }
+
+    /// The last `to_host` of `tn` scheduled on a device queue, if it has not run, and where
+    /// it ends: it will keep what it writes for the caller, a `from_host` that uploads it.
+    pub(super) fn pending_write(tn: &Tnode) -> Option<(Arc<HostWrite>, Event)> {
+        let w = last(tn)?;
+        let done = w.done.get()?.clone();
+        {
+            let mut st = w.state();
+            match *st {
+                State::Pending => *st = State::Wanted,
+                State::Wanted => {}
+                // It ran: the host array holds its value (or a newer one the caller wrote).
+                State::Written(_) | State::Failed => return None,
+            }
+        }
+        Some((w, done))
+    }
+
+    /// A copy of `tn`'s host array (empty if it has none).
+    pub(super) fn snapshot(tn: &Tnode) -> Result<Vec<u8>> {
+        let what = || {
+            format!(
+                "the snapshot of the host array of {} (from_host)",
+                tn.name()
+            )
+        };
+        tn.with_host(|a| copy(&what(), a.as_bytes()))
+            .unwrap_or(Ok(Vec::new()))
+    }
+
+    /// A copy of `bytes`; [`Error::OutOfMemory`] naming `what` if it cannot be allocated.
+    fn copy(what: &str, bytes: &[u8]) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(bytes.len())
+            .map_err(|_| Error::OutOfMemory {
+                what: what.to_string(),
+                bytes: bytes.len(),
+            })?;
+        v.extend_from_slice(bytes);
+        Ok(v)
     }
 }
