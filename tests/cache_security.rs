@@ -792,7 +792,7 @@ fn gone(pid: i32) -> bool {
 }
 
 #[test]
-fn a_compiler_dies_with_the_process_that_started_it() {
+fn the_next_compile_kills_the_compiler_of_a_killed_process_and_removes_its_dir() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("compiler.pid");
     let cc = dir.path().join("slow-cc");
@@ -837,21 +837,32 @@ fn a_compiler_dies_with_the_process_that_started_it() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    // Nothing ran in the killed process: its compiler runs on, orphaned, in its directory.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !gone(pid),
+        "the orphaned compiler is expected to run until the next compile"
+    );
+    let left = |dir: &Path| -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("arrayjit-"))
+            .collect()
+    };
+    assert_eq!(left(dir.path()).len(), 1, "{:?}", left(dir.path()));
+    // The next compile in that temporary root (this process) kills it and removes the
+    // directory, however fresh.
+    let (lib, _) = compile_watched(&config(dir.path(), None));
+    assert_eq!(call(&lib), 42.0);
     let start = Instant::now();
     while !gone(pid) {
         if start.elapsed() > Duration::from_secs(3) {
             // SAFETY: kill(2) of the orphan this test created, so that it does not linger.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("the compiler (pid {pid}) outlived the process that started it");
+            panic!("the orphaned compiler (pid {pid}) survived the next compile");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Its temporary directory is left behind, and is fresh: the next process keeps it (it
-    // is removed once older than the bound, as in the test above).
-    let left: Vec<_> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("arrayjit-"))
-        .collect();
-    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left(dir.path()).is_empty(), "{:?}", left(dir.path()));
 }

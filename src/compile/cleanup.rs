@@ -10,10 +10,12 @@
 //! directory and exits with 128 + the signal number. The library never installs signal
 //! handlers by itself: a program opts in (the `arrayjit` CLI and the `moons` example do).
 //!
-//! Nothing cleans up after SIGKILL, so two more measures cover it: every compiler is started
-//! with `PR_SET_PDEATHSIG` = SIGKILL (Linux; see the `run` module), so it dies with the thread
-//! that started it, and the first temporary directory a process creates in a root removes
-//! the stale ones left there by killed processes ([`remove_stale_dirs`]).
+//! Nothing runs in a process killed with SIGKILL, so its next run cleans up: the first
+//! temporary directory a process creates in a root removes the stale ones left there by
+//! killed processes, first killing the compilers still running in them
+//! ([`remove_stale_dirs`]). (A compiler is not tied to its parent's life with
+//! `PR_SET_PDEATHSIG`: that needs a `pre_exec` hook, so `fork` instead of `posix_spawn` for
+//! every compile, and reaches only the driver, not the `cc1`, `as` or `ld` it starts.)
 
 use std::collections::HashMap;
 use std::fs;
@@ -70,7 +72,11 @@ const PREFIX: &str = "arrayjit-";
 /// How many random characters follow [`PREFIX`] (`tempfile`'s default).
 const RANDOM_LEN: usize = 6;
 
-/// A temporary directory is only removed as stale if it has not been modified for this long
+/// The file in a temporary directory saying that its process holds the directory's lock for
+/// as long as it lives (written right after the lock is taken, before any compiler starts).
+const LOCKED_MARKER: &str = ".arrayjit-locked";
+
+/// A temporary directory without [`LOCKED_MARKER`] is only removed as stale if it has not been modified for this long
 /// (and no process holds its lock). The lock alone says whether its process is alive; the age
 /// also spares a directory whose process has not taken the lock yet, or an older arrayjit
 /// that takes none (whose compiles are bounded by `ARRAYJIT_COMPILE_TIMEOUT`, 300 s by
@@ -96,8 +102,16 @@ impl WorkDir {
         let id = reg.id();
         let path = dir.path().to_path_buf();
         reg.dirs.insert(id, path.clone());
-        // Without the lock (a file system without flock), the age still protects it.
+        // Without the lock (a file system without flock), the age still protects it. With
+        // it, a marker says so: a marked directory whose lock is free belongs to a process
+        // that is gone (see `remove_stale_dirs`).
         let lock = lock_dir(&path).ok().flatten();
+        if lock.is_some() {
+            let _ = fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(path.join(LOCKED_MARKER));
+        }
         Ok(WorkDir {
             id,
             dir: Some(dir),
@@ -184,10 +198,14 @@ fn remove_stale_dirs_once(root: &Path) {
 
 /// Removes the temporary directories in `root` that compiles killed before they could clean
 /// up left behind: directories (not symbolic links) named `arrayjit-XXXXXX` (six letters or
-/// digits), owned by this user, not modified for `min_age`, and whose lock no process holds
-/// (see [`WorkDir`]). Returns how many were removed. Anything else (another user's
-/// directories, kept compiler logs `arrayjit-compile-*.log`, a directory in use) is left
-/// alone; failures are ignored.
+/// digits), owned by this user, whose lock no process holds (see [`WorkDir`]), and either
+/// marked as locked by their process ([`LOCKED_MARKER`]: that process is gone) or, without
+/// the mark (a file system without `flock`, an older arrayjit), not modified for `min_age`.
+/// Before a marked directory is removed, the processes of this user still running in it
+/// (working directory inside it: the compiler driver and its `cc1`, `as`, `ld`, orphaned by
+/// the kill) are killed with SIGKILL. Returns how many directories were removed. Anything else
+/// (another user's directories, kept compiler logs `arrayjit-compile-*.log`, a directory in
+/// use) is left alone; failures are ignored.
 pub(super) fn remove_stale_dirs(root: &Path, min_age: std::time::Duration) -> usize {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = fs::read_dir(root) else {
@@ -213,7 +231,7 @@ pub(super) fn remove_stale_dirs(root: &Path, min_age: std::time::Duration) -> us
             .ok()
             .and_then(|m| now.duration_since(m).ok())
             .is_some_and(|age| age >= min_age);
-        if !meta.is_dir() || meta.uid() != me || !old {
+        if !meta.is_dir() || meta.uid() != me {
             continue;
         }
         let path = entry.path();
@@ -221,11 +239,61 @@ pub(super) fn remove_stale_dirs(root: &Path, min_age: std::time::Duration) -> us
         let Ok(Some(_lock)) = lock_dir(&path) else {
             continue;
         };
+        let marked = fs::symlink_metadata(path.join(LOCKED_MARKER)).is_ok_and(|m| m.is_file());
+        if !marked && !old {
+            continue;
+        }
+        if marked {
+            kill_processes_in(&path, me);
+        }
         if fs::remove_dir_all(&path).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// Kills (SIGKILL) this user's processes whose working directory is `dir` or below it: the
+/// compilers an ended process left running there. Repeated until none is found (a driver
+/// killed between two scans may have started one more step), at most a few times.
+fn kill_processes_in(dir: &Path, me: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = fs::canonicalize(dir) else {
+        return;
+    };
+    for _ in 0..5 {
+        let Ok(procs) = fs::read_dir("/proc") else {
+            return;
+        };
+        let mut killed = 0;
+        for p in procs.flatten() {
+            let Some(pid) = p
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            if pid == std::process::id() as libc::pid_t
+                || !p.metadata().is_ok_and(|m| m.uid() == me)
+            {
+                continue;
+            }
+            let Ok(cwd) = fs::read_link(p.path().join("cwd")) else {
+                continue;
+            };
+            if cwd.starts_with(&dir) {
+                // SAFETY: kill(2) takes plain integers; `pid` is a process of this user
+                // working in a directory of ours whose owner is gone.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed += 1;
+            }
+        }
+        if killed == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// A started compiler whose process group is registered for signal cleanup until

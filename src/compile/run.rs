@@ -90,7 +90,6 @@ pub(super) fn start_compiler(
         // A process group of its own, so that a timeout or a signal can kill the compiler's
         // children (cc1, as, ld) too.
         .process_group(0);
-    die_with_parent(&mut cmd);
     // A sanitizer runtime preloaded into this process (to load sanitized routines) must not
     // be preloaded into the compiler: it would report the compiler's leaks as errors.
     match super::sanitize::compiler_preload(std::env::var_os("LD_PRELOAD").as_deref()) {
@@ -216,40 +215,6 @@ impl Drop for Running {
         self.kill_and_reap();
     }
 }
-
-/// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends (on
-/// Linux, `PR_SET_PDEATHSIG`), in particular when this process is killed with SIGKILL and
-/// no cleanup can run. The compiler runs in a process group of its own, so a signal to our
-/// group would not reach it; this is what keeps it from running on as an orphan. (The signal
-/// is sent when the starting *thread* ends: every compiler is waited for by the thread that
-/// started it.) Its own children (cc1, as, ld) do not inherit the setting: once the driver
-/// is gone, the step running finishes and nothing more is started.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn die_with_parent(cmd: &mut Command) {
-    let parent = std::process::id();
-    // SAFETY: the hook runs in the child between fork and exec, where only async-signal-safe
-    // functions may be called: prctl(2) and getppid(2) are system calls that touch no memory
-    // of ours (the prctl arguments are plain integers), and the hook allocates nothing (the
-    // error is built from a raw OS error code, without allocating).
-    unsafe {
-        cmd.pre_exec(move || {
-            let (sig, unused) = (libc::SIGKILL as libc::c_ulong, 0 as libc::c_ulong);
-            if libc::prctl(libc::PR_SET_PDEATHSIG, sig, unused, unused, unused) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before the setting took effect: then no signal comes.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Elsewhere there is no such setting: the compiler of a process killed with SIGKILL runs
-/// on until it finishes.
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn die_with_parent(_cmd: &mut Command) {}
 
 /// Blocks until the child `pid` has exited, leaving it unreaped (`waitid` with `WNOWAIT`).
 fn wait_exited(pid: i32) -> io::Result<()> {
