@@ -55,6 +55,12 @@ impl Prec {
         }
     }
 
+    /// Whether this is an integer precision (SPEC section 9.1): its cells hold integers, stored
+    /// by wrapping.
+    pub fn is_integer(self) -> bool {
+        matches!(self, Prec::Byte)
+    }
+
     /// Whether values are computed in single precision (`float`).
     pub fn computes_in_float(self) -> bool {
         matches!(self, Prec::Half | Prec::Single)
