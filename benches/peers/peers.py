@@ -5,6 +5,7 @@ latency, and prints the comparison tables. Used by run.sh; each peer runs in its
 
   peers.py numpy    [--runs N] [--warmup N]   -> one JSON object on stdout
   peers.py tinygrad [--runs N] [--warmup N]   -> one JSON object on stdout
+  peers.py onnxruntime [--runs N] [--warmup N] -> one JSON object on stdout
   peers.py jax-small                          -> JAX's jit latency for the small kernel
   peers.py time-cmd --cmd-file F [--runs N]   -> times the compiler command arrayjit ran
   peers.py moons-line --config NAME [--cold]  -> the summary of a moons run (stdin) as JSON
@@ -33,6 +34,16 @@ WORKLOADS = {
     "matmul_f64_1024": ("matmul 1024^3 f64", "GFLOP/s", 2 * 1024**3),
     "fused_elementwise": ("max(0,a*b+c)*2-d, 2^24 f32", "GB/s", 5 * 4 * 2**24),
     "row_sums": ("row sums 4096x4096 f32", "GB/s", 4 * 4096 * 4096),
+    # The language of issue 20 (affine indices, bfloat16): NHWC in arrayjit, NCHW in ONNX
+    # Runtime (its native layout; it reorders to its blocked NCHWc layout itself).
+    "conv3x3_56x64": ("conv 3x3 pad 1, 1x56x56x64->64 f32", "GFLOP/s", 2 * 56 * 56 * 64 * 64 * 9),
+    "conv3x3s2_28x128": ("conv 3x3 stride 2 pad 1, 1x28x28x128->256 f32", "GFLOP/s",
+                         2 * 14 * 14 * 256 * 128 * 9),
+    "dwconv3x3_56x128": ("depthwise conv 3x3 pad 1, 1x56x56x128 f32", "GFLOP/s", 2 * 56 * 56 * 128 * 9),
+    "maxpool2x2_112x64": ("max-pool 2x2 stride 2, 1x112x112x64 f32", "GB/s",
+                          4 * (112 * 112 * 64 + 56 * 56 * 64)),
+    # numpy's column: its f32 matmul (OpenBLAS has no bf16 matmul).
+    "matmul_bf16_1024": ("matmul 1024^3, bf16 inputs, f32 result", "GFLOP/s", 2 * 1024**3),
 }
 SMALL = 4096  # elements of the small kernel (benches/peers/small_kernel.json)
 
@@ -52,6 +63,7 @@ def inputs(np):
         "matmul_f64_1024": (u64(1024, 1024), u64(1024, 1024)),
         "fused_elementwise": (u(n), u(n), u(n), u(n)),
         "row_sums": (u(4096, 4096),),
+        "matmul_bf16_1024": (u(1024, 1024), u(1024, 1024)),
     }
 
 
@@ -66,6 +78,7 @@ def numpy_ops(np):
         "matmul_f64_1024": lambda a, b: a @ b,
         "fused_elementwise": lambda a, b, c, d: np.maximum(0, a * b + c) * 2 - d,
         "row_sums": lambda x: x.sum(axis=1),
+        "matmul_bf16_1024": lambda a, b: a @ b,
     }
 
 
@@ -172,6 +185,91 @@ def run_tinygrad(args):
                 raise RuntimeError("wrong result")
             out["ms"][w] = median_ms(once, args.warmup, args.runs)
             del xs
+        except Exception as e:
+            out["errors"][w] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return out
+
+
+def onnx_models(np):
+    """Each workload that ONNX Runtime has a CPU kernel for, as (model, inputs): weights of
+    the convolutions are initializers (constants), as in deployed inference."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    u = lambda *shape: rng.random(shape, dtype=np.float32)  # noqa: E731
+    F, D = TensorProto.FLOAT, TensorProto.DOUBLE
+
+    def model(nodes, ins, out, inits=()):
+        g = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in ins],
+            [helper.make_tensor_value_info(out[0], out[1], None)],
+            initializer=[numpy_helper.from_array(a, name=n) for n, a in inits])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m.SerializeToString()
+
+    def matmul(a_shape, b_shape, t=F, dt=np.float32, trans_b=False):
+        a = rng.random(a_shape).astype(dt)
+        b = rng.random(b_shape).astype(dt)
+        node = (helper.make_node("Gemm", ["a", "b"], ["y"], transB=1) if trans_b
+                else helper.make_node("MatMul", ["a", "b"], ["y"]))
+        return model([node], [("a", t, a_shape), ("b", t, b_shape)], ("y", t)), {"a": a, "b": b}
+
+    def conv(c_in, hw, c_out, stride, group=1):
+        x = u(1, c_in, hw, hw)
+        w = u(c_out, c_in // group, 3, 3)
+        node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                strides=[stride, stride], group=group)
+        return model([node], [("x", F, x.shape)], ("y", F), [("w", w)]), {"x": x}
+
+    n = 2**24
+    two = np.array(2, dtype=np.float32)
+    fused = model([helper.make_node("Mul", ["a", "b"], ["ab"]),
+                   helper.make_node("Add", ["ab", "c"], ["abc"]),
+                   helper.make_node("Relu", ["abc"], ["r"]),
+                   helper.make_node("Mul", ["r", "two"], ["r2"]),
+                   helper.make_node("Sub", ["r2", "d"], ["y"])],
+                  [(k, F, [n]) for k in "abcd"], ("y", F), [("two", two)])
+    axes = np.array([1], dtype=np.int64)
+    rows = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                 [("x", F, [4096, 4096])], ("y", F), [("axes", axes)])
+    pool_x = u(1, 64, 112, 112)
+    pool = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                 [("x", F, pool_x.shape)], ("y", F))
+    return {
+        "matmul_512": lambda: matmul([512, 512], [512, 512]),
+        "matmul_1024": lambda: matmul([1024, 1024], [1024, 1024]),
+        "matmul_t_768": lambda: matmul([768, 768], [768, 768], trans_b=True),
+        "batched_matmul_16x128": lambda: matmul([16, 128, 128], [16, 128, 128]),
+        "matmul_f64_1024": lambda: matmul([1024, 1024], [1024, 1024], D, np.float64),
+        "fused_elementwise": lambda: (fused, {k: u(n) for k in "abcd"}),
+        "row_sums": lambda: (rows, {"x": u(4096, 4096)}),
+        "conv3x3_56x64": lambda: conv(64, 56, 64, 1),
+        "conv3x3s2_28x128": lambda: conv(128, 28, 256, 2),
+        "dwconv3x3_56x128": lambda: conv(128, 56, 128, 1, group=128),
+        "maxpool2x2_112x64": lambda: (pool, {"x": pool_x}),
+    }
+
+
+def run_onnxruntime(args):
+    """The workloads in ONNX Runtime's CPU provider (MLAS kernels), one thread
+    (intra_op_num_threads=1, inter_op_num_threads=1), all graph optimizations on."""
+    import numpy as np
+    import onnxruntime as ort
+
+    out = {"peer": "onnxruntime", "version": ort.__version__, "ms": {}, "errors": {}}
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    for w, make in onnx_models(np).items():
+        try:
+            m, feeds = make()
+            sess = ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])
+            out["ms"][w] = median_ms(lambda: sess.run(None, feeds), args.warmup, args.runs)
+            del sess
         except Exception as e:
             out["errors"][w] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return out
@@ -319,8 +417,10 @@ def table(args):
         return out
 
     aj_rounds, np_rounds, tg_rounds = rounds("arrayjit"), rounds("numpy"), rounds("tinygrad")
+    ort_rounds = rounds("onnxruntime")
     aj = best(aj_rounds)
     npy = dict(np_rounds[0], ms=best(r["ms"] for r in np_rounds)) if np_rounds else None
+    ortr = dict(ort_rounds[0], ms=best(r["ms"] for r in ort_rounds)) if ort_rounds else None
     tg = None
     if tg_rounds:
         tg = dict(tg_rounds[0], ms=best(r["ms"] for r in tg_rounds))
@@ -332,17 +432,19 @@ def table(args):
     jsmall = load("jax_small.json")
 
     # --- kernels ------------------------------------------------------------------------
-    print(f"kernels, one thread (OMP/OPENBLAS_NUM_THREADS=1, tinygrad THREADS=0): per peer, the "
-          f"best of {len(aj_rounds)}/{len(np_rounds)}/{len(tg_rounds)} rounds "
-          "(arrayjit/numpy/tinygrad, interleaved) of the median ms of "
-          f"{meta.get('runs', '?')} runs after {meta.get('warmup', '?')} warm-up runs")
-    head = ["workload", "arrayjit ms", "arrayjit rate", "numpy ms", "tinygrad ms",
-            "arrayjit/numpy", "arrayjit/tinygrad"]
+    print(f"kernels, one thread (OMP/OPENBLAS_NUM_THREADS=1, tinygrad THREADS=0, ONNX Runtime "
+          f"intra_op_num_threads=1): per peer, the best of {len(aj_rounds)}/{len(np_rounds)}/"
+          f"{len(tg_rounds)}/{len(ort_rounds)} rounds (arrayjit/numpy/tinygrad/onnxruntime, "
+          f"interleaved) of the median ms of {meta.get('runs', '?')} runs after "
+          f"{meta.get('warmup', '?')} warm-up runs")
+    head = ["workload", "arrayjit ms", "arrayjit rate", "numpy ms", "tinygrad ms", "onnxrt ms",
+            "arrayjit/numpy", "arrayjit/tinygrad", "arrayjit/onnxrt"]
     rows = []
     for w, (desc, unit, amount) in WORKLOADS.items():
         a = aj.get(w)
         n = npy["ms"].get(w) if npy else None
         t = tg["ms"].get(w) if tg else None
+        o = ortr["ms"].get(w) if ortr else None
         rate = None if a is None else amount / (a * 1e-3) / 1e9
         rows.append([
             desc,
@@ -350,8 +452,10 @@ def table(args):
             "-" if rate is None else f"{rate:.1f} {unit}",
             fmt(n, ".3f"),
             fmt(t, ".3f"),
+            fmt(o, ".3f"),
             ratio(n, a),
             ratio(t, a),
+            ratio(o, a),
         ])
     print_table(head, rows)
     print("ratios are speed ratios (peer time / arrayjit time): above 1x, arrayjit is faster.")
@@ -361,6 +465,10 @@ def table(args):
     if tg:
         for w, e in (tg.get("errors") or {}).items():
             print(f"  tinygrad {w}: {e}")
+    if ortr:
+        for w, e in (ortr.get("errors") or {}).items():
+            if w not in ortr["ms"]:
+                print(f"  onnxruntime {w}: {e}")
     print()
 
     # --- moons --------------------------------------------------------------------------
@@ -498,6 +606,10 @@ def table(args):
               f"environment {json.dumps(tg.get('env'))}")
     else:
         print(f"tinygrad: missing ({reason('tinygrad.err')})")
+    if ortr:
+        print(f"onnxruntime {ortr.get('version')}: CPUExecutionProvider (MLAS), one thread")
+    else:
+        print(f"onnxruntime: missing ({reason('onnxruntime.err')})")
     jr = (jx["default"] or jx["1thread"] or jx["small"] or [None])[0] or jsmall
     if jr:
         print(f"jax {jr.get('version')} (jaxlib {jr.get('jaxlib', '?')}), CPU")
@@ -530,7 +642,7 @@ def chain_program(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["numpy", "tinygrad", "jax-small", "time-cmd", "moons-line",
+    p.add_argument("what", choices=["numpy", "tinygrad", "onnxruntime", "jax-small", "time-cmd", "moons-line",
                                      "chain", "table"])
     p.add_argument("--n", type=int, default=100, help="chain: the number of statements")
     p.add_argument("--runs", type=int, default=10)
@@ -543,7 +655,8 @@ def main():
     if args.what == "table":
         table(args)
         return
-    run = {"numpy": run_numpy, "tinygrad": run_tinygrad, "jax-small": run_jax_small,
+    run = {"numpy": run_numpy, "tinygrad": run_tinygrad, "onnxruntime": run_onnxruntime,
+           "jax-small": run_jax_small,
            "time-cmd": time_cmd, "moons-line": moons_line, "chain": chain_program}[args.what]
     json.dump(run(args), sys.stdout)
     print()

@@ -6,7 +6,11 @@
 #    numpy (OpenBLAS) and tinygrad (CPU device, clang backend), one thread each: f32 matmul
 #    512^3 and 1024^3, the transposed matmul a@b.T (ij,kj->ik) 768^3, the batched matmul
 #    16x128^3 (bij,bjk->bik), the f64 matmul 1024^3, a fused elementwise chain on 2^24 f32
-#    and the row sums of a 4096x4096 f32 matrix.
+#    and the row sums of a 4096x4096 f32 matrix; the same in ONNX Runtime (pip onnxruntime:
+#    its MLAS kernels are what deployed CPU inference uses), plus the convolutions and pooling
+#    of the wider language (3x3 1x56x56x64->64 padding 1, 3x3 stride 2 1x28x28x128->256,
+#    depthwise 3x3 1x56x56x128, 2x2 max-pool 1x112x112x64) and a bf16 matmul 1024^3 (bf16
+#    inputs, f32 result; numpy's column is its f32 matmul).
 # 2. The big moons training job (MLP 2-256-256-1, hinge loss, SGD with arrayjit's decaying
 #    learning rate and weight decay, batch 2048, 24576 points, 3 epochs) against the same job
 #    in JAX (benches/peers/moons_jax.py: one jax.jit-compiled step), in samples/s: on one core
@@ -24,7 +28,7 @@
 # Environment: RUNS (default 10) and WARMUP (default 2) for the kernels, timed in ROUNDS
 # (default 3) rounds that interleave the peers (each peer's best round counts); REPEAT
 # (default 5) rounds of the moons processes (arrayjit and JAX in turn, medians count); PYTHON (default python3) creates the virtual
-# environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad and jax[cpu] are
+# environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad, jax[cpu], onnx and onnxruntime are
 # installed with pip. A peer that cannot be installed or fails leaves its cells empty ("-")
 # and its reason is printed under the table; the script still finishes. tinygrad's CPU
 # device compiles with clang (Debian: apt-get install clang). Raw results: benches/peers/results.
@@ -68,11 +72,13 @@ pip_install() { # pip_install NAME MODULE SPEC...: installs unless MODULE import
         return 1
     fi
 }
-numpy_ok=1 tinygrad_ok=1 jax_ok=1
+numpy_ok=1 tinygrad_ok=1 jax_ok=1 ort_ok=1
 pip_install numpy numpy numpy || numpy_ok=0
 pip_install threadpoolctl threadpoolctl threadpoolctl || true
 pip_install tinygrad tinygrad tinygrad || tinygrad_ok=0
 pip_install jax jax 'jax[cpu]' || jax_ok=0
+pip_install onnx onnx onnx || ort_ok=0
+pip_install onnxruntime onnxruntime onnxruntime || ort_ok=0
 # The table needs only the standard library; the helpers below need numpy or nothing.
 
 # --- arrayjit ----------------------------------------------------------------------------
@@ -152,7 +158,8 @@ kernels_round() { # kernels_round R
     {
         printf '{'
         for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
-            fused_elementwise row_sums; do
+            fused_elementwise row_sums conv3x3_56x64 conv3x3s2_28x128 dwconv3x3_56x128 \
+            maxpool2x2_112x64 matmul_bf16_1024; do
             if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
                 2>"$results/arrayjit-$w.err"); then
                 say "  arrayjit $w: $line"
@@ -173,6 +180,15 @@ kernels_round() { # kernels_round R
             say "  numpy failed: $(last_line "$tmp/numpy.err")"
             echo "numpy failed: $(last_line "$tmp/numpy.err")" >"$results/numpy.err"
             rm -f "$results/numpy-$r.json"
+        fi
+    fi
+    if [[ $ort_ok == 1 ]]; then
+        say "  onnxruntime"
+        if ! "$py" "$here/peers.py" onnxruntime --runs "$RUNS" --warmup "$WARMUP" \
+            >"$results/onnxruntime-$r.json" 2>"$tmp/onnxruntime.err"; then
+            say "  onnxruntime failed: $(last_line "$tmp/onnxruntime.err")"
+            echo "onnxruntime failed: $(last_line "$tmp/onnxruntime.err")" >"$results/onnxruntime.err"
+            rm -f "$results/onnxruntime-$r.json"
         fi
     fi
     if [[ -n $tg_env ]]; then
