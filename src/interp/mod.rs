@@ -102,7 +102,10 @@
 
 use crate::error::{Error, Result};
 use crate::ir::ndarray::{checked_numel, try_filled};
-use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, StaticSymbol, Symbol, Tnode};
+use crate::ir::prec::int_bits_of_f64;
+use crate::ir::{
+    Assignments, AxisIndex, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Symbol, Tnode,
+};
 use crate::loops::{Llc, Llv, Vlv};
 use crate::lower;
 use crate::optimize::Optimized;
@@ -648,15 +651,13 @@ impl<'m> Machine<'m> {
                 Ok(())
             }
             Llc::Set { tn, idcs, value } => {
-                let p = tn.prec();
-                let v = p.round(self.eval(value, p)?);
+                let v = self.eval_stored(tn.prec(), value)?;
                 let off = self.offset(tn, idcs)?;
                 self.mem.values_mut(tn)?[off] = v;
                 Ok(())
             }
             Llc::SetLocal(id, value) => {
-                let p = id.tn.prec();
-                let v = p.round(self.eval(value, p)?);
+                let v = self.eval_stored(id.tn.prec(), value)?;
                 self.locals.insert(id.id, v);
                 Ok(())
             }
@@ -716,7 +717,9 @@ impl<'m> Machine<'m> {
                 }
             },
             Vlv::Zero(t) => vec![0.0; t.lanes],
-            Vlv::Splat(t, x) => vec![round(self.eval(x, t.prec)?); t.lanes],
+            Vlv::Splat(t, x) => {
+                vec![round(self.eval(x, Compute::of(t.prec, []))?); t.lanes]
+            }
             Vlv::Load(t, tn, idcs) => {
                 let off = self.vector_span(tn, idcs, t.lanes, "reading")?;
                 self.mem.values_mut(tn)?[off..off + t.lanes]
@@ -752,48 +755,98 @@ impl<'m> Machine<'m> {
         })
     }
 
-    /// Evaluates a value while writing a node of precision `p`: operands are converted to
-    /// `p`'s compute type, operations are computed in `f64`.
-    fn eval(&mut self, v: &Llv, p: Prec) -> Result<f64> {
+    /// Evaluates the value of a statement writing precision `p`, in the statement's compute
+    /// type (SPEC 9.1), and rounds it to `p` as a store does.
+    fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<f64> {
+        let c = crate::loops::statement_compute(p, value);
+        Ok(if c.is_integer() {
+            let x = self.eval_int(value, IntCtx::new(p, c))?;
+            p.wrap_int(x) as f64
+        } else {
+            p.round(c.round_float(self.eval(value, c)?))
+        })
+    }
+
+    /// The value of a local, or an error if it is read outside its scope.
+    fn local(&self, id: &crate::loops::ScopeId) -> Result<f64> {
+        match self.locals.get(&id.id) {
+            Some(v) => Ok(*v),
+            None => Err(Error::Usage(format!(
+                "routine {}: local v{} of tensor {} is read outside its scope",
+                self.routine,
+                id.id,
+                id.tn.name()
+            ))),
+        }
+    }
+
+    /// Evaluates a value in an integer compute type: 64-bit wrapping patterns.
+    fn eval_int(&mut self, v: &Llv, cx: IntCtx) -> Result<u64> {
         Ok(match v {
-            Llv::Constant(c) => p.round_compute(*c),
-            Llv::EmbedIndex(ix) => p.round_compute(self.index(ix)? as f64),
+            Llv::Constant(c) => int_bits_of_f64(*c),
+            Llv::EmbedIndex(ix) => self.index(ix)? as u64,
             Llv::Get(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                p.round_compute(self.mem.values_mut(tn)?[off])
+                int_bits_of_f64(self.mem.values_mut(tn)?[off])
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                p.round_compute(self.merge_values(tn)?[off])
+                int_bits_of_f64(self.merge_values(tn)?[off])
             }
             Llv::GetCFunction(name) => {
                 let f = self.function(name)?;
-                p.round_compute(f())
+                int_bits_of_f64(f())
             }
-            Llv::GetLocal(id) => match self.locals.get(&id.id) {
-                Some(v) => p.round_compute(*v),
-                None => {
-                    return Err(Error::Usage(format!(
-                        "routine {}: local v{} of tensor {} is read outside its scope",
-                        self.routine,
-                        id.id,
-                        id.tn.name()
-                    )))
-                }
-            },
+            Llv::GetLocal(id) => int_bits_of_f64(self.local(id)?),
+            Llv::LocalScope { id, body, .. } => {
+                self.locals.insert(id.id, 0.0);
+                self.exec(body)?;
+                int_bits_of_f64(self.locals.get(&id.id).copied().unwrap_or(0.0))
+            }
+            Llv::Binop(op, a, b) => {
+                let a = self.eval_int(a, cx)?;
+                let b = self.eval_int(b, cx)?;
+                op.interpret_int(a, b, cx)
+            }
+            Llv::Unop(op, a) => {
+                let a = self.eval_int(a, cx)?;
+                op.interpret_int(a, cx)
+            }
+        })
+    }
+
+    /// Evaluates a value in a floating compute type `c`: operands are converted to it,
+    /// operations are computed in `f64`.
+    fn eval(&mut self, v: &Llv, c: Compute) -> Result<f64> {
+        Ok(match v {
+            Llv::Constant(x) => c.round_float(*x),
+            Llv::EmbedIndex(ix) => c.round_float(self.index(ix)? as f64),
+            Llv::Get(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                c.round_float(self.mem.values_mut(tn)?[off])
+            }
+            Llv::GetMergeBuffer(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                c.round_float(self.merge_values(tn)?[off])
+            }
+            Llv::GetCFunction(name) => {
+                let f = self.function(name)?;
+                c.round_float(f())
+            }
+            Llv::GetLocal(id) => c.round_float(self.local(id)?),
             Llv::LocalScope { id, body, .. } => {
                 self.locals.insert(id.id, 0.0);
                 self.exec(body)?;
                 let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
-                p.round_compute(v)
+                c.round_float(v)
             }
             Llv::Binop(op, a, b) => {
-                let a = self.eval(a, p)?;
-                let b = self.eval(b, p)?;
+                let a = self.eval(a, c)?;
+                let b = self.eval(b, c)?;
                 op.interpret(a, b)
             }
             Llv::Unop(op, a) => {
-                let a = self.eval(a, p)?;
+                let a = self.eval(a, c)?;
                 op.interpret(a)
             }
         })

@@ -234,6 +234,19 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if reads_c(x) || reads_c(y) {
         return None;
     }
+    // Operands of another precision (integers, narrow floats) are left to the scalar code.
+    let other_prec = |v: &Llv| {
+        let mut hit = false;
+        visit_value(v, &mut |v| {
+            if let Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) = v {
+                hit |= t.prec() != c.prec();
+            }
+        });
+        hit
+    };
+    if other_prec(x) || other_prec(y) {
+        return None;
+    }
     if loops.iter().any(|l| l.from != 0 || l.to < 0) {
         return None;
     }

@@ -283,7 +283,7 @@ impl Sim<'_> {
         let acc_round = |v: f64| match prec {
             Prec::Half | Prec::Single => v as f32 as f64,
             Prec::Double => v,
-            Prec::Byte => Prec::Byte.round(v),
+            p => p.round(v),
         };
         let mut sum = interp::zeroed_values(tn)?;
         for &d in devices {
