@@ -317,11 +317,19 @@ fn no_operation_template_repeats_an_operand() {
         .iter()
         .flat_map(|op| {
             let i = op.info();
-            [(op.name(), i.c_float), (op.name(), i.c_double)]
+            [
+                (op.name(), i.c_float),
+                (op.name(), i.c_double),
+                (op.name(), i.c_int),
+            ]
         })
         .chain(Unop::ALL.iter().flat_map(|op| {
             let i = op.info();
-            [(op.name(), i.c_float), (op.name(), i.c_double)]
+            [
+                (op.name(), i.c_float),
+                (op.name(), i.c_double),
+                (op.name(), i.c_int),
+            ]
         }));
     for (name, t) in templates {
         assert!(t.matches("$a").count() <= 1, "{name}: {t}");

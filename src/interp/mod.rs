@@ -127,6 +127,9 @@ pub const DEFAULT_ROUTINE_NAME: &str = "interpreted routine";
 #[derive(Clone, Default)]
 pub struct Memory {
     nodes: HashMap<Tnode, Vec<f64>>,
+    /// Exact 64-bit patterns of integer nodes whose values may not all be exact as `f64`
+    /// (authoritative when present; `nodes` then holds the same values rounded).
+    ints: HashMap<Tnode, Vec<u64>>,
     merge: Option<(Tnode, Vec<f64>)>,
     functions: HashMap<String, ImportedFn>,
 }
@@ -189,8 +192,39 @@ impl Memory {
         for v in &mut values {
             *v = p.round(*v);
         }
+        self.ints.remove(tn);
         self.nodes.insert(tn.clone(), values);
         Ok(())
+    }
+
+    /// The exact values of an integer node (an `int64` or `uint64` beyond 2^53 included), if
+    /// the memory holds it.
+    pub fn get_int(&self, tn: &Tnode) -> Option<Vec<i128>> {
+        let p = tn.prec();
+        if !p.is_integer() {
+            return None;
+        }
+        match self.ints.get(tn) {
+            Some(v) => Some(v.iter().map(|&b| p.wrap_int(b)).collect()),
+            None => self
+                .nodes
+                .get(tn)
+                .map(|v| v.iter().map(|&x| p.wrap_int(int_bits_of_f64(x))).collect()),
+        }
+    }
+
+    /// Loads a node's exact integer values from its host array, if it is an integer node.
+    fn load_host_ints(&mut self, tn: &Tnode) {
+        self.ints.remove(tn);
+        if tn.prec().is_integer() {
+            if let Some(v) = tn.with_host(|a| {
+                (0..a.len())
+                    .map(|i| a.get_int(i).unwrap_or(0) as u64)
+                    .collect::<Vec<u64>>()
+            }) {
+                self.ints.insert(tn.clone(), v);
+            }
+        }
     }
 
     /// The values of a node, if the memory holds it.
@@ -200,6 +234,7 @@ impl Memory {
 
     /// Removes a node from the memory, returning its values.
     pub fn remove(&mut self, tn: &Tnode) -> Option<Vec<f64>> {
+        self.ints.remove(tn);
         self.nodes.remove(tn)
     }
 
@@ -250,6 +285,7 @@ impl Memory {
         for tn in nodes {
             if let Some(values) = try_host_values(tn)? {
                 self.nodes.insert(tn.clone(), values);
+                self.load_host_ints(tn);
                 n += 1;
             }
         }
@@ -266,6 +302,7 @@ impl Memory {
         for tn in nodes {
             if let Some(values) = tn.host_values() {
                 self.nodes.insert(tn.clone(), values);
+                self.load_host_ints(tn);
                 n += 1;
             }
         }
@@ -279,6 +316,13 @@ impl Memory {
         for tn in nodes {
             if let (true, Some(values)) = (tn.is_hosted(), self.nodes.get(tn)) {
                 tn.set_host_values(values)?;
+                if let Some(bits) = self.ints.get(tn) {
+                    tn.with_host_mut(|a| {
+                        for (i, &b) in bits.iter().enumerate() {
+                            a.set_int(i, i128::from(b));
+                        }
+                    });
+                }
                 n += 1;
             }
         }
@@ -327,6 +371,7 @@ pub fn run_optimized(
     for (tn, mode) in &o.nodes {
         if *mode == MemoryMode::Local {
             m.mem.nodes.insert(tn.clone(), zeroed_values(tn)?);
+            m.mem.ints.remove(tn);
         }
     }
     m.exec(&o.code)
@@ -352,6 +397,8 @@ struct Machine<'m> {
     env: HashMap<Symbol, i64>,
     statics: HashMap<Symbol, (&'m StaticSymbol, i64)>,
     locals: HashMap<u32, f64>,
+    /// Exact 64-bit patterns of integer locals.
+    int_locals: HashMap<u32, u64>,
     /// Vector variables, lane by lane (each lane rounded to the vector's precision).
     vregs: HashMap<u32, Vec<f64>>,
 }
@@ -385,6 +432,7 @@ impl<'m> Machine<'m> {
             env: HashMap::new(),
             statics: map,
             locals: HashMap::new(),
+            int_locals: HashMap::new(),
             vregs: HashMap::new(),
         })
     }
@@ -648,17 +696,39 @@ impl<'m> Machine<'m> {
             }
             Llc::ZeroOut(tn) => {
                 self.mem.values_mut(tn)?.fill(0.0);
+                self.mem.ints.remove(tn);
                 Ok(())
             }
             Llc::Set { tn, idcs, value } => {
-                let v = self.eval_stored(tn.prec(), value)?;
+                let (v, bits) = self.eval_stored(tn.prec(), value)?;
                 let off = self.offset(tn, idcs)?;
-                self.mem.values_mut(tn)?[off] = v;
+                let cells = self.mem.values_mut(tn)?;
+                cells[off] = v;
+                let derived: Option<Vec<u64>> = match (bits, self.mem.ints.contains_key(tn)) {
+                    (Some(_), false) => self
+                        .mem
+                        .nodes
+                        .get(tn)
+                        .map(|c| c.iter().map(|&x| int_bits_of_f64(x)).collect()),
+                    _ => None,
+                };
+                if let Some(d) = derived {
+                    self.mem.ints.insert(tn.clone(), d);
+                }
+                if let Some(b) = bits {
+                    if let Some(ints) = self.mem.ints.get_mut(tn) {
+                        ints[off] = b;
+                    }
+                }
                 Ok(())
             }
             Llc::SetLocal(id, value) => {
-                let v = self.eval_stored(id.tn.prec(), value)?;
+                let (v, bits) = self.eval_stored(id.tn.prec(), value)?;
                 self.locals.insert(id.id, v);
+                match bits {
+                    Some(b) => self.int_locals.insert(id.id, b),
+                    None => self.int_locals.remove(&id.id),
+                };
                 Ok(())
             }
             Llc::VSet(r, value) => {
@@ -757,14 +827,26 @@ impl<'m> Machine<'m> {
 
     /// Evaluates the value of a statement writing precision `p`, in the statement's compute
     /// type (SPEC 9.1), and rounds it to `p` as a store does.
-    fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<f64> {
+    /// For integer precisions, the stored 64-bit pattern comes too.
+    fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<(f64, Option<u64>)> {
         let c = crate::loops::statement_compute(p, value);
-        Ok(if c.is_integer() {
-            let x = self.eval_int(value, IntCtx::new(p, c))?;
-            p.wrap_int(x) as f64
+        let bits = if c.is_integer() {
+            self.eval_int(value, IntCtx::new(p, c))?
+        } else if p.is_integer() {
+            int_bits_of_f64(self.eval(value, c)?)
         } else {
-            p.round(c.round_float(self.eval(value, c)?))
-        })
+            return Ok((p.round(c.round_float(self.eval(value, c)?)), None));
+        };
+        let exact = p.wrap_int(bits);
+        Ok((exact as f64, Some(exact as u64)))
+    }
+
+    /// The exact pattern of an integer local.
+    fn local_int(&self, id: &crate::loops::ScopeId) -> Result<u64> {
+        match self.int_locals.get(&id.id) {
+            Some(b) => Ok(*b),
+            None => Ok(int_bits_of_f64(self.local(id)?)),
+        }
     }
 
     /// The value of a local, or an error if it is read outside its scope.
@@ -787,7 +869,11 @@ impl<'m> Machine<'m> {
             Llv::EmbedIndex(ix) => self.index(ix)? as u64,
             Llv::Get(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                int_bits_of_f64(self.mem.values_mut(tn)?[off])
+                let x = self.mem.values_mut(tn)?[off];
+                match self.mem.ints.get(tn) {
+                    Some(v) => v[off],
+                    None => int_bits_of_f64(x),
+                }
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
@@ -797,11 +883,12 @@ impl<'m> Machine<'m> {
                 let f = self.function(name)?;
                 int_bits_of_f64(f())
             }
-            Llv::GetLocal(id) => int_bits_of_f64(self.local(id)?),
+            Llv::GetLocal(id) => self.local_int(id)?,
             Llv::LocalScope { id, body, .. } => {
                 self.locals.insert(id.id, 0.0);
+                self.int_locals.remove(&id.id);
                 self.exec(body)?;
-                int_bits_of_f64(self.locals.get(&id.id).copied().unwrap_or(0.0))
+                self.local_int(id)?
             }
             Llv::Binop(op, a, b) => {
                 let a = self.eval_int(a, cx)?;
@@ -836,6 +923,7 @@ impl<'m> Machine<'m> {
             Llv::GetLocal(id) => c.round_float(self.local(id)?),
             Llv::LocalScope { id, body, .. } => {
                 self.locals.insert(id.id, 0.0);
+                self.int_locals.remove(&id.id);
                 self.exec(body)?;
                 let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
                 c.round_float(v)

@@ -309,6 +309,7 @@ mod tests {
             dims: &[1],
             prec: Prec::Single,
             values: &[1.0],
+            ints: &[],
         }])
         .unwrap();
         assert_eq!(t.lines().count(), 2, "{t}");
