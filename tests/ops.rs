@@ -223,7 +223,10 @@ fn integer_powers_are_unrolled_and_correct() {
 
 #[test]
 fn reductions_with_every_accumulator() {
-    for prec in Prec::ALL {
+    for prec in Prec::ALL
+        .into_iter()
+        .filter(|p| *p == Prec::Byte || !p.is_integer())
+    {
         let b = Bindings::empty();
         let vals: Vec<f64> = match prec {
             Prec::Byte => vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
@@ -241,7 +244,10 @@ fn reductions_with_every_accumulator() {
                     let start = match acc {
                         Binop::Add | Binop::Sub => 0.0,
                         Binop::Mul => 1.0,
+                        // Integer results (SPEC 9.1): the type's minimum / maximum.
+                        Binop::Max if prec == Prec::Byte => 0.0,
                         Binop::Max => f64::NEG_INFINITY,
+                        _ if prec == Prec::Byte => 255.0,
                         _ => f64::INFINITY,
                     };
                     // Accumulate as generated code does: store (round) after each step.
