@@ -731,3 +731,70 @@ fn random_integer_programs_agree_compiled_and_interpreted() {
         assert_eq!(got, want, "case {case}: {a:?}\n{src}");
     }
 }
+
+/// The example program `examples/programs/integers.json`, against values computed here.
+#[test]
+fn example_integers_program() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/programs/integers.json");
+    let run = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+            .arg("run")
+            .args(extra)
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let out = run(&[]);
+    assert_eq!(run(&["--interpret"]), out);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let text = |k: &str| v[k]["values"].to_string();
+    let golden = 11_400_714_819_323_198_485u64;
+    let hash: Vec<String> = [1u64, 2, 12_345_678_901_234_567_890, u64::MAX]
+        .iter()
+        .map(|&id| ((id ^ (id >> 33)).wrapping_mul(golden)).to_string())
+        .collect();
+    assert_eq!(text("hash"), format!("[{}]", hash.join(",")));
+    let x = [-2.75f64, 0.1, 300.9, 1e10, f64::NAN];
+    let wrap_to = |v: f64, m: i128, signed: bool| -> i128 {
+        if !v.is_finite() {
+            return 0;
+        }
+        let r = (v.trunc() as i128).rem_euclid(m);
+        if signed && r >= m / 2 {
+            r - m
+        } else {
+            r
+        }
+    };
+    let list = |f: &dyn Fn(f64) -> i128| {
+        let v: Vec<String> = x.iter().map(|&v| f(v).to_string()).collect();
+        format!("[{}]", v.join(","))
+    };
+    assert_eq!(text("q8"), list(&|v| wrap_to(v, 256, false)));
+    assert_eq!(text("q32"), list(&|v| wrap_to(v, 1 << 32, true)));
+    assert_eq!(text("big"), "[0,0,0,0,1]");
+    // bf16 / fp8: printed with round-trip digits: reading them back rounds to the value that
+    // round-to-nearest-even gives for x.
+    for (k, table) in [("bf", bf16_values()), ("f8", fp8_values())] {
+        for (i, &xi) in x.iter().enumerate() {
+            let want = nearest_in(xi, &table);
+            let got = &v[k]["values"][i];
+            let got = match got.as_str() {
+                Some("nan") => f64::NAN,
+                Some("inf") => f64::INFINITY,
+                Some(s) => panic!("{k}[{i}]: {s}"),
+                None => nearest_in(got.as_f64().unwrap(), &table),
+            };
+            assert!(
+                (got.is_nan() && want.is_nan()) || got == want,
+                "{k}[{i}]: {got} vs {want}"
+            );
+        }
+    }
+    // the fp8 values, by hand: -2.75 ties to -3 (even), 300.9 -> 320, 1e10 -> inf
+    assert_eq!(nearest_in(-2.75, &fp8_values()), -3.0);
+    assert_eq!(nearest_in(300.9, &fp8_values()), 320.0);
+}
