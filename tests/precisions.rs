@@ -44,7 +44,16 @@ fn check_ints(asgns: Vec<Assignments>, outs: &[(&Tnode, Vec<i128>)]) {
 }
 
 fn elementwise(out: &Tnode, op: Binop, a: &Tnode, b: &Tnode) -> Assignments {
-    binop(out, Binop::Arg2, false, op, a, b, "i,i->i", &Bindings::empty())
+    binop(
+        out,
+        Binop::Arg2,
+        false,
+        op,
+        a,
+        b,
+        "i,i->i",
+        &Bindings::empty(),
+    )
 }
 
 fn wrap(prec: Prec, v: i128) -> i128 {
@@ -55,7 +64,10 @@ fn wrap(prec: Prec, v: i128) -> i128 {
 fn int32_int64_uint64_arithmetic_wraps() {
     let a32 = [i32::MAX as i128, i32::MIN as i128, -1, 5, 46341];
     let b32 = [1, -1, i32::MIN as i128, 3, 46341];
-    let (x, y) = (int_input("x", Prec::Int32, &a32), int_input("y", Prec::Int32, &b32));
+    let (x, y) = (
+        int_input("x", Prec::Int32, &a32),
+        int_input("y", Prec::Int32, &b32),
+    );
     let add = output("add", &[5], Prec::Int32);
     let mul = output("mul", &[5], Prec::Int32);
     let sub = output("sub", &[5], Prec::Int32);
@@ -65,9 +77,17 @@ fn int32_int64_uint64_arithmetic_wraps() {
             .map(|(&p, &q)| f(p as i32, q as i32) as i128)
             .collect()
     };
-    let a64 = [i64::MAX as i128, i64::MIN as i128, 9_007_199_254_740_993, -3];
+    let a64 = [
+        i64::MAX as i128,
+        i64::MIN as i128,
+        9_007_199_254_740_993,
+        -3,
+    ];
     let b64 = [1, -1, 3, i64::MIN as i128];
-    let (x64, y64) = (int_input("x64", Prec::Int64, &a64), int_input("y64", Prec::Int64, &b64));
+    let (x64, y64) = (
+        int_input("x64", Prec::Int64, &a64),
+        int_input("y64", Prec::Int64, &b64),
+    );
     let add64 = output("add64", &[4], Prec::Int64);
     let mul64 = output("mul64", &[4], Prec::Int64);
     let i64s = |f: fn(i64, i64) -> i64| -> Vec<i128> {
@@ -78,7 +98,10 @@ fn int32_int64_uint64_arithmetic_wraps() {
     };
     let au = [u64::MAX as i128, 1 << 63, 3, 12_345_678_901_234_567_891];
     let bu = [1, 2, u64::MAX as i128, 3];
-    let (xu, yu) = (int_input("xu", Prec::Uint64, &au), int_input("yu", Prec::Uint64, &bu));
+    let (xu, yu) = (
+        int_input("xu", Prec::Uint64, &au),
+        int_input("yu", Prec::Uint64, &bu),
+    );
     let addu = output("addu", &[4], Prec::Uint64);
     let mulu = output("mulu", &[4], Prec::Uint64);
     let u64s = |f: fn(u64, u64) -> u64| -> Vec<i128> {
@@ -113,13 +136,22 @@ fn int32_int64_uint64_arithmetic_wraps() {
 fn division_and_modulo_by_zero_and_min_by_minus_one() {
     let a = [i64::MIN as i128, 7, -7, 5, i64::MIN as i128, -9];
     let b = [-1, 0, 2, -3, 1, 0];
-    let (x, y) = (int_input("x", Prec::Int64, &a), int_input("y", Prec::Int64, &b));
+    let (x, y) = (
+        int_input("x", Prec::Int64, &a),
+        int_input("y", Prec::Int64, &b),
+    );
     let d = output("d", &[6], Prec::Int64);
     let m = output("m", &[6], Prec::Int64);
     let want = |f: fn(i64, i64) -> i64| -> Vec<i128> {
         a.iter()
             .zip(&b)
-            .map(|(&p, &q)| if q == 0 { 0 } else { f(p as i64, q as i64) as i128 })
+            .map(|(&p, &q)| {
+                if q == 0 {
+                    0
+                } else {
+                    f(p as i64, q as i64) as i128
+                }
+            })
             .collect()
     };
     // int32: MIN / -1 wraps to MIN.
@@ -150,7 +182,10 @@ fn division_and_modulo_by_zero_and_min_by_minus_one() {
 fn shifts_take_the_count_modulo_the_width() {
     let a = [1i128, 1, -8, 3, -8, i32::MIN as i128];
     let b = [31i128, 32, 33, -1, 65, 4];
-    let (x, y) = (int_input("x", Prec::Int32, &a), int_input("y", Prec::Int32, &b));
+    let (x, y) = (
+        int_input("x", Prec::Int32, &a),
+        int_input("y", Prec::Int32, &b),
+    );
     let shl = output("shl", &[6], Prec::Int32);
     let shr = output("shr", &[6], Prec::Int32);
     let want_shl = a
@@ -166,7 +201,10 @@ fn shifts_take_the_count_modulo_the_width() {
     // Unsigned results shift logically; uint64 counts modulo 64.
     let au = [u64::MAX as i128, 1 << 63, 5];
     let bu = [64i128, 63, 130];
-    let (xu, yu) = (int_input("xu", Prec::Uint64, &au), int_input("yu", Prec::Uint64, &bu));
+    let (xu, yu) = (
+        int_input("xu", Prec::Uint64, &au),
+        int_input("yu", Prec::Uint64, &bu),
+    );
     let shru = output("shru", &[3], Prec::Uint64);
     let shlu = output("shlu", &[3], Prec::Uint64);
     let want_u = |f: fn(u64, u32) -> u64| -> Vec<i128> {
@@ -198,7 +236,10 @@ fn shifts_take_the_count_modulo_the_width() {
             (&shr, want_shr),
             (&shru, want_u(|p, k| p >> k)),
             (&shlu, want_u(|p, k| p << k)),
-            (&shlb, vec![0x81, (0xf0 << (0x3c % 8)) & 0xff, 0x0f << 7 & 0xff]),
+            (
+                &shlb,
+                vec![0x81, (0xf0 << (0x3c % 8)) & 0xff, 0x0f << 7 & 0xff],
+            ),
             (&andb, vec![0, 0x30, 0x0f]),
             (&xorb, vec![0x89, 0xcc, 0xf0]),
             (&orb, vec![0x89, 0xfc, 0xff]),
@@ -210,7 +251,10 @@ fn shifts_take_the_count_modulo_the_width() {
 fn comparisons_max_min_pow_and_unary_ops_on_integers() {
     let a = [i64::MIN as i128, -1, 0, 3, -2, 1];
     let b = [i64::MAX as i128, -1, -5, 2, -3, -7];
-    let (x, y) = (int_input("x", Prec::Int64, &a), int_input("y", Prec::Int64, &b));
+    let (x, y) = (
+        int_input("x", Prec::Int64, &a),
+        int_input("y", Prec::Int64, &b),
+    );
     let outs: Vec<(Binop, Tnode)> = [
         Binop::Lt,
         Binop::Ge,
@@ -264,7 +308,12 @@ fn comparisons_max_min_pow_and_unary_ops_on_integers() {
         .iter()
         .map(|(op, t)| elementwise(t, *op, &x, &y))
         .collect();
-    for (t, op) in [(&neg, Unop::Neg), (&abs, Unop::Abs), (&not, Unop::Not), (&sqrt, Unop::Sqrt)] {
+    for (t, op) in [
+        (&neg, Unop::Neg),
+        (&abs, Unop::Abs),
+        (&not, Unop::Not),
+        (&sqrt, Unop::Sqrt),
+    ] {
         asg.push(unop(t, Binop::Arg2, false, op, &y, "i->i", &e));
     }
     // max / min reductions start at the type's minimum / maximum
@@ -275,8 +324,18 @@ fn comparisons_max_min_pow_and_unary_ops_on_integers() {
     asg.push(unop(&mx, Binop::Max, true, Unop::Identity, &xs, "i->0", &e));
     asg.push(unop(&mn, Binop::Min, true, Unop::Identity, &xl, "i->0", &e));
     let mut checks: Vec<(&Tnode, Vec<i128>)> = outs.iter().map(|(op, t)| (t, want(*op))).collect();
-    checks.push((&neg, b.iter().map(|&q| (q as i64).wrapping_neg() as i128).collect()));
-    checks.push((&abs, b.iter().map(|&q| (q as i64).wrapping_abs() as i128).collect()));
+    checks.push((
+        &neg,
+        b.iter()
+            .map(|&q| (q as i64).wrapping_neg() as i128)
+            .collect(),
+    ));
+    checks.push((
+        &abs,
+        b.iter()
+            .map(|&q| (q as i64).wrapping_abs() as i128)
+            .collect(),
+    ));
     checks.push((&not, b.iter().map(|&q| i128::from(q == 0)).collect()));
     // sqrt of a negative is NaN, which stores 0
     checks.push((&sqrt, vec![3037000499, 0, 0, 1, 0, 0]));
@@ -300,7 +359,10 @@ fn integer_results_with_floating_arguments_compute_in_double() {
             elementwise(&i32o, Binop::Add, &x, &y),
         ],
         &[
-            (&b8, vec![sum.trunc() as i128, (1e10f32 as i128) % 256, 0, 253]),
+            (
+                &b8,
+                vec![sum.trunc() as i128, (1e10f32 as i128) % 256, 0, 253],
+            ),
             (
                 &i32o,
                 vec![
@@ -358,24 +420,24 @@ fn comparisons_and_logic_with_nan() {
 fn narrow_inputs() -> Vec<f64> {
     let p = |e: i32| 2f64.powi(e);
     vec![
-        1.0 + p(-8),                 // bf16 tie -> 1
-        1.0 + 3.0 * p(-8),           // bf16 tie -> up
-        1.125,                       // fp8 tie -> 1
-        1.375,                       // fp8 tie -> 1.5
-        57344.0,                     // fp8 max
-        61439.0,                     // below the fp8 overflow tie
-        61440.0,                     // fp8 overflow tie -> inf
-        -70000.0,                    // -inf in fp8
-        3.3895313892515355e38,       // bf16 max
-        3.4e38,                      // beyond the bf16 overflow tie -> inf
+        1.0 + p(-8),           // bf16 tie -> 1
+        1.0 + 3.0 * p(-8),     // bf16 tie -> up
+        1.125,                 // fp8 tie -> 1
+        1.375,                 // fp8 tie -> 1.5
+        57344.0,               // fp8 max
+        61439.0,               // below the fp8 overflow tie
+        61440.0,               // fp8 overflow tie -> inf
+        -70000.0,              // -inf in fp8
+        3.3895313892515355e38, // bf16 max
+        3.4e38,                // beyond the bf16 overflow tie -> inf
         f64::NAN,
         f64::INFINITY,
         -f64::INFINITY,
-        p(-17),                      // fp8 subnormal tie -> 0
-        3.0 * p(-17),                // fp8 subnormal tie -> 2^-15
-        1.1 * p(-17),                // fp8 -> 2^-16
-        p(-14) * 0.875 + p(-18),     // rounds up to the fp8 min normal
-        p(-130) * 1.5,               // bf16 subnormal
+        p(-17),                  // fp8 subnormal tie -> 0
+        3.0 * p(-17),            // fp8 subnormal tie -> 2^-15
+        1.1 * p(-17),            // fp8 -> 2^-16
+        p(-14) * 0.875 + p(-18), // rounds up to the fp8 min normal
+        p(-130) * 1.5,           // bf16 subnormal
         -0.1,
         0.3,
         -0.0,
@@ -401,8 +463,16 @@ fn bf16_and_fp8_round_to_nearest_even_when_storing() {
         let v32 = v as f32 as f64;
         let (wb, wf) = (nearest_in(v32, &bf_t), nearest_in(v32, &f8_t));
         let same = |g: f64, w: f64| (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits();
-        assert!(same(got[0][i], wb), "bf16 of {v}: got {}, want {wb}", got[0][i]);
-        assert!(same(got[1][i], wf), "fp8 of {v}: got {}, want {wf}", got[1][i]);
+        assert!(
+            same(got[0][i], wb),
+            "bf16 of {v}: got {}, want {wb}",
+            got[0][i]
+        );
+        assert!(
+            same(got[1][i], wf),
+            "fp8 of {v}: got {}, want {wf}",
+            got[1][i]
+        );
         // The library's rounding (host arrays, interpreter) agrees.
         assert!(same(Prec::Bfloat16.round(v), wb), "Prec::round bf16 of {v}");
         assert!(same(Prec::Fp8.round(v), wf), "Prec::round fp8 of {v}");
@@ -538,7 +608,10 @@ fn unknown_precision_and_operation_names_are_listed() {
         &[],
     );
     assert!(!ok);
-    assert!(err.contains("bitand") && err.contains("bit_and") && err.contains("shr"), "{err}");
+    assert!(
+        err.contains("bitand") && err.contains("bit_and") && err.contains("shr"),
+        "{err}"
+    );
     let (ok, _, err) = run_cli(
         r#"{"tensors": [{"name": "a", "dims": [1], "prec": "half"}],
             "routines": [{"name": "r", "code": [{"assign": "a", "op": "shl", "args": ["a", "a"]}]}],
@@ -595,7 +668,11 @@ fn integer_edge_cases_have_no_undefined_behaviour() {
         [-1i64, 0, i64::MIN, 64, -1, 200],
     );
     let list = |f: &dyn Fn(i64, i64) -> i128| -> String {
-        let v: Vec<String> = a.iter().zip(&b).map(|(&p, &q)| f(p, q).to_string()).collect();
+        let v: Vec<String> = a
+            .iter()
+            .zip(&b)
+            .map(|(&p, &q)| f(p, q).to_string())
+            .collect();
         format!("[{}]", v.join(","))
     };
     assert_eq!(
@@ -606,7 +683,10 @@ fn integer_edge_cases_have_no_undefined_behaviour() {
         text("m"),
         list(&|p, q| if q == 0 { 0 } else { p.wrapping_rem(q) as i128 })
     );
-    assert_eq!(text("s"), list(&|p, q| p.wrapping_shl((q as u32) % 64) as i128));
+    assert_eq!(
+        text("s"),
+        list(&|p, q| p.wrapping_shl((q as u32) % 64) as i128)
+    );
     let c = [i32::MIN, -1, 0, i32::MAX, 33, -33];
     let t: Vec<String> = c
         .iter()
@@ -618,10 +698,17 @@ fn integer_edge_cases_have_no_undefined_behaviour() {
     assert_eq!(text("q"), format!("[{}]", q.join(",")));
     assert_eq!(text("n"), list(&|p, _| p.wrapping_neg() as i128));
     // pow: MIN^-1 = 0, (-1)^0 = 1, 0^MIN = 0, MAX^64 wraps, 7^-1 = 0, (-7)^200 wraps
-    let p: Vec<String> = [0, 1, 0, i64::MAX.wrapping_pow(64), 0, (-7i64).wrapping_pow(200)]
-        .iter()
-        .map(|v| v.to_string())
-        .collect();
+    let p: Vec<String> = [
+        0,
+        1,
+        0,
+        i64::MAX.wrapping_pow(64),
+        0,
+        (-7i64).wrapping_pow(200),
+    ]
+    .iter()
+    .map(|v| v.to_string())
+    .collect();
     assert_eq!(text("p"), format!("[{}]", p.join(",")));
     // NaN, inf -> 0; 1e300 mod 2^32 (exact: 1e300 is a multiple of 2^32); -1e19 wraps
     let x1e19 = (-1e19f64 as i128).rem_euclid(1 << 32);
@@ -663,7 +750,13 @@ fn random_integer_programs_agree_compiled_and_interpreted() {
         Unop::Recip,
     ]
     .to_vec();
-    let accums = [Binop::Add, Binop::Mul, Binop::Max, Binop::Min, Binop::BitXor];
+    let accums = [
+        Binop::Add,
+        Binop::Mul,
+        Binop::Max,
+        Binop::Min,
+        Binop::BitXor,
+    ];
     let b = Bindings::empty();
     for case in 0..40 {
         let mut pick = |n: usize| (next() as usize) % n;
@@ -708,7 +801,15 @@ fn random_integer_programs_agree_compiled_and_interpreted() {
             let s = if pick(2) == 0 {
                 elementwise(&o, binops[pick(binops.len())], &t, &z)
             } else {
-                unop(&o, Binop::Arg2, false, unops[pick(unops.len())], &t, "i->i", &b)
+                unop(
+                    &o,
+                    Binop::Arg2,
+                    false,
+                    unops[pick(unops.len())],
+                    &t,
+                    "i->i",
+                    &b,
+                )
             };
             (o, s)
         } else {
@@ -735,8 +836,8 @@ fn random_integer_programs_agree_compiled_and_interpreted() {
 /// The example program `examples/programs/integers.json`, against values computed here.
 #[test]
 fn example_integers_program() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples/programs/integers.json");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs/integers.json");
     let run = |extra: &[&str]| {
         let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
             .arg("run")

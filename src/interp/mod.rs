@@ -910,7 +910,13 @@ impl<'m> Machine<'m> {
             Llv::EmbedIndex(ix) => c.round_float(self.index(ix)? as f64),
             Llv::Get(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                c.round_float(self.mem.values_mut(tn)?[off])
+                let x = self.mem.values_mut(tn)?[off];
+                match (self.mem.ints.get(tn), c) {
+                    // An exact integer converted once (as C converts it), not through f64.
+                    (Some(v), Compute::F32) => tn.prec().wrap_int(v[off]) as f32 as f64,
+                    (Some(v), _) => tn.prec().wrap_int(v[off]) as f64,
+                    (None, _) => c.round_float(x),
+                }
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
