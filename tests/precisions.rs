@@ -777,7 +777,7 @@ fn random_integer_programs_agree_compiled_and_interpreted() {
                 _ => i128::from(r as i64),
             }
         };
-        let mut mk = |name: &str, pick: &mut dyn FnMut(usize) -> usize| {
+        let mk = |name: &str, pick: &mut dyn FnMut(usize) -> usize| {
             let p = precs[pick(precs.len())];
             let vals: Vec<i128> = (0..8)
                 .map(|_| {
