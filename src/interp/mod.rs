@@ -213,6 +213,27 @@ impl Memory {
         }
     }
 
+    /// Sets all values of an integer node exactly (each wrapped into the precision); an error
+    /// for a floating node or a wrong number of values.
+    pub fn set_int(&mut self, tn: &Tnode, values: &[i128]) -> Result<()> {
+        let p = tn.prec();
+        if !p.is_integer() {
+            return Err(Error::PrecisionMismatch {
+                expected: "an integer precision".into(),
+                actual: p.name().to_string(),
+            });
+        }
+        let bits: Vec<u64> = values
+            .iter()
+            .map(|&v| p.wrap_int(v as u64) as u64)
+            .collect();
+        let f: Vec<f64> = bits.iter().map(|&b| p.wrap_int(b) as f64).collect();
+        check_len(tn, &f, "interpreter memory")?;
+        self.nodes.insert(tn.clone(), f);
+        self.ints.insert(tn.clone(), bits);
+        Ok(())
+    }
+
     /// Loads a node's exact integer values from its host array, if it is an integer node.
     fn load_host_ints(&mut self, tn: &Tnode) {
         self.ints.remove(tn);

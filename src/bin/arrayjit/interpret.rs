@@ -232,6 +232,17 @@ impl Sim<'_> {
                 ),
             });
         }
+        if merge == MergeDecl::No && tn.prec().is_integer() {
+            // Exact, an int64 above 2^53 included.
+            let ints = self.devices[from]
+                .mem
+                .get_int(tn)
+                .unwrap_or_else(|| vec![0; tn.numel()]);
+            return self.devices[to]
+                .mem
+                .set_int(tn, &ints)
+                .map_err(|e| e.to_string());
+        }
         let values = self.values(from, tn).map_err(|e| e.to_string())?;
         match merge {
             MergeDecl::No => self.devices[to]
