@@ -234,12 +234,16 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if reads_c(x) || reads_c(y) {
         return None;
     }
-    // Operands of another precision (integers, narrow floats) are left to the scalar code.
+    // Operands of the precisions of SPEC 9.1 (wide integers, bfloat16, fp8) are left to the
+    // scalar code: the packing converts only bytes, halves, singles and doubles.
     let other_prec = |v: &Llv| {
         let mut hit = false;
         visit_value(v, &mut |v| {
             if let Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) = v {
-                hit |= t.prec() != c.prec();
+                hit |= !matches!(
+                    t.prec(),
+                    Prec::Byte | Prec::Half | Prec::Single | Prec::Double
+                );
             }
         });
         hit
