@@ -516,6 +516,13 @@ fn floating_only_ops_reject_bitwise_operations_before_running() {
         "unknown precision \"int8\" (known: byte, uint16, int32, uint32, int64, uint64, fp8, \
          half, bfloat16, single, double)"
     );
+    // Unknown operation names too.
+    let e = Binop::parse("bitand").unwrap_err().to_string();
+    assert!(
+        e.starts_with("unknown operation \"bitand\" (known: add, sub,") && e.contains("bit_and"),
+        "{e}"
+    );
+    assert_eq!(Unop::parse("sigmoid").unwrap(), Unop::Sigmoid);
     // Typed host access checks the element type.
     let h = Tnode::hosted(&["h"], &[2], Prec::Int64).unwrap();
     h.with_host(|a| {

@@ -638,6 +638,14 @@ impl Binop {
         Binop::ALL.into_iter().find(|op| op.name() == s)
     }
 
+    /// Parses a name, or [`crate::Error::UnknownOp`] listing the known binary operations.
+    pub fn parse(s: &str) -> crate::error::Result<Binop> {
+        Binop::from_name(s).ok_or_else(|| crate::error::Error::UnknownOp {
+            name: s.to_string(),
+            known: Binop::ALL.map(Binop::name).join(", "),
+        })
+    }
+
     /// The neutral element as an accumulator: 0 for add/sub, 1 for mul/div/pow, -inf for max,
     /// +inf for min, 0 otherwise.
     pub fn neutral(self) -> f64 {
@@ -882,6 +890,14 @@ impl Unop {
     /// Looks an operation up by its snake_case name.
     pub fn from_name(s: &str) -> Option<Unop> {
         Unop::ALL.into_iter().find(|op| op.name() == s)
+    }
+
+    /// Parses a name, or [`crate::Error::UnknownOp`] listing the known unary operations.
+    pub fn parse(s: &str) -> crate::error::Result<Unop> {
+        Unop::from_name(s).ok_or_else(|| crate::error::Error::UnknownOp {
+            name: s.to_string(),
+            known: Unop::ALL.map(Unop::name).join(", "),
+        })
     }
 
     /// Applies the operation in `f64`.
