@@ -166,6 +166,159 @@ static inline double aj_min_d(double a, double b) {
    takes the lane indices as an integer vector of the same shape (M, one of the aj_mask_*
    types below). On GCC, AJ_NO_SHUFFLEVECTOR forces the second spelling (tests use it; Clang
    has only the first). */
+/* ---- Integer and narrow-float precisions (SPEC 9.1). ----
+ * bfloat16 and fp8 (E5M2) arrays hold bit patterns, converted by integer code only. Integer
+ * statements compute in uint64_t (wrapping: never signed-overflow UB); `_s` helpers give
+ * the signed (int64) meaning of a 64-bit pattern, `_u` the unsigned one. */
+typedef uint16_t aj_bf16;
+typedef uint8_t aj_fp8;
+
+static inline float aj_bf2f(aj_bf16 b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* binary32 -> bfloat16, to nearest, ties to even (overflow rounds to inf; NaN stays NaN). */
+static inline aj_bf16 aj_f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (aj_bf16)((u >> 16) | 0x40u);
+  return (aj_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* fp8 E5M2 is the top byte of a half: widening is exact. */
+static inline float aj_fp82f(aj_fp8 b) { return aj_h2f((aj_half)((uint16_t)b << 8)); }
+
+/* binary32 -> fp8 E5M2, to nearest, ties to even, directly from the float (no rounding
+ * through half). Values >= 61440 in magnitude round to inf; NaN stays NaN. */
+static inline aj_fp8 aj_f2fp8(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  uint32_t sign = (u >> 24) & 0x80u;
+  uint32_t a = u & 0x7fffffffu;
+  uint32_t m;
+  if (a > 0x7f800000u) {
+    m = 0x7eu;
+  } else if (a >= 0x47700000u) {
+    m = 0x7cu;
+  } else if (a >= 0x38800000u) {
+    uint32_t x = a - ((uint32_t)(127 - 15) << 23);
+    uint32_t q = x >> 21, r = x & 0x1fffffu;
+    m = q + (uint32_t)(r > 0x100000u || (r == 0x100000u && (q & 1u)));
+  } else {
+    int32_t e = (int32_t)(a >> 23) - 127;
+    int32_t s = 7 - e;
+    if (a < 0x00800000u || s > 31) {
+      m = 0;
+    } else {
+      uint32_t mm = (a & 0x7fffffu) | 0x800000u;
+      uint32_t q = mm >> s, r = mm & ((1u << s) - 1u), half = 1u << (s - 1);
+      m = q + (uint32_t)(r > half || (r == half && (q & 1u)));
+    }
+  }
+  return (aj_fp8)(sign | m);
+}
+
+/* A floating value stored into an integer: truncated toward zero, wrapped modulo 2^64 (fmod
+ * is exact); NaN and infinities give 0. Never an out-of-range conversion. */
+static inline uint64_t aj_d2u64(double x) {
+  if (!(x == x) || x == INFINITY || x == -INFINITY) return 0;
+  double r = trunc(fmod(x, 18446744073709551616.0));
+  if (r < 0) {
+    double p = -r; /* < 2^64 */
+    return UINT64_C(0) - (p >= 9223372036854775808.0
+                              ? (uint64_t)(p - 9223372036854775808.0) + (UINT64_C(1) << 63)
+                              : (uint64_t)p);
+  }
+  return r >= 9223372036854775808.0
+             ? (uint64_t)(r - 9223372036854775808.0) + (UINT64_C(1) << 63)
+             : (uint64_t)r;
+}
+
+/* The value of a 64-bit pattern as a double: signed (int64) or unsigned. */
+static inline double aj_i2d_s(uint64_t a) {
+  return (a >> 63) ? -(double)(UINT64_C(0) - a) : (double)a;
+}
+static inline double aj_i2d_u(uint64_t a) { return (double)a; }
+static inline float aj_i2f_s(uint64_t a) {
+  return (a >> 63) ? -(float)(UINT64_C(0) - a) : (float)a;
+}
+
+#define AJ_SB (UINT64_C(1) << 63)
+static inline uint64_t aj_lt_s(uint64_t a, uint64_t b) { return (uint64_t)((a ^ AJ_SB) < (b ^ AJ_SB)); }
+static inline uint64_t aj_lt_u(uint64_t a, uint64_t b) { return (uint64_t)(a < b); }
+static inline uint64_t aj_le_s(uint64_t a, uint64_t b) { return (uint64_t)((a ^ AJ_SB) <= (b ^ AJ_SB)); }
+static inline uint64_t aj_le_u(uint64_t a, uint64_t b) { return (uint64_t)(a <= b); }
+static inline uint64_t aj_imax_s(uint64_t a, uint64_t b) { return aj_lt_s(a, b) ? b : a; }
+static inline uint64_t aj_imax_u(uint64_t a, uint64_t b) { return a < b ? b : a; }
+static inline uint64_t aj_imin_s(uint64_t a, uint64_t b) { return aj_lt_s(b, a) ? b : a; }
+static inline uint64_t aj_imin_u(uint64_t a, uint64_t b) { return b < a ? b : a; }
+static inline uint64_t aj_igate_s(uint64_t a, uint64_t b) { return aj_lt_s(0, a) ? b : 0; }
+static inline uint64_t aj_igate_u(uint64_t a, uint64_t b) { return a != 0 ? b : 0; }
+static inline uint64_t aj_irelu_s(uint64_t a) { return aj_lt_s(0, a) ? a : 0; }
+static inline uint64_t aj_irelu_u(uint64_t a) { return a; }
+static inline uint64_t aj_ipos_s(uint64_t a) { return aj_lt_s(0, a); }
+static inline uint64_t aj_ipos_u(uint64_t a) { return (uint64_t)(a != 0); }
+static inline uint64_t aj_iabs_s(uint64_t a) { return (a >> 63) ? UINT64_C(0) - a : a; }
+static inline uint64_t aj_iabs_u(uint64_t a) { return a; }
+static inline uint64_t aj_izero(uint64_t a, uint64_t b) { (void)a; (void)b; return 0; }
+static inline float aj_izero_f(float a, float b) { (void)a; (void)b; return 0.0f; }
+static inline double aj_izero_d(double a, double b) { (void)a; (void)b; return 0.0; }
+
+/* Division truncates toward zero; x / 0 = 0; the most negative value / -1 wraps to itself. */
+static inline uint64_t aj_div_s(uint64_t a, uint64_t b) {
+  if (b == 0) return 0;
+  if (b == UINT64_MAX) return UINT64_C(0) - a;
+  /* |a| and |b| as unsigned; the quotient of magnitudes, then the sign. */
+  uint64_t ma = (a >> 63) ? UINT64_C(0) - a : a, mb = (b >> 63) ? UINT64_C(0) - b : b;
+  uint64_t q = ma / mb;
+  return ((a ^ b) >> 63) ? UINT64_C(0) - q : q;
+}
+static inline uint64_t aj_div_u(uint64_t a, uint64_t b) { return b == 0 ? 0 : a / b; }
+/* C's %: the sign of the dividend; x % 0 = 0. */
+static inline uint64_t aj_mod_s(uint64_t a, uint64_t b) {
+  if (b == 0) return 0;
+  uint64_t ma = (a >> 63) ? UINT64_C(0) - a : a, mb = (b >> 63) ? UINT64_C(0) - b : b;
+  uint64_t r = ma % mb;
+  return (a >> 63) ? UINT64_C(0) - r : r;
+}
+static inline uint64_t aj_mod_u(uint64_t a, uint64_t b) { return b == 0 ? 0 : a % b; }
+/* Exact wrapped power for a non-negative exponent; a negative one truncates the real result
+ * (0, except for bases 1 and -1). */
+static inline uint64_t aj_pow_u(uint64_t a, uint64_t e) {
+  uint64_t r = 1;
+  while (e) {
+    if (e & 1u) r *= a;
+    a *= a;
+    e >>= 1;
+  }
+  return r;
+}
+static inline uint64_t aj_pow_s(uint64_t a, uint64_t e) {
+  if (e >> 63) return a == 1 ? 1 : a == UINT64_MAX ? ((e & 1u) ? UINT64_MAX : 1) : 0;
+  return aj_pow_u(a, e);
+}
+/* Shifts: the count is taken modulo the result's width w (a power of two <= 64). */
+static inline uint64_t aj_shl(uint64_t a, uint64_t b, unsigned w) { return a << (b & (w - 1u)); }
+static inline uint64_t aj_shr_u(uint64_t a, uint64_t b, unsigned w) {
+  uint64_t mask = w == 64 ? UINT64_MAX : ((UINT64_C(1) << w) - 1u);
+  return (a & mask) >> (b & (w - 1u));
+}
+/* Arithmetic: sign-extend from w bits, then shift in the complement (no signed shift). */
+static inline uint64_t aj_shr_s(uint64_t a, uint64_t b, unsigned w) {
+  unsigned k = (unsigned)(b & (w - 1u));
+  uint64_t sbit = UINT64_C(1) << (w - 1u);
+  uint64_t x = w == 64 ? a : (((a & ((sbit << 1) - 1u)) ^ sbit) - sbit);
+  return (x >> 63) ? ~(~x >> k) : x >> k;
+}
+
+static inline float aj_sgate_f(float a, float b) { return (a > 0.0f && a < 1.0f) ? b : 0.0f; }
+static inline double aj_sgate_d(double a, double b) { return (a > 0.0 && a < 1.0) ? b : 0.0; }
+static inline float aj_sigmoid_f(float a) { return 1.0f / (1.0f + expf(-a)); }
+static inline double aj_sigmoid_d(double a) { return 1.0 / (1.0 + exp(-a)); }
+
 #if defined(__clang__) || (!defined(AJ_NO_SHUFFLEVECTOR) && __GNUC__ >= 12)
 #define AJ_SHUFFLE(T, M, a, b, ...) ((T)__builtin_shufflevector((a), (b), __VA_ARGS__))
 #else

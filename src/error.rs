@@ -207,6 +207,41 @@ pub enum Error {
         /// The size of the buffer that is too small.
         size: usize,
     },
+    /// A precision name that is not one of the known ones.
+    #[error("unknown precision {name:?} (known: {known})")]
+    UnknownPrecision {
+        /// The name as written.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
+    /// An operation name that is not one of the known ones.
+    #[error("unknown operation {name:?} (known: {known})")]
+    UnknownOp {
+        /// The name as written.
+        name: String,
+        /// The known names, comma-separated.
+        known: String,
+    },
+    /// A bitwise or shift operation on a floating result or argument (SPEC 9.2: integer
+    /// precisions only).
+    #[error("operation {op} needs integer precisions, but tensor {tensor} is {prec}")]
+    IntegerOnlyOp {
+        /// The operation.
+        op: String,
+        /// The floating tensor.
+        tensor: String,
+        /// Its precision.
+        prec: String,
+    },
+    /// Typed access to a host array of another precision.
+    #[error("host array of precision {actual} accessed as {expected}")]
+    PrecisionMismatch {
+        /// The precision the access asked for.
+        expected: String,
+        /// The array's precision.
+        actual: String,
+    },
     /// A bug in arrayjit: an invariant did not hold. Please report it.
     #[error("internal error: {0}")]
     Internal(String),

@@ -115,16 +115,53 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
 }
 
 fn fill_neutral(lhs: &Tnode, accum: Binop) -> Llc {
-    let c = accum.neutral();
-    if c == 0.0 {
+    let value = if lhs.prec().is_integer() {
+        // Integer results (SPEC 9.1): the type's minimum for max, maximum for min. Constants
+        // are f64; every neutral is exact as one, read as a 64-bit pattern, except int64's
+        // maximum, written as (-2^63) - 1 (which wraps to it in integer compute).
+        let bits = accum.int_neutral(lhs.prec());
+        if bits == i64::MAX as u64 {
+            Llv::Binop(
+                Binop::Sub,
+                Box::new(Llv::Constant(i64::MIN as f64)),
+                Box::new(Llv::Constant(1.0)),
+            )
+        } else {
+            Llv::Constant(bits as i64 as f64)
+        }
+    } else {
+        Llv::Constant(accum.neutral())
+    };
+    if value == Llv::Constant(0.0) {
         Llc::ZeroOut(lhs.clone())
     } else {
         over_all_cells(lhs, |idcs| Llc::Set {
             tn: lhs.clone(),
             idcs,
-            value: Llv::Constant(c),
+            value: value.clone(),
         })
     }
+}
+
+/// Bitwise and shift operations need integer precisions for the result and every argument
+/// (SPEC 9.2): [`Error::IntegerOnlyOp`] otherwise.
+fn check_integer_only(ops: &[Binop], lhs: &Tnode, args: &[&Buffer]) -> Result<()> {
+    let Some(op) = ops.iter().find(|o| o.is_integer_only()) else {
+        return Ok(());
+    };
+    let tensors = std::iter::once(lhs).chain(args.iter().map(|b| match b {
+        Buffer::Node(t) | Buffer::MergeBuffer(t) => t,
+    }));
+    for t in tensors {
+        if !t.prec().is_integer() {
+            return Err(Error::IntegerOnlyOp {
+                op: op.name().to_string(),
+                tensor: t.name(),
+                prec: t.prec().name().to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn accum_body(
@@ -189,6 +226,7 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             projections,
         } => {
             check_projections(lhs, &[rhs1, rhs2], projections)?;
+            check_integer_only(&[*op, *accum], lhs, &[rhs1, rhs2])?;
             let (snapshot, args) =
                 snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs1, rhs2])?;
             let p = projections.freshen();
@@ -212,6 +250,7 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             projections,
         } => {
             check_projections(lhs, &[rhs], projections)?;
+            check_integer_only(&[*accum], lhs, &[rhs])?;
             let (snapshot, args) = snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs])?;
             let p = projections.freshen();
             let v = Llv::Unop(*op, Box::new(get(&args[0], &p.project_rhs[0])));

@@ -36,6 +36,22 @@ fn unary(op: Unop, a: f64) -> f64 {
         Unop::Tanh => a.tanh(),
         Unop::Sin => a.sin(),
         Unop::Cos => a.cos(),
+        Unop::Satur01 => {
+            if a > 0.0 {
+                a.min(1.0)
+            } else {
+                0.0
+            }
+        }
+        Unop::Exp2 => 2f64.powf(a),
+        Unop::Log2 => a.ln() / std::f64::consts::LN_2,
+        Unop::Rsqrt => 1.0 / a.sqrt(),
+        Unop::Trunc => a.trunc(),
+        Unop::Floor => a.floor(),
+        Unop::Ceil => a.ceil(),
+        Unop::Abs => a.abs(),
+        Unop::Sigmoid => 1.0 / (1.0 + (-a).exp()),
+        Unop::Not => f64::from(u8::from(a == 0.0)),
     }
 }
 
@@ -74,12 +90,47 @@ fn binary(op: Binop, a: f64, b: f64) -> f64 {
                 b
             }
         }
+        Binop::Mod => a % b,
+        Binop::Lt => f64::from(u8::from(a < b)),
+        Binop::Le => f64::from(u8::from(a <= b)),
+        Binop::Gt => f64::from(u8::from(a > b)),
+        Binop::Ge => f64::from(u8::from(a >= b)),
+        Binop::Eq => f64::from(u8::from(a == b)),
+        Binop::Ne => f64::from(u8::from(a != b)),
+        Binop::And => f64::from(u8::from(a != 0.0 && b != 0.0)),
+        Binop::Or => f64::from(u8::from(a != 0.0 || b != 0.0)),
+        Binop::Satur01Gate => {
+            if 0.0 < a && a < 1.0 {
+                b
+            } else {
+                0.0
+            }
+        }
+        // Integer-only: bytes (the only integer precision of this test).
+        Binop::BitAnd => f64::from(a as u8 & b as u8),
+        Binop::BitOr => f64::from(a as u8 | b as u8),
+        Binop::BitXor => f64::from(a as u8 ^ b as u8),
+        Binop::Shl => f64::from((a as u8) << (b as u8 % 8)),
+        Binop::Shr => f64::from((a as u8) >> (b as u8 % 8)),
+    }
+}
+
+/// Byte arguments compute in integer arithmetic (SPEC 9.1): the power is exact, wrapped.
+fn binary_in(prec: Prec, op: Binop, a: f64, b: f64) -> f64 {
+    match (prec, op) {
+        (Prec::Byte, Binop::ToPowOf) => f64::from((a as u8).wrapping_pow(b as u32)),
+        (Prec::Byte, Binop::Div) if b == 0.0 => 0.0,
+        _ => binary(op, a, b),
     }
 }
 
 #[test]
 fn every_operation_in_every_precision() {
-    for prec in Prec::ALL {
+    // (The wider integer precisions have their own tests in tests/precisions.rs.)
+    for prec in Prec::ALL
+        .into_iter()
+        .filter(|p| *p == Prec::Byte || !p.is_integer())
+    {
         let (va, vb) = inputs(prec);
         let b = Bindings::empty();
         let a_t = input("a", &[2, 4], prec, &va);
@@ -96,6 +147,9 @@ fn every_operation_in_every_precision() {
             checks.push((op.name().to_string(), out, want));
         }
         for op in Binop::ALL {
+            if op.is_integer_only() && !prec.is_integer() {
+                continue;
+            }
             let out = output(&format!("b_{}", op.name()), &[2, 4], prec);
             asgns.push(binop(
                 &out,
@@ -110,7 +164,7 @@ fn every_operation_in_every_precision() {
             let want = va
                 .iter()
                 .zip(&vb)
-                .map(|(&x, &y)| round_to(prec, binary(op, x, y)))
+                .map(|(&x, &y)| round_to(prec, binary_in(prec, op, x, y)))
                 .collect();
             checks.push((op.name().to_string(), out, want));
         }
@@ -169,7 +223,10 @@ fn integer_powers_are_unrolled_and_correct() {
 
 #[test]
 fn reductions_with_every_accumulator() {
-    for prec in Prec::ALL {
+    for prec in Prec::ALL
+        .into_iter()
+        .filter(|p| *p == Prec::Byte || !p.is_integer())
+    {
         let b = Bindings::empty();
         let vals: Vec<f64> = match prec {
             Prec::Byte => vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12.],
@@ -187,7 +244,10 @@ fn reductions_with_every_accumulator() {
                     let start = match acc {
                         Binop::Add | Binop::Sub => 0.0,
                         Binop::Mul => 1.0,
+                        // Integer results (SPEC 9.1): the type's minimum / maximum.
+                        Binop::Max if prec == Prec::Byte => 0.0,
                         Binop::Max => f64::NEG_INFINITY,
+                        _ if prec == Prec::Byte => 255.0,
                         _ => f64::INFINITY,
                     };
                     // Accumulate as generated code does: store (round) after each step.
@@ -317,11 +377,19 @@ fn no_operation_template_repeats_an_operand() {
         .iter()
         .flat_map(|op| {
             let i = op.info();
-            [(op.name(), i.c_float), (op.name(), i.c_double)]
+            [
+                (op.name(), i.c_float),
+                (op.name(), i.c_double),
+                (op.name(), i.c_int),
+            ]
         })
         .chain(Unop::ALL.iter().flat_map(|op| {
             let i = op.info();
-            [(op.name(), i.c_float), (op.name(), i.c_double)]
+            [
+                (op.name(), i.c_float),
+                (op.name(), i.c_double),
+                (op.name(), i.c_int),
+            ]
         }));
     for (name, t) in templates {
         assert!(t.matches("$a").count() <= 1, "{name}: {t}");

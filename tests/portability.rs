@@ -160,7 +160,7 @@ fn byte_arithmetic_wraps_modulo_256() {
         unop(&fb, Binop::Arg2, false, Unop::Identity, &f, "i->i", &b),
     ]);
     let (got, src) = compute(&asg, &b, &[&sum, &diff, &fb]);
-    assert!(src.contains("aj_to_byte("), "{src}");
+    assert!(src.contains("aj_d2u64("), "{src}");
     assert_eq!(got[0], vec![44., 0., 1., 20.]);
     assert_eq!(got[1], vec![156., 2., 1., 242.]);
     // Truncated toward zero, then wrapped; NaN and infinities store 0. 2^53 + 1 is the

@@ -646,6 +646,15 @@ impl MpiBackend {
 /// buffer. One collective instead of one per tensor: its latency, not the bytes, is what a
 /// step of a small model pays for.
 fn reduce_fused(jobs: &[(Prec, usize, String, Vec<BufferPtr>)]) -> Result<()> {
+    if let Some((prec, _, name, _)) = jobs
+        .iter()
+        .find(|j| !matches!(j.0, Prec::Byte | Prec::Half | Prec::Single | Prec::Double))
+    {
+        return Err(Error::Usage(format!(
+            "the all_reduce of {name}: precision {prec} is not supported (only byte, half, \
+             single and double)"
+        )));
+    }
     let world = SimpleCommunicator::world();
     // Bytes, then singles and halves (summed in f32), then doubles.
     for kind in [Prec::Byte, Prec::Single, Prec::Double] {
@@ -727,6 +736,12 @@ fn reduce_here(
     bufs: &[BufferPtr],
     scratch: &Mutex<Scratch>,
 ) -> Result<()> {
+    if !matches!(prec, Prec::Byte | Prec::Half | Prec::Single | Prec::Double) {
+        return Err(Error::Usage(format!(
+            "the all_reduce of {name}: precision {prec} is not supported (only byte, half, \
+             single and double)"
+        )));
+    }
     let world = SimpleCommunicator::world();
     let mut s = scratch.lock().unwrap_or_else(|p| p.into_inner());
     let what = format!("the all_reduce of {name}");
@@ -748,9 +763,8 @@ fn reduce_here(
                 return match prec {
                     Prec::Byte => all_reduce_in_place(&world, elems_mut::<u8>(buf, n), sentinel),
                     Prec::Single => all_reduce_in_place(&world, elems_mut::<f32>(buf, n), sentinel),
-                    Prec::Double | Prec::Half => {
-                        all_reduce_in_place(&world, elems_mut::<f64>(buf, n), sentinel)
-                    }
+                    // double (half never gets here); other precisions were refused above
+                    _ => all_reduce_in_place(&world, elems_mut::<f64>(buf, n), sentinel),
                 };
             }
             match prec {
@@ -764,7 +778,7 @@ fn reduce_here(
                     all_reduce_chunks(&world, elems::<f32>(buf, n), recv);
                     store_slice(recv, buf);
                 }
-                Prec::Double | Prec::Half => {
+                _ => {
                     let recv = grown(&mut s.f64s, n, &what)?;
                     all_reduce_chunks(&world, elems::<f64>(buf, n), recv);
                     store_slice(recv, buf);

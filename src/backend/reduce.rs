@@ -67,6 +67,12 @@ impl Acc {
             Prec::Byte => Acc::U8(alloc(n, what)?),
             Prec::Half | Prec::Single => Acc::F32(alloc(n, what)?),
             Prec::Double => Acc::F64(alloc(n, what)?),
+            p => {
+                return Err(Error::Usage(format!(
+                    "all-reduce of {what}: precision {p} is not supported (only byte, half, \
+                     single and double)"
+                )))
+            }
         })
     }
 

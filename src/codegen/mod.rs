@@ -45,7 +45,7 @@ pub use names::{sanitize_comment, sanitize_ident};
 pub use vector::Dialect;
 
 use crate::error::Result;
-use crate::ir::{AxisIndex, Bindings, MemoryMode, Prec, StaticSymbol, Tnode};
+use crate::ir::{AxisIndex, Bindings, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Tnode};
 use crate::loops::{Llc, Llv, VType, Vlv};
 use crate::optimize::Optimized;
 use crate::target::VectorTarget;
@@ -340,13 +340,48 @@ fn float_literal(c: f64, in_float: bool) -> String {
     }
 }
 
-/// The C expression storing `e` (computed in the precision's compute type) into an element
-/// of precision `prec`.
-fn store(prec: Prec, e: String) -> String {
+/// The C expression storing `e` (computed in compute type `compute`) into an element of
+/// precision `prec`.
+fn store(prec: Prec, compute: Compute, e: String) -> String {
     match prec {
-        Prec::Byte => format!("aj_to_byte({e})"),
+        p if p.is_integer() => {
+            if compute.is_integer() {
+                format!("({})({e})", p.c_type())
+            } else {
+                format!("({})aj_d2u64({e})", p.c_type())
+            }
+        }
         Prec::Half => format!("aj_f2h({e})"),
-        Prec::Single | Prec::Double => e,
+        Prec::Bfloat16 => format!("aj_f2bf({e})"),
+        Prec::Fp8 => format!("aj_f2fp8({e})"),
+        _ => e,
+    }
+}
+
+/// The compute type of a statement and, for integer compute, how it reads patterns.
+#[derive(Clone, Copy, Debug)]
+struct Cm {
+    compute: Compute,
+    ictx: IntCtx,
+}
+
+impl Cm {
+    /// The compute type of a statement storing `value` into precision `result`.
+    fn of(result: Prec, value: &Llv) -> Cm {
+        let compute = crate::loops::statement_compute(result, value);
+        Cm {
+            compute,
+            ictx: IntCtx::new(result, compute),
+        }
+    }
+
+    /// Plain float or double compute.
+    fn float(in_float: bool) -> Cm {
+        let compute = if in_float { Compute::F32 } else { Compute::F64 };
+        Cm {
+            compute,
+            ictx: IntCtx::new(Prec::Double, compute),
+        }
     }
 }
 
@@ -388,18 +423,34 @@ impl Writer {
         terms.join(" + ")
     }
 
-    /// Converts `e`, of C type `from_c_type`, to the compute type (`float` or `double`).
-    /// Halves are widened exactly by `aj_h2f`.
-    fn convert(from_c_type: &str, in_float: bool, e: String) -> String {
-        let ct = if in_float { "float" } else { "double" };
+    /// Converts `e`, of C type `from_c_type`, to the compute type. Narrow floats (half,
+    /// bfloat16, fp8) are widened exactly by integer code; integers become 64-bit patterns
+    /// (sign-extended) in integer compute.
+    fn convert(from_c_type: &str, cm: Cm, e: String) -> String {
+        let ct = cm.compute.c_type();
         if from_c_type == ct {
-            e
-        } else if from_c_type == Prec::Half.c_type() {
-            if in_float {
-                format!("aj_h2f({e})")
+            return e;
+        }
+        if cm.compute.is_integer() {
+            return if from_c_type == "double" || from_c_type == "float" {
+                format!("aj_d2u64({e})")
             } else {
-                format!("(double)aj_h2f({e})")
+                format!("(uint64_t)({e})")
+            };
+        }
+        let widen = |f: &str| {
+            if ct == "float" {
+                format!("{f}({e})")
+            } else {
+                format!("(double){f}({e})")
             }
+        };
+        if from_c_type == Prec::Half.c_type() {
+            widen("aj_h2f")
+        } else if from_c_type == Prec::Bfloat16.c_type() {
+            widen("aj_bf2f")
+        } else if from_c_type == Prec::Fp8.c_type() {
+            widen("aj_fp82f")
         } else {
             format!("({ct}){e}")
         }
@@ -410,29 +461,37 @@ impl Writer {
     fn expr(
         &mut self,
         v: &Llv,
-        in_float: bool,
+        cm: Cm,
         pre: &mut String,
         indent: usize,
         done: &mut HashSet<u32>,
     ) -> String {
         match v {
-            Llv::Constant(c) => float_literal(*c, in_float),
+            Llv::Constant(c) if cm.compute.is_integer() => {
+                format!("UINT64_C({})", crate::ir::prec::int_bits_of_f64(*c))
+            }
+            Llv::Constant(c) => float_literal(*c, cm.compute == Compute::F32),
             Llv::Get(tn, idcs) => {
                 self.check_access(tn, idcs, 1);
                 let off = self.offset(tn, idcs);
                 let n = self.names.node(tn);
-                Self::convert(tn.prec().c_type(), in_float, format!("{n}[{off}]"))
+                Self::convert(tn.prec().c_type(), cm, format!("{n}[{off}]"))
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 self.check_access(tn, idcs, 1);
                 let off = self.offset(tn, idcs);
-                Self::convert(tn.prec().c_type(), in_float, format!("merge_buffer[{off}]"))
+                Self::convert(tn.prec().c_type(), cm, format!("merge_buffer[{off}]"))
             }
-            Llv::GetCFunction(f) => Self::convert("double", in_float, format!("{f}()")),
-            Llv::EmbedIndex(AxisIndex::Fixed(i)) => float_literal(*i as f64, in_float),
+            Llv::GetCFunction(f) => Self::convert("double", cm, format!("{f}()")),
+            Llv::EmbedIndex(AxisIndex::Fixed(i)) if cm.compute.is_integer() => {
+                format!("UINT64_C({i})")
+            }
+            Llv::EmbedIndex(AxisIndex::Fixed(i)) => {
+                float_literal(*i as f64, cm.compute == Compute::F32)
+            }
             Llv::EmbedIndex(AxisIndex::Iterator(s)) => {
                 let n = self.names.symbol(*s);
-                Self::convert("int64_t", in_float, n)
+                Self::convert("int64_t", cm, n)
             }
             Llv::EmbedIndex(AxisIndex::Linear(l)) => {
                 let mut terms: Vec<String> = l
@@ -441,11 +500,11 @@ impl Writer {
                     .map(|&(s, c)| format!("{} * {c}", self.names.symbol(s)))
                     .collect();
                 terms.push(l.offset.to_string());
-                Self::convert("int64_t", in_float, format!("({})", terms.join(" + ")))
+                Self::convert("int64_t", cm, format!("({})", terms.join(" + ")))
             }
             Llv::GetLocal(id) => {
                 let n = self.names.scope(id);
-                Self::convert(id.tn.prec().c_type(), in_float, n)
+                Self::convert(id.tn.prec().c_type(), cm, n)
             }
             Llv::LocalScope { id, body, .. } => {
                 let n = self.names.scope(id);
@@ -461,16 +520,24 @@ impl Writer {
                     self.stmt(body, indent, &mut body_text);
                     pre.push_str(&body_text);
                 }
-                Self::convert(id.tn.prec().c_type(), in_float, n)
+                Self::convert(id.tn.prec().c_type(), cm, n)
             }
             Llv::Binop(op, a, b) => {
-                let a = self.expr(a, in_float, pre, indent, done);
-                let b = self.expr(b, in_float, pre, indent, done);
-                op.c_expr(in_float, &a, &b)
+                let a = self.expr(a, cm, pre, indent, done);
+                let b = self.expr(b, cm, pre, indent, done);
+                if cm.compute.is_integer() {
+                    op.c_expr_int(cm.ictx, &a, &b)
+                } else {
+                    op.c_expr(cm.compute == Compute::F32, &a, &b)
+                }
             }
             Llv::Unop(op, a) => {
-                let a = self.expr(a, in_float, pre, indent, done);
-                op.c_expr(in_float, &a)
+                let a = self.expr(a, cm, pre, indent, done);
+                if cm.compute.is_integer() {
+                    op.c_expr_int(cm.ictx, &a)
+                } else {
+                    op.c_expr(cm.compute == Compute::F32, &a)
+                }
             }
         }
     }
@@ -505,18 +572,13 @@ impl Writer {
             Llc::Set { tn, idcs, value } => {
                 let saved = std::mem::take(&mut self.checks);
                 let mut pre = String::new();
-                let e = self.expr(
-                    value,
-                    tn.prec().computes_in_float(),
-                    &mut pre,
-                    indent,
-                    &mut HashSet::new(),
-                );
+                let cm = Cm::of(tn.prec(), value);
+                let e = self.expr(value, cm, &mut pre, indent, &mut HashSet::new());
                 self.check_access(tn, idcs, 1);
                 let checks = std::mem::replace(&mut self.checks, saved);
                 let off = self.offset(tn, idcs);
                 let n = self.names.node(tn);
-                let line = format!("{n}[{off}] = {};", store(tn.prec(), e));
+                let line = format!("{n}[{off}] = {};", store(tn.prec(), cm.compute, e));
                 self.emit_checked(out, &pad, &pre, &checks, &line);
                 if self.trace_dir.is_some() {
                     let line = self.trace_line(tn, idcs, &n, &off);
@@ -526,16 +588,11 @@ impl Writer {
             Llc::SetLocal(id, value) => {
                 let saved = std::mem::take(&mut self.checks);
                 let mut pre = String::new();
-                let e = self.expr(
-                    value,
-                    id.tn.prec().computes_in_float(),
-                    &mut pre,
-                    indent,
-                    &mut HashSet::new(),
-                );
+                let cm = Cm::of(id.tn.prec(), value);
+                let e = self.expr(value, cm, &mut pre, indent, &mut HashSet::new());
                 let checks = std::mem::replace(&mut self.checks, saved);
                 let n = self.names.scope(id);
-                let line = format!("{n} = {};", store(id.tn.prec(), e));
+                let line = format!("{n} = {};", store(id.tn.prec(), cm.compute, e));
                 self.emit_checked(out, &pad, &pre, &checks, &line);
             }
             Llc::VSet(r, v) => {
@@ -577,7 +634,11 @@ impl Writer {
             args.push(format!("(long long)({})", self.axis_expr(ix)));
         }
         fmt.push_str("] = %.9g\\n");
-        let value = Self::convert(tn.prec().c_type(), false, format!("{name}[{off}]"));
+        let value = Self::convert(
+            tn.prec().c_type(),
+            Cm::float(false),
+            format!("{name}[{off}]"),
+        );
         args.push(value);
         format!("aj_trace_printf(&aj_log, \"{fmt}\", {});", args.join(", "))
     }
@@ -712,8 +773,8 @@ impl Writer {
             Vlv::Reg(r) => self.names.vreg(r.id),
             Vlv::Zero(t) => self.dialect.zero(*t),
             Vlv::Splat(t, x) => {
-                let in_float = t.prec.computes_in_float();
-                let x = self.expr(x, in_float, pre, indent, &mut HashSet::new());
+                let cm = Cm::float(t.prec.computes_in_float());
+                let x = self.expr(x, cm, pre, indent, &mut HashSet::new());
                 self.dialect.splat(*t, &x)
             }
             Vlv::Load(t, tn, idcs) => {

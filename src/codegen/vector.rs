@@ -47,7 +47,7 @@ impl Dialect {
         let single = match t.prec {
             Prec::Single => true,
             Prec::Double => false,
-            Prec::Half | Prec::Byte => return None,
+            _ => return None,
         };
         let bytes = t.lanes * if single { 4 } else { 8 };
         let fma = self.target.fma;
@@ -272,8 +272,7 @@ fn generic_name(t: VType) -> String {
     let e = match t.prec {
         Prec::Double => "d",
         Prec::Single => "f",
-        Prec::Half => "h",
-        Prec::Byte => "b",
+        p => p.name(),
     };
     format!("aj_v{}{e}", t.lanes)
 }

@@ -102,7 +102,10 @@
 
 use crate::error::{Error, Result};
 use crate::ir::ndarray::{checked_numel, try_filled};
-use crate::ir::{Assignments, AxisIndex, MemoryMode, Prec, StaticSymbol, Symbol, Tnode};
+use crate::ir::prec::int_bits_of_f64;
+use crate::ir::{
+    Assignments, AxisIndex, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Symbol, Tnode,
+};
 use crate::loops::{Llc, Llv, Vlv};
 use crate::lower;
 use crate::optimize::Optimized;
@@ -124,6 +127,9 @@ pub const DEFAULT_ROUTINE_NAME: &str = "interpreted routine";
 #[derive(Clone, Default)]
 pub struct Memory {
     nodes: HashMap<Tnode, Vec<f64>>,
+    /// Exact 64-bit patterns of integer nodes whose values may not all be exact as `f64`
+    /// (authoritative when present; `nodes` then holds the same values rounded).
+    ints: HashMap<Tnode, Vec<u64>>,
     merge: Option<(Tnode, Vec<f64>)>,
     functions: HashMap<String, ImportedFn>,
 }
@@ -186,8 +192,60 @@ impl Memory {
         for v in &mut values {
             *v = p.round(*v);
         }
+        self.ints.remove(tn);
         self.nodes.insert(tn.clone(), values);
         Ok(())
+    }
+
+    /// The exact values of an integer node (an `int64` or `uint64` beyond 2^53 included), if
+    /// the memory holds it.
+    pub fn get_int(&self, tn: &Tnode) -> Option<Vec<i128>> {
+        let p = tn.prec();
+        if !p.is_integer() {
+            return None;
+        }
+        match self.ints.get(tn) {
+            Some(v) => Some(v.iter().map(|&b| p.wrap_int(b)).collect()),
+            None => self
+                .nodes
+                .get(tn)
+                .map(|v| v.iter().map(|&x| p.wrap_int(int_bits_of_f64(x))).collect()),
+        }
+    }
+
+    /// Sets all values of an integer node exactly (each wrapped into the precision); an error
+    /// for a floating node or a wrong number of values.
+    pub fn set_int(&mut self, tn: &Tnode, values: &[i128]) -> Result<()> {
+        let p = tn.prec();
+        if !p.is_integer() {
+            return Err(Error::PrecisionMismatch {
+                expected: "an integer precision".into(),
+                actual: p.name().to_string(),
+            });
+        }
+        let bits: Vec<u64> = values
+            .iter()
+            .map(|&v| p.wrap_int(v as u64) as u64)
+            .collect();
+        let f: Vec<f64> = bits.iter().map(|&b| p.wrap_int(b) as f64).collect();
+        check_len(tn, &f, "interpreter memory")?;
+        self.nodes.insert(tn.clone(), f);
+        self.ints.insert(tn.clone(), bits);
+        Ok(())
+    }
+
+    /// Loads a node's exact integer values from its host array, if it is an integer node.
+    fn load_host_ints(&mut self, tn: &Tnode) {
+        self.ints.remove(tn);
+        if tn.prec().is_integer() {
+            if let Some(v) = tn.with_host(|a| {
+                (0..a.len())
+                    .map(|i| a.get_int(i).unwrap_or(0) as u64)
+                    .collect::<Vec<u64>>()
+            }) {
+                self.ints.insert(tn.clone(), v);
+            }
+        }
     }
 
     /// The values of a node, if the memory holds it.
@@ -197,6 +255,7 @@ impl Memory {
 
     /// Removes a node from the memory, returning its values.
     pub fn remove(&mut self, tn: &Tnode) -> Option<Vec<f64>> {
+        self.ints.remove(tn);
         self.nodes.remove(tn)
     }
 
@@ -247,6 +306,7 @@ impl Memory {
         for tn in nodes {
             if let Some(values) = try_host_values(tn)? {
                 self.nodes.insert(tn.clone(), values);
+                self.load_host_ints(tn);
                 n += 1;
             }
         }
@@ -263,6 +323,7 @@ impl Memory {
         for tn in nodes {
             if let Some(values) = tn.host_values() {
                 self.nodes.insert(tn.clone(), values);
+                self.load_host_ints(tn);
                 n += 1;
             }
         }
@@ -276,6 +337,13 @@ impl Memory {
         for tn in nodes {
             if let (true, Some(values)) = (tn.is_hosted(), self.nodes.get(tn)) {
                 tn.set_host_values(values)?;
+                if let Some(bits) = self.ints.get(tn) {
+                    tn.with_host_mut(|a| {
+                        for (i, &b) in bits.iter().enumerate() {
+                            a.set_int(i, i128::from(b));
+                        }
+                    });
+                }
                 n += 1;
             }
         }
@@ -324,6 +392,7 @@ pub fn run_optimized(
     for (tn, mode) in &o.nodes {
         if *mode == MemoryMode::Local {
             m.mem.nodes.insert(tn.clone(), zeroed_values(tn)?);
+            m.mem.ints.remove(tn);
         }
     }
     m.exec(&o.code)
@@ -349,6 +418,8 @@ struct Machine<'m> {
     env: HashMap<Symbol, i64>,
     statics: HashMap<Symbol, (&'m StaticSymbol, i64)>,
     locals: HashMap<u32, f64>,
+    /// Exact 64-bit patterns of integer locals.
+    int_locals: HashMap<u32, u64>,
     /// Vector variables, lane by lane (each lane rounded to the vector's precision).
     vregs: HashMap<u32, Vec<f64>>,
 }
@@ -382,6 +453,7 @@ impl<'m> Machine<'m> {
             env: HashMap::new(),
             statics: map,
             locals: HashMap::new(),
+            int_locals: HashMap::new(),
             vregs: HashMap::new(),
         })
     }
@@ -645,19 +717,39 @@ impl<'m> Machine<'m> {
             }
             Llc::ZeroOut(tn) => {
                 self.mem.values_mut(tn)?.fill(0.0);
+                self.mem.ints.remove(tn);
                 Ok(())
             }
             Llc::Set { tn, idcs, value } => {
-                let p = tn.prec();
-                let v = p.round(self.eval(value, p)?);
+                let (v, bits) = self.eval_stored(tn.prec(), value)?;
                 let off = self.offset(tn, idcs)?;
-                self.mem.values_mut(tn)?[off] = v;
+                let cells = self.mem.values_mut(tn)?;
+                cells[off] = v;
+                let derived: Option<Vec<u64>> = match (bits, self.mem.ints.contains_key(tn)) {
+                    (Some(_), false) => self
+                        .mem
+                        .nodes
+                        .get(tn)
+                        .map(|c| c.iter().map(|&x| int_bits_of_f64(x)).collect()),
+                    _ => None,
+                };
+                if let Some(d) = derived {
+                    self.mem.ints.insert(tn.clone(), d);
+                }
+                if let Some(b) = bits {
+                    if let Some(ints) = self.mem.ints.get_mut(tn) {
+                        ints[off] = b;
+                    }
+                }
                 Ok(())
             }
             Llc::SetLocal(id, value) => {
-                let p = id.tn.prec();
-                let v = p.round(self.eval(value, p)?);
+                let (v, bits) = self.eval_stored(id.tn.prec(), value)?;
                 self.locals.insert(id.id, v);
+                match bits {
+                    Some(b) => self.int_locals.insert(id.id, b),
+                    None => self.int_locals.remove(&id.id),
+                };
                 Ok(())
             }
             Llc::VSet(r, value) => {
@@ -716,7 +808,9 @@ impl<'m> Machine<'m> {
                 }
             },
             Vlv::Zero(t) => vec![0.0; t.lanes],
-            Vlv::Splat(t, x) => vec![round(self.eval(x, t.prec)?); t.lanes],
+            Vlv::Splat(t, x) => {
+                vec![round(self.eval(x, Compute::of(t.prec, []))?); t.lanes]
+            }
             Vlv::Load(t, tn, idcs) => {
                 let off = self.vector_span(tn, idcs, t.lanes, "reading")?;
                 self.mem.values_mut(tn)?[off..off + t.lanes]
@@ -752,48 +846,122 @@ impl<'m> Machine<'m> {
         })
     }
 
-    /// Evaluates a value while writing a node of precision `p`: operands are converted to
-    /// `p`'s compute type, operations are computed in `f64`.
-    fn eval(&mut self, v: &Llv, p: Prec) -> Result<f64> {
+    /// Evaluates the value of a statement writing precision `p`, in the statement's compute
+    /// type (SPEC 9.1), and rounds it to `p` as a store does.
+    /// For integer precisions, the stored 64-bit pattern comes too.
+    fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<(f64, Option<u64>)> {
+        let c = crate::loops::statement_compute(p, value);
+        let bits = if c.is_integer() {
+            self.eval_int(value, IntCtx::new(p, c))?
+        } else if p.is_integer() {
+            int_bits_of_f64(self.eval(value, c)?)
+        } else {
+            return Ok((p.round(c.round_float(self.eval(value, c)?)), None));
+        };
+        let exact = p.wrap_int(bits);
+        Ok((exact as f64, Some(exact as u64)))
+    }
+
+    /// The exact pattern of an integer local.
+    fn local_int(&self, id: &crate::loops::ScopeId) -> Result<u64> {
+        match self.int_locals.get(&id.id) {
+            Some(b) => Ok(*b),
+            None => Ok(int_bits_of_f64(self.local(id)?)),
+        }
+    }
+
+    /// The value of a local, or an error if it is read outside its scope.
+    fn local(&self, id: &crate::loops::ScopeId) -> Result<f64> {
+        match self.locals.get(&id.id) {
+            Some(v) => Ok(*v),
+            None => Err(Error::Usage(format!(
+                "routine {}: local v{} of tensor {} is read outside its scope",
+                self.routine,
+                id.id,
+                id.tn.name()
+            ))),
+        }
+    }
+
+    /// Evaluates a value in an integer compute type: 64-bit wrapping patterns.
+    fn eval_int(&mut self, v: &Llv, cx: IntCtx) -> Result<u64> {
         Ok(match v {
-            Llv::Constant(c) => p.round_compute(*c),
-            Llv::EmbedIndex(ix) => p.round_compute(self.index(ix)? as f64),
+            Llv::Constant(c) => int_bits_of_f64(*c),
+            Llv::EmbedIndex(ix) => self.index(ix)? as u64,
             Llv::Get(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                p.round_compute(self.mem.values_mut(tn)?[off])
+                let x = self.mem.values_mut(tn)?[off];
+                match self.mem.ints.get(tn) {
+                    Some(v) => v[off],
+                    None => int_bits_of_f64(x),
+                }
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                p.round_compute(self.merge_values(tn)?[off])
+                int_bits_of_f64(self.merge_values(tn)?[off])
             }
             Llv::GetCFunction(name) => {
                 let f = self.function(name)?;
-                p.round_compute(f())
+                int_bits_of_f64(f())
             }
-            Llv::GetLocal(id) => match self.locals.get(&id.id) {
-                Some(v) => p.round_compute(*v),
-                None => {
-                    return Err(Error::Usage(format!(
-                        "routine {}: local v{} of tensor {} is read outside its scope",
-                        self.routine,
-                        id.id,
-                        id.tn.name()
-                    )))
-                }
-            },
+            Llv::GetLocal(id) => self.local_int(id)?,
             Llv::LocalScope { id, body, .. } => {
                 self.locals.insert(id.id, 0.0);
+                self.int_locals.remove(&id.id);
                 self.exec(body)?;
-                let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
-                p.round_compute(v)
+                self.local_int(id)?
             }
             Llv::Binop(op, a, b) => {
-                let a = self.eval(a, p)?;
-                let b = self.eval(b, p)?;
+                let a = self.eval_int(a, cx)?;
+                let b = self.eval_int(b, cx)?;
+                op.interpret_int(a, b, cx)
+            }
+            Llv::Unop(op, a) => {
+                let a = self.eval_int(a, cx)?;
+                op.interpret_int(a, cx)
+            }
+        })
+    }
+
+    /// Evaluates a value in a floating compute type `c`: operands are converted to it,
+    /// operations are computed in `f64`.
+    fn eval(&mut self, v: &Llv, c: Compute) -> Result<f64> {
+        Ok(match v {
+            Llv::Constant(x) => c.round_float(*x),
+            Llv::EmbedIndex(ix) => c.round_float(self.index(ix)? as f64),
+            Llv::Get(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                let x = self.mem.values_mut(tn)?[off];
+                match (self.mem.ints.get(tn), c) {
+                    // An exact integer converted once (as C converts it), not through f64.
+                    (Some(v), Compute::F32) => tn.prec().wrap_int(v[off]) as f32 as f64,
+                    (Some(v), _) => tn.prec().wrap_int(v[off]) as f64,
+                    (None, _) => c.round_float(x),
+                }
+            }
+            Llv::GetMergeBuffer(tn, idcs) => {
+                let off = self.offset(tn, idcs)?;
+                c.round_float(self.merge_values(tn)?[off])
+            }
+            Llv::GetCFunction(name) => {
+                let f = self.function(name)?;
+                c.round_float(f())
+            }
+            Llv::GetLocal(id) => c.round_float(self.local(id)?),
+            Llv::LocalScope { id, body, .. } => {
+                self.locals.insert(id.id, 0.0);
+                self.int_locals.remove(&id.id);
+                self.exec(body)?;
+                let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
+                c.round_float(v)
+            }
+            Llv::Binop(op, a, b) => {
+                let a = self.eval(a, c)?;
+                let b = self.eval(b, c)?;
                 op.interpret(a, b)
             }
             Llv::Unop(op, a) => {
-                let a = self.eval(a, p)?;
+                let a = self.eval(a, c)?;
                 op.interpret(a)
             }
         })

@@ -17,6 +17,6 @@ pub use indexing::{
 };
 pub use modes::{HostedMode, MemoryMode, MemoryModes};
 pub use ndarray::{InitOp, Ndarray};
-pub use ops::{Binop, Unop};
-pub use prec::Prec;
+pub use ops::{Binop, IntCtx, Unop};
+pub use prec::{Compute, Prec};
 pub use tnode::{Tnode, TnodeBuilder};

@@ -1,6 +1,8 @@
 //! Host arrays: dense row-major buffers of one precision.
 
-use super::prec::{byte_of_f64, Prec};
+use super::prec::{
+    bf16_of_f64, bf16_to_f64, byte_of_f64, fp8_of_f64, fp8_to_f64, int_bits_of_f64, Prec,
+};
 use crate::error::{Error, Result};
 use half::f16;
 use std::fs::File;
@@ -39,10 +41,20 @@ pub enum InitOp {
     },
 }
 
+#[doc(hidden)]
 #[derive(Clone, Debug, PartialEq)]
-enum Data {
+pub enum Data {
     Byte(Vec<u8>),
+    Uint16(Vec<u16>),
+    Int32(Vec<i32>),
+    Uint32(Vec<u32>),
+    Int64(Vec<i64>),
+    Uint64(Vec<u64>),
+    /// Bit patterns.
+    Fp8(Vec<u8>),
     Half(Vec<f16>),
+    /// Bit patterns.
+    Bfloat16(Vec<u16>),
     Single(Vec<f32>),
     Double(Vec<f64>),
 }
@@ -263,6 +275,13 @@ impl Ndarray {
         let n = numel(dims);
         let data = match prec {
             Prec::Byte => Data::Byte(vec![0; n]),
+            Prec::Uint16 => Data::Uint16(vec![0; n]),
+            Prec::Int32 => Data::Int32(vec![0; n]),
+            Prec::Uint32 => Data::Uint32(vec![0; n]),
+            Prec::Int64 => Data::Int64(vec![0; n]),
+            Prec::Uint64 => Data::Uint64(vec![0; n]),
+            Prec::Fp8 => Data::Fp8(vec![0; n]),
+            Prec::Bfloat16 => Data::Bfloat16(vec![0; n]),
             Prec::Half => Data::Half(vec![f16::ZERO; n]),
             Prec::Single => Data::Single(vec![0.0; n]),
             Prec::Double => Data::Double(vec![0.0; n]),
@@ -281,6 +300,13 @@ impl Ndarray {
         let what = || format!("a host array of dims {dims:?} ({prec})");
         let data = match prec {
             Prec::Byte => Data::Byte(try_filled(n, 0, what)?),
+            Prec::Uint16 => Data::Uint16(try_filled(n, 0, what)?),
+            Prec::Int32 => Data::Int32(try_filled(n, 0, what)?),
+            Prec::Uint32 => Data::Uint32(try_filled(n, 0, what)?),
+            Prec::Int64 => Data::Int64(try_filled(n, 0, what)?),
+            Prec::Uint64 => Data::Uint64(try_filled(n, 0, what)?),
+            Prec::Fp8 => Data::Fp8(try_filled(n, 0, what)?),
+            Prec::Bfloat16 => Data::Bfloat16(try_filled(n, 0, what)?),
             Prec::Half => Data::Half(try_filled(n, f16::ZERO, what)?),
             Prec::Single => Data::Single(try_filled(n, 0.0, what)?),
             Prec::Double => Data::Double(try_filled(n, 0.0, what)?),
@@ -322,7 +348,11 @@ impl Ndarray {
             }
             InitOp::RangeOverOffsets => {
                 for i in 0..n {
-                    a.set(i, i as f64);
+                    if prec.is_integer() {
+                        a.set_int(i, i as i128);
+                    } else {
+                        a.set(i, i as f64);
+                    }
                 }
             }
             InitOp::StandardUniform { seed } => {
@@ -344,6 +374,13 @@ impl Ndarray {
     pub fn prec(&self) -> Prec {
         match self.data {
             Data::Byte(_) => Prec::Byte,
+            Data::Uint16(_) => Prec::Uint16,
+            Data::Int32(_) => Prec::Int32,
+            Data::Uint32(_) => Prec::Uint32,
+            Data::Int64(_) => Prec::Int64,
+            Data::Uint64(_) => Prec::Uint64,
+            Data::Fp8(_) => Prec::Fp8,
+            Data::Bfloat16(_) => Prec::Bfloat16,
             Data::Half(_) => Prec::Half,
             Data::Single(_) => Prec::Single,
             Data::Double(_) => Prec::Double,
@@ -374,6 +411,13 @@ impl Ndarray {
     pub fn get(&self, i: usize) -> f64 {
         match &self.data {
             Data::Byte(v) => v[i] as f64,
+            Data::Uint16(v) => v[i] as f64,
+            Data::Int32(v) => v[i] as f64,
+            Data::Uint32(v) => v[i] as f64,
+            Data::Int64(v) => v[i] as f64,
+            Data::Uint64(v) => v[i] as f64,
+            Data::Fp8(v) => fp8_to_f64(v[i]),
+            Data::Bfloat16(v) => bf16_to_f64(v[i]),
             Data::Half(v) => v[i].to_f64(),
             Data::Single(v) => v[i] as f64,
             Data::Double(v) => v[i],
@@ -385,10 +429,59 @@ impl Ndarray {
     pub fn set(&mut self, i: usize, x: f64) {
         match &mut self.data {
             Data::Byte(v) => v[i] = byte_of_f64(x),
+            Data::Uint16(v) => v[i] = int_bits_of_f64(x) as u16,
+            Data::Int32(v) => v[i] = int_bits_of_f64(x) as i32,
+            Data::Uint32(v) => v[i] = int_bits_of_f64(x) as u32,
+            Data::Int64(v) => v[i] = int_bits_of_f64(x) as i64,
+            Data::Uint64(v) => v[i] = int_bits_of_f64(x),
+            Data::Fp8(v) => v[i] = fp8_of_f64(x),
+            Data::Bfloat16(v) => v[i] = bf16_of_f64(x),
             Data::Half(v) => v[i] = f16_from_f64(x),
             Data::Single(v) => v[i] = x as f32,
             Data::Double(v) => v[i] = x,
         }
+    }
+
+    /// Reads cell `i` of an integer array exactly (`None` for floating arrays).
+    pub fn get_int(&self, i: usize) -> Option<i128> {
+        Some(match &self.data {
+            Data::Byte(v) => i128::from(v[i]),
+            Data::Uint16(v) => i128::from(v[i]),
+            Data::Int32(v) => i128::from(v[i]),
+            Data::Uint32(v) => i128::from(v[i]),
+            Data::Int64(v) => i128::from(v[i]),
+            Data::Uint64(v) => i128::from(v[i]),
+            _ => return None,
+        })
+    }
+
+    /// Writes an integer into cell `i`, wrapping it modulo 2^bits for integer arrays
+    /// (rounding it for floating ones).
+    pub fn set_int(&mut self, i: usize, x: i128) {
+        let bits = x as u64;
+        match &mut self.data {
+            Data::Byte(v) => v[i] = bits as u8,
+            Data::Uint16(v) => v[i] = bits as u16,
+            Data::Int32(v) => v[i] = bits as i32,
+            Data::Uint32(v) => v[i] = bits as u32,
+            Data::Int64(v) => v[i] = bits as i64,
+            Data::Uint64(v) => v[i] = bits,
+            _ => self.set(i, x as f64),
+        }
+    }
+
+    /// The cells as a typed slice; [`Error::PrecisionMismatch`] when `T` is not the array's
+    /// element type (bfloat16 and fp8 arrays are read through [`Ndarray::get`]).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        T::slice(&self.data).ok_or_else(|| Error::PrecisionMismatch {
+            expected: T::PREC.name().to_string(),
+            actual: self.prec().name().to_string(),
+        })
+    }
+
+    /// The cells copied into a typed vector; [`Error::PrecisionMismatch`] on a wrong `T`.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.as_slice::<T>().map(<[T]>::to_vec)
     }
 
     /// All cells as `f64`, row-major.
@@ -430,7 +523,12 @@ impl Ndarray {
     /// The raw bytes (native byte order).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            Data::Byte(v) => v,
+            Data::Byte(v) | Data::Fp8(v) => v,
+            Data::Uint16(v) | Data::Bfloat16(v) => bytes_of(v),
+            Data::Int32(v) => bytes_of(v),
+            Data::Uint32(v) => bytes_of(v),
+            Data::Int64(v) => bytes_of(v),
+            Data::Uint64(v) => bytes_of(v),
             Data::Half(v) => bytes_of(v),
             Data::Single(v) => bytes_of(v),
             Data::Double(v) => bytes_of(v),
@@ -440,7 +538,12 @@ impl Ndarray {
     /// The raw bytes, mutable (native byte order).
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.data {
-            Data::Byte(v) => v,
+            Data::Byte(v) | Data::Fp8(v) => v,
+            Data::Uint16(v) | Data::Bfloat16(v) => bytes_of_mut(v),
+            Data::Int32(v) => bytes_of_mut(v),
+            Data::Uint32(v) => bytes_of_mut(v),
+            Data::Int64(v) => bytes_of_mut(v),
+            Data::Uint64(v) => bytes_of_mut(v),
             Data::Half(v) => bytes_of_mut(v),
             Data::Single(v) => bytes_of_mut(v),
             Data::Double(v) => bytes_of_mut(v),
@@ -451,6 +554,47 @@ impl Ndarray {
 /// Plain-old-data element types whose every bit pattern is valid.
 trait Pod: Copy {}
 impl Pod for f16 {}
+impl Pod for u16 {}
+impl Pod for i32 {}
+impl Pod for u32 {}
+impl Pod for i64 {}
+impl Pod for u64 {}
+
+/// Element types of host arrays with typed access ([`Ndarray::as_slice`]).
+pub trait Element: Copy + private::Sealed {
+    /// The precision of arrays of this element type.
+    const PREC: Prec;
+    #[doc(hidden)]
+    fn slice(d: &Data) -> Option<&[Self]>;
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($t:ty, $v:ident, $p:ident) => {
+        impl private::Sealed for $t {}
+        impl Element for $t {
+            const PREC: Prec = Prec::$p;
+            fn slice(d: &Data) -> Option<&[Self]> {
+                match d {
+                    Data::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+element!(u8, Byte, Byte);
+element!(u16, Uint16, Uint16);
+element!(i32, Int32, Int32);
+element!(u32, Uint32, Uint32);
+element!(i64, Int64, Int64);
+element!(u64, Uint64, Uint64);
+element!(f16, Half, Half);
+element!(f32, Single, Single);
+element!(f64, Double, Double);
 impl Pod for f32 {}
 impl Pod for f64 {}
 

@@ -38,6 +38,36 @@ pub enum Binop {
     /// The smaller of `a` and `b`: IEEE 754-2019 minimumNumber (a NaN operand is ignored, as
     /// C `fmin`, and -0 is smaller than +0), see [`min_number`]
     Min,
+    /// Floats: C `fmod(a, b)`; integers: C `%` (sign of the dividend), `x mod 0 = 0`
+    Mod,
+    /// `a < b` (1 or 0; NaN compares false)
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
+    /// `a == b`
+    Eq,
+    /// `a != b` (true when either is NaN)
+    Ne,
+    /// 1 if both are non-zero (NaN is non-zero), else 0
+    And,
+    /// 1 if either is non-zero, else 0
+    Or,
+    /// `0 < a < 1 ? b : 0` (the gradient gate of `satur01`)
+    Satur01Gate,
+    /// Bitwise and (integer precisions only)
+    BitAnd,
+    /// Bitwise or (integer precisions only)
+    BitOr,
+    /// Bitwise exclusive or (integer precisions only)
+    BitXor,
+    /// `a << (b mod width)` (integer precisions only)
+    Shl,
+    /// `a >> (b mod width)`, arithmetic for a signed result (integer precisions only)
+    Shr,
 }
 
 /// Unary operations.
@@ -63,6 +93,65 @@ pub enum Unop {
     Sin,
     /// cosine
     Cos,
+    /// `min(max(a, 0), 1)` (NaN gives 0)
+    Satur01,
+    /// `2^a`
+    Exp2,
+    /// logarithm base 2
+    Log2,
+    /// `1 / sqrt(a)`
+    Rsqrt,
+    /// rounding toward zero
+    Trunc,
+    /// rounding down
+    Floor,
+    /// rounding up
+    Ceil,
+    /// `|a|`
+    Abs,
+    /// `1 / (1 + e^-a)`
+    Sigmoid,
+    /// 1 if `a` is 0, else 0
+    Not,
+}
+
+/// How an integer compute type reads a statement (SPEC 9.1): signed (int64) or unsigned
+/// (uint64) meanings, and the result's width and signedness (for shifts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntCtx {
+    /// Comparisons, `div`, `mod`, `max`, `min`, `abs`, ... are signed (int64).
+    pub signed: bool,
+    /// The result precision's width in bits (8, 16, 32 or 64).
+    pub width: u32,
+    /// Whether the result precision is signed (`shr` is then arithmetic).
+    pub result_signed: bool,
+}
+
+impl IntCtx {
+    /// The context of a statement writing `result` in integer compute type `compute`.
+    pub fn new(result: crate::ir::Prec, compute: crate::ir::Compute) -> IntCtx {
+        IntCtx {
+            signed: compute != crate::ir::Compute::U64,
+            width: result.int_bits().unwrap_or(64),
+            result_signed: result.is_signed_integer(),
+        }
+    }
+
+    fn lt(self, a: u64, b: u64) -> bool {
+        if self.signed {
+            (a as i64) < (b as i64)
+        } else {
+            a < b
+        }
+    }
+
+    fn to_f64(self, a: u64) -> f64 {
+        if self.signed {
+            a as i64 as f64
+        } else {
+            a as f64
+        }
+    }
 }
 
 /// A row of the binary-operation table.
@@ -80,6 +169,11 @@ pub struct BinopInfo {
     pub infix: Option<&'static str>,
     /// The meaning, in `f64`.
     pub interpret: fn(f64, f64) -> f64,
+    /// C expression when computing in 64-bit integers (`uint64_t` operands); `$s` stands for
+    /// `s` (signed meanings) or `u`, `$r` for the result's signedness, `$w` for its width.
+    pub c_int: &'static str,
+    /// The meaning in 64-bit integers (wrapping patterns).
+    pub interpret_int: fn(u64, u64, IntCtx) -> u64,
 }
 
 /// A row of the unary-operation table.
@@ -93,6 +187,10 @@ pub struct UnopInfo {
     pub c_double: &'static str,
     /// The meaning, in `f64`.
     pub interpret: fn(f64) -> f64,
+    /// C expression when computing in 64-bit integers (see [`BinopInfo::c_int`]).
+    pub c_int: &'static str,
+    /// The meaning in 64-bit integers (wrapping patterns).
+    pub interpret_int: fn(u64, IntCtx) -> u64,
 }
 
 /// The larger of `a` and `b`, as IEEE 754-2019 maximumNumber: a NaN operand is ignored (two
@@ -136,9 +234,90 @@ fn relu(a: f64) -> f64 {
     }
 }
 
+fn b2f(c: bool) -> f64 {
+    if c {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// The integer power `a^b` (SPEC 9.1): exact and wrapped for a non-negative exponent; for a
+/// negative one (signed compute) the real result truncated: 0, except for bases 1 and -1.
+pub fn int_pow(a: u64, b: u64, signed: bool) -> u64 {
+    if signed && (b as i64) < 0 {
+        return match a {
+            1 => 1,
+            u64::MAX => {
+                if b & 1 == 1 {
+                    u64::MAX
+                } else {
+                    1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut base, mut e, mut r) = (a, b, 1u64);
+    while e > 0 {
+        if e & 1 == 1 {
+            r = r.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    r
+}
+
+fn int_div(a: u64, b: u64, c: IntCtx) -> u64 {
+    if b == 0 {
+        0
+    } else if c.signed {
+        (a as i64).wrapping_div(b as i64) as u64
+    } else {
+        a / b
+    }
+}
+
+fn int_mod(a: u64, b: u64, c: IntCtx) -> u64 {
+    if b == 0 {
+        0
+    } else if c.signed {
+        (a as i64).wrapping_rem(b as i64) as u64
+    } else {
+        a % b
+    }
+}
+
+fn int_shr(a: u64, b: u64, c: IntCtx) -> u64 {
+    let k = b & u64::from(c.width - 1);
+    if c.result_signed {
+        // sign-extend from the result's width, then shift arithmetically
+        let sh = 64 - c.width;
+        (((a << sh) as i64 >> sh) >> k) as u64
+    } else {
+        let mask = if c.width == 64 {
+            u64::MAX
+        } else {
+            (1u64 << c.width) - 1
+        };
+        (a & mask) >> k
+    }
+}
+
+/// A function of reals on an integer (SPEC 9.1): computed in `double`, then truncated and
+/// wrapped like a store.
+fn real_fn(a: u64, c: IntCtx, f: fn(f64) -> f64) -> u64 {
+    crate::ir::prec::int_bits_of_f64(f(c.to_f64(a)))
+}
+
+fn sigmoid(a: f64) -> f64 {
+    1.0 / (1.0 + (-a).exp())
+}
+
 impl Binop {
     /// Every binary operation.
-    pub const ALL: [Binop; 10] = [
+    pub const ALL: [Binop; 25] = [
         Binop::Add,
         Binop::Sub,
         Binop::Mul,
@@ -149,31 +328,84 @@ impl Binop {
         Binop::Arg2,
         Binop::Max,
         Binop::Min,
+        Binop::Mod,
+        Binop::Lt,
+        Binop::Le,
+        Binop::Gt,
+        Binop::Ge,
+        Binop::Eq,
+        Binop::Ne,
+        Binop::And,
+        Binop::Or,
+        Binop::Satur01Gate,
+        Binop::BitAnd,
+        Binop::BitOr,
+        Binop::BitXor,
+        Binop::Shl,
+        Binop::Shr,
     ];
 
     /// The operation's row in the table.
     pub fn info(self) -> BinopInfo {
-        let row = |name, neutral, c_float, c_double, infix, interpret| BinopInfo {
+        #[allow(clippy::type_complexity)]
+        let row = |name,
+                   neutral,
+                   c_float,
+                   c_double,
+                   infix,
+                   interpret: fn(f64, f64) -> f64,
+                   c_int,
+                   interpret_int: fn(u64, u64, IntCtx) -> u64| BinopInfo {
             name,
             neutral,
             c_float,
             c_double,
             infix,
             interpret,
+            c_int,
+            interpret_int,
         };
         match self {
-            Binop::Add => row("add", 0.0, "($a + $b)", "($a + $b)", Some("+"), |a, b| {
-                a + b
-            }),
-            Binop::Sub => row("sub", 0.0, "($a - $b)", "($a - $b)", Some("-"), |a, b| {
-                a - b
-            }),
-            Binop::Mul => row("mul", 1.0, "($a * $b)", "($a * $b)", Some("*"), |a, b| {
-                a * b
-            }),
-            Binop::Div => row("div", 1.0, "($a / $b)", "($a / $b)", Some("/"), |a, b| {
-                a / b
-            }),
+            Binop::Add => row(
+                "add",
+                0.0,
+                "($a + $b)",
+                "($a + $b)",
+                Some("+"),
+                |a, b| a + b,
+                "($a + $b)",
+                |a, b, _| a.wrapping_add(b),
+            ),
+            Binop::Sub => row(
+                "sub",
+                0.0,
+                "($a - $b)",
+                "($a - $b)",
+                Some("-"),
+                |a, b| a - b,
+                "($a - $b)",
+                |a, b, _| a.wrapping_sub(b),
+            ),
+            Binop::Mul => row(
+                "mul",
+                1.0,
+                "($a * $b)",
+                "($a * $b)",
+                Some("*"),
+                |a, b| a * b,
+                "($a * $b)",
+                |a, b, _| a.wrapping_mul(b),
+            ),
+            Binop::Div => row(
+                "div",
+                1.0,
+                "($a / $b)",
+                "($a / $b)",
+                Some("/"),
+                |a, b| a / b,
+                "aj_div_$s($a, $b)",
+                int_div,
+            ),
             Binop::ToPowOf => row(
                 "pow",
                 1.0,
@@ -181,6 +413,8 @@ impl Binop {
                 "pow($a, $b)",
                 Some("**"),
                 f64::powf,
+                "aj_pow_$s($a, $b)",
+                |a, b, c| int_pow(a, b, c.signed),
             ),
             Binop::ReluGate => row(
                 "relu_gate",
@@ -189,9 +423,29 @@ impl Binop {
                 "aj_gate_d($a, $b)",
                 Some("-?/"),
                 |a, b| if a > 0.0 { b } else { 0.0 },
+                "aj_igate_$s($a, $b)",
+                |a, b, c| if c.lt(0, a) { b } else { 0 },
             ),
-            Binop::Arg1 => row("arg1", 0.0, "$a", "$a", Some("-@>"), |a, _| a),
-            Binop::Arg2 => row("arg2", 0.0, "$b", "$b", Some("-/>"), |_, b| b),
+            Binop::Arg1 => row(
+                "arg1",
+                0.0,
+                "$a",
+                "$a",
+                Some("-@>"),
+                |a, _| a,
+                "$a",
+                |a, _, _| a,
+            ),
+            Binop::Arg2 => row(
+                "arg2",
+                0.0,
+                "$b",
+                "$b",
+                Some("-/>"),
+                |_, b| b,
+                "$b",
+                |_, b, _| b,
+            ),
             Binop::Max => row(
                 "max",
                 f64::NEG_INFINITY,
@@ -199,6 +453,8 @@ impl Binop {
                 "aj_max_d($a, $b)",
                 None,
                 max_number,
+                "aj_imax_$s($a, $b)",
+                |a, b, c| if c.lt(a, b) { b } else { a },
             ),
             Binop::Min => row(
                 "min",
@@ -207,8 +463,169 @@ impl Binop {
                 "aj_min_d($a, $b)",
                 None,
                 min_number,
+                "aj_imin_$s($a, $b)",
+                |a, b, c| if c.lt(b, a) { b } else { a },
+            ),
+            Binop::Mod => row(
+                "mod",
+                0.0,
+                "fmodf($a, $b)",
+                "fmod($a, $b)",
+                None,
+                |a, b| a % b,
+                "aj_mod_$s($a, $b)",
+                int_mod,
+            ),
+            Binop::Lt => row(
+                "lt",
+                0.0,
+                "(float)($a < $b)",
+                "(double)($a < $b)",
+                None,
+                |a, b| b2f(a < b),
+                "aj_lt_$s($a, $b)",
+                |a, b, c| u64::from(c.lt(a, b)),
+            ),
+            Binop::Le => row(
+                "le",
+                0.0,
+                "(float)($a <= $b)",
+                "(double)($a <= $b)",
+                None,
+                |a, b| b2f(a <= b),
+                "aj_le_$s($a, $b)",
+                |a, b, c| u64::from(!c.lt(b, a)),
+            ),
+            Binop::Gt => row(
+                "gt",
+                0.0,
+                "(float)($a > $b)",
+                "(double)($a > $b)",
+                None,
+                |a, b| b2f(a > b),
+                "aj_lt_$s($b, $a)",
+                |a, b, c| u64::from(c.lt(b, a)),
+            ),
+            Binop::Ge => row(
+                "ge",
+                0.0,
+                "(float)($a >= $b)",
+                "(double)($a >= $b)",
+                None,
+                |a, b| b2f(a >= b),
+                "aj_le_$s($b, $a)",
+                |a, b, c| u64::from(!c.lt(a, b)),
+            ),
+            Binop::Eq => row(
+                "eq",
+                0.0,
+                "(float)($a == $b)",
+                "(double)($a == $b)",
+                None,
+                |a, b| b2f(a == b),
+                "(uint64_t)($a == $b)",
+                |a, b, _| u64::from(a == b),
+            ),
+            Binop::Ne => row(
+                "ne",
+                0.0,
+                "(float)($a != $b)",
+                "(double)($a != $b)",
+                None,
+                |a, b| b2f(a != b),
+                "(uint64_t)($a != $b)",
+                |a, b, _| u64::from(a != b),
+            ),
+            Binop::And => row(
+                "and",
+                0.0,
+                "(float)($a != 0.0f && $b != 0.0f)",
+                "(double)($a != 0.0 && $b != 0.0)",
+                None,
+                |a, b| b2f(a != 0.0 && b != 0.0),
+                "(uint64_t)($a != 0 && $b != 0)",
+                |a, b, _| u64::from(a != 0 && b != 0),
+            ),
+            Binop::Or => row(
+                "or",
+                0.0,
+                "(float)($a != 0.0f || $b != 0.0f)",
+                "(double)($a != 0.0 || $b != 0.0)",
+                None,
+                |a, b| b2f(a != 0.0 || b != 0.0),
+                "(uint64_t)($a != 0 || $b != 0)",
+                |a, b, _| u64::from(a != 0 || b != 0),
+            ),
+            Binop::Satur01Gate => row(
+                "satur01_gate",
+                0.0,
+                "aj_sgate_f($a, $b)",
+                "aj_sgate_d($a, $b)",
+                None,
+                |a, b| if a > 0.0 && a < 1.0 { b } else { 0.0 },
+                // no integer lies strictly between 0 and 1
+                "aj_izero($a, $b)",
+                |_, _, _| 0,
+            ),
+            Binop::BitAnd => row(
+                "bit_and",
+                0.0,
+                "aj_izero_f($a, $b)",
+                "aj_izero_d($a, $b)",
+                None,
+                |_, _| f64::NAN,
+                "($a & $b)",
+                |a, b, _| a & b,
+            ),
+            Binop::BitOr => row(
+                "bit_or",
+                0.0,
+                "aj_izero_f($a, $b)",
+                "aj_izero_d($a, $b)",
+                None,
+                |_, _| f64::NAN,
+                "($a | $b)",
+                |a, b, _| a | b,
+            ),
+            Binop::BitXor => row(
+                "bit_xor",
+                0.0,
+                "aj_izero_f($a, $b)",
+                "aj_izero_d($a, $b)",
+                None,
+                |_, _| f64::NAN,
+                "($a ^ $b)",
+                |a, b, _| a ^ b,
+            ),
+            Binop::Shl => row(
+                "shl",
+                0.0,
+                "aj_izero_f($a, $b)",
+                "aj_izero_d($a, $b)",
+                None,
+                |_, _| f64::NAN,
+                "aj_shl($a, $b, $w)",
+                |a, b, c| a << (b & u64::from(c.width - 1)),
+            ),
+            Binop::Shr => row(
+                "shr",
+                0.0,
+                "aj_izero_f($a, $b)",
+                "aj_izero_d($a, $b)",
+                None,
+                |_, _| f64::NAN,
+                "aj_shr_$r($a, $b, $w)",
+                int_shr,
             ),
         }
+    }
+
+    /// Whether the operation is defined on integer precisions only (SPEC 9.2).
+    pub fn is_integer_only(self) -> bool {
+        matches!(
+            self,
+            Binop::BitAnd | Binop::BitOr | Binop::BitXor | Binop::Shl | Binop::Shr
+        )
     }
 
     /// The snake_case name.
@@ -221,10 +638,32 @@ impl Binop {
         Binop::ALL.into_iter().find(|op| op.name() == s)
     }
 
+    /// Parses a name, or [`crate::Error::UnknownOp`] listing the known binary operations.
+    pub fn parse(s: &str) -> crate::error::Result<Binop> {
+        Binop::from_name(s).ok_or_else(|| crate::error::Error::UnknownOp {
+            name: s.to_string(),
+            known: Binop::ALL.map(Binop::name).join(", "),
+        })
+    }
+
     /// The neutral element as an accumulator: 0 for add/sub, 1 for mul/div/pow, -inf for max,
     /// +inf for min, 0 otherwise.
     pub fn neutral(self) -> f64 {
         self.info().neutral
+    }
+
+    /// The neutral element for results of an integer precision `prec` (SPEC 9.1): the type's
+    /// minimum for max and maximum for min, as a 64-bit pattern; otherwise as [`Binop::neutral`].
+    pub fn int_neutral(self, prec: crate::ir::Prec) -> u64 {
+        let signed = prec.is_signed_integer();
+        let bits = prec.int_bits().unwrap_or(64);
+        match self {
+            Binop::Max if signed => (i64::MIN >> (64 - bits)) as u64,
+            Binop::Max => 0,
+            Binop::Min if signed => (i64::MAX >> (64 - bits)) as u64,
+            Binop::Min => u64::MAX >> (64 - bits),
+            op => crate::ir::prec::int_bits_of_f64(op.neutral()),
+        }
     }
 
     /// Applies the operation in `f64`.
@@ -232,7 +671,12 @@ impl Binop {
         (self.info().interpret)(a, b)
     }
 
-    /// The C expression for operands `a` and `b` in the given compute type.
+    /// Applies the operation in 64-bit integers.
+    pub fn interpret_int(self, a: u64, b: u64, c: IntCtx) -> u64 {
+        (self.info().interpret_int)(a, b, c)
+    }
+
+    /// The C expression for operands `a` and `b` in the given floating compute type.
     pub fn c_expr(self, in_float: bool, a: &str, b: &str) -> String {
         let info = self.info();
         let t = if in_float {
@@ -242,11 +686,24 @@ impl Binop {
         };
         t.replace("$a", a).replace("$b", b)
     }
+
+    /// The C expression for `uint64_t` operands `a` and `b` in integer compute.
+    pub fn c_expr_int(self, c: IntCtx, a: &str, b: &str) -> String {
+        fill_int(self.info().c_int, c)
+            .replace("$a", a)
+            .replace("$b", b)
+    }
+}
+
+fn fill_int(t: &str, c: IntCtx) -> String {
+    t.replace("$s", if c.signed { "s" } else { "u" })
+        .replace("$r", if c.result_signed { "s" } else { "u" })
+        .replace("$w", &c.width.to_string())
 }
 
 impl Unop {
     /// Every unary operation.
-    pub const ALL: [Unop; 10] = [
+    pub const ALL: [Unop; 20] = [
         Unop::Identity,
         Unop::Relu,
         Unop::Neg,
@@ -257,27 +714,171 @@ impl Unop {
         Unop::Tanh,
         Unop::Sin,
         Unop::Cos,
+        Unop::Satur01,
+        Unop::Exp2,
+        Unop::Log2,
+        Unop::Rsqrt,
+        Unop::Trunc,
+        Unop::Floor,
+        Unop::Ceil,
+        Unop::Abs,
+        Unop::Sigmoid,
+        Unop::Not,
     ];
 
     /// The operation's row in the table.
     pub fn info(self) -> UnopInfo {
-        let row = |name, c_float, c_double, interpret| UnopInfo {
-            name,
-            c_float,
-            c_double,
-            interpret,
-        };
+        let row =
+            |name, c_float, c_double, interpret: fn(f64) -> f64, c_int, interpret_int| UnopInfo {
+                name,
+                c_float,
+                c_double,
+                interpret,
+                c_int,
+                interpret_int,
+            };
+        // Functions of reals: computed in double from the integer, then stored by the rule.
+        macro_rules! real {
+            ($name:expr, $cf:expr, $cd:expr, $f:expr, $ci:expr) => {
+                row($name, $cf, $cd, $f, $ci, |a, c| real_fn(a, c, $f))
+            };
+        }
         match self {
-            Unop::Identity => row("identity", "$a", "$a", |a| a),
-            Unop::Relu => row("relu", "aj_relu_f($a)", "aj_relu_d($a)", relu),
-            Unop::Neg => row("neg", "(-$a)", "(-$a)", |a| -a),
-            Unop::Exp => row("exp", "expf($a)", "exp($a)", f64::exp),
-            Unop::Log => row("log", "logf($a)", "log($a)", f64::ln),
-            Unop::Sqrt => row("sqrt", "sqrtf($a)", "sqrt($a)", f64::sqrt),
-            Unop::Recip => row("recip", "(1.0f / $a)", "(1.0 / $a)", |a| 1.0 / a),
-            Unop::Tanh => row("tanh", "tanhf($a)", "tanh($a)", f64::tanh),
-            Unop::Sin => row("sin", "sinf($a)", "sin($a)", f64::sin),
-            Unop::Cos => row("cos", "cosf($a)", "cos($a)", f64::cos),
+            Unop::Identity => row("identity", "$a", "$a", |a| a, "$a", |a, _| a),
+            Unop::Relu => row(
+                "relu",
+                "aj_relu_f($a)",
+                "aj_relu_d($a)",
+                relu,
+                "aj_irelu_$s($a)",
+                |a, c| if c.lt(0, a) { a } else { 0 },
+            ),
+            Unop::Neg => row(
+                "neg",
+                "(-$a)",
+                "(-$a)",
+                |a| -a,
+                "(UINT64_C(0) - $a)",
+                |a, _| a.wrapping_neg(),
+            ),
+            Unop::Exp => real!(
+                "exp",
+                "expf($a)",
+                "exp($a)",
+                f64::exp,
+                "aj_d2u64(exp(aj_i2d_$s($a)))"
+            ),
+            Unop::Log => real!(
+                "log",
+                "logf($a)",
+                "log($a)",
+                f64::ln,
+                "aj_d2u64(log(aj_i2d_$s($a)))"
+            ),
+            Unop::Sqrt => real!(
+                "sqrt",
+                "sqrtf($a)",
+                "sqrt($a)",
+                f64::sqrt,
+                "aj_d2u64(sqrt(aj_i2d_$s($a)))"
+            ),
+            Unop::Recip => real!(
+                "recip",
+                "(1.0f / $a)",
+                "(1.0 / $a)",
+                |a| 1.0 / a,
+                "aj_d2u64(1.0 / aj_i2d_$s($a))"
+            ),
+            Unop::Tanh => real!(
+                "tanh",
+                "tanhf($a)",
+                "tanh($a)",
+                f64::tanh,
+                "aj_d2u64(tanh(aj_i2d_$s($a)))"
+            ),
+            Unop::Sin => real!(
+                "sin",
+                "sinf($a)",
+                "sin($a)",
+                f64::sin,
+                "aj_d2u64(sin(aj_i2d_$s($a)))"
+            ),
+            Unop::Cos => real!(
+                "cos",
+                "cosf($a)",
+                "cos($a)",
+                f64::cos,
+                "aj_d2u64(cos(aj_i2d_$s($a)))"
+            ),
+            Unop::Satur01 => row(
+                "satur01",
+                "aj_min_f(aj_max_f($a, 0.0f), 1.0f)",
+                "aj_min_d(aj_max_d($a, 0.0), 1.0)",
+                |a| min_number(max_number(a, 0.0), 1.0),
+                "aj_ipos_$s($a)",
+                |a, c| u64::from(c.lt(0, a)),
+            ),
+            Unop::Exp2 => real!(
+                "exp2",
+                "exp2f($a)",
+                "exp2($a)",
+                f64::exp2,
+                "aj_d2u64(exp2(aj_i2d_$s($a)))"
+            ),
+            Unop::Log2 => real!(
+                "log2",
+                "log2f($a)",
+                "log2($a)",
+                f64::log2,
+                "aj_d2u64(log2(aj_i2d_$s($a)))"
+            ),
+            Unop::Rsqrt => real!(
+                "rsqrt",
+                "(1.0f / sqrtf($a))",
+                "(1.0 / sqrt($a))",
+                |a| 1.0 / a.sqrt(),
+                "aj_d2u64(1.0 / sqrt(aj_i2d_$s($a)))"
+            ),
+            Unop::Trunc => row(
+                "trunc",
+                "truncf($a)",
+                "trunc($a)",
+                f64::trunc,
+                "$a",
+                |a, _| a,
+            ),
+            Unop::Floor => row(
+                "floor",
+                "floorf($a)",
+                "floor($a)",
+                f64::floor,
+                "$a",
+                |a, _| a,
+            ),
+            Unop::Ceil => row("ceil", "ceilf($a)", "ceil($a)", f64::ceil, "$a", |a, _| a),
+            Unop::Abs => row(
+                "abs",
+                "fabsf($a)",
+                "fabs($a)",
+                f64::abs,
+                "aj_iabs_$s($a)",
+                |a, c| if c.lt(a, 0) { a.wrapping_neg() } else { a },
+            ),
+            Unop::Sigmoid => real!(
+                "sigmoid",
+                "aj_sigmoid_f($a)",
+                "aj_sigmoid_d($a)",
+                sigmoid,
+                "aj_d2u64(aj_sigmoid_d(aj_i2d_$s($a)))"
+            ),
+            Unop::Not => row(
+                "not",
+                "(float)($a == 0.0f)",
+                "(double)($a == 0.0)",
+                |a| b2f(a == 0.0),
+                "(uint64_t)($a == 0)",
+                |a, _| u64::from(a == 0),
+            ),
         }
     }
 
@@ -291,12 +892,25 @@ impl Unop {
         Unop::ALL.into_iter().find(|op| op.name() == s)
     }
 
+    /// Parses a name, or [`crate::Error::UnknownOp`] listing the known unary operations.
+    pub fn parse(s: &str) -> crate::error::Result<Unop> {
+        Unop::from_name(s).ok_or_else(|| crate::error::Error::UnknownOp {
+            name: s.to_string(),
+            known: Unop::ALL.map(Unop::name).join(", "),
+        })
+    }
+
     /// Applies the operation in `f64`.
     pub fn interpret(self, a: f64) -> f64 {
         (self.info().interpret)(a)
     }
 
-    /// The C expression for operand `a` in the given compute type.
+    /// Applies the operation in 64-bit integers.
+    pub fn interpret_int(self, a: u64, c: IntCtx) -> u64 {
+        (self.info().interpret_int)(a, c)
+    }
+
+    /// The C expression for operand `a` in the given floating compute type.
     pub fn c_expr(self, in_float: bool, a: &str) -> String {
         let info = self.info();
         let t = if in_float {
@@ -305,6 +919,11 @@ impl Unop {
             info.c_double
         };
         t.replace("$a", a)
+    }
+
+    /// The C expression for a `uint64_t` operand `a` in integer compute.
+    pub fn c_expr_int(self, c: IntCtx, a: &str) -> String {
+        fill_int(self.info().c_int, c).replace("$a", a)
     }
 }
 

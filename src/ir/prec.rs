@@ -1,31 +1,123 @@
-//! Precisions: the element types of arrays.
+//! Precisions: the element types of arrays, and the compute types of statements.
 
 use std::fmt;
 
-/// The element type of an array.
+/// The element type of an array (SPEC section 9.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Prec {
     /// Unsigned 8-bit integer (`unsigned char`).
     Byte,
+    /// Unsigned 16-bit integer (`uint16_t`).
+    Uint16,
+    /// Two's complement 32-bit integer (`int32_t`).
+    Int32,
+    /// Unsigned 32-bit integer (`uint32_t`).
+    Uint32,
+    /// Two's complement 64-bit integer (`int64_t`).
+    Int64,
+    /// Unsigned 64-bit integer (`uint64_t`).
+    Uint64,
+    /// 8-bit float, E5M2 (the top byte of a half), stored as its bit pattern (`aj_fp8`).
+    Fp8,
     /// IEEE binary16 (stored in C as its bit pattern, `aj_half`; see [`Prec::c_type`]).
     Half,
+    /// The top 16 bits of an IEEE binary32, stored as its bit pattern (`aj_bf16`).
+    Bfloat16,
     /// IEEE binary32 (`float`).
     Single,
     /// IEEE binary64 (`double`).
     Double,
 }
 
+/// The type a statement computes in (SPEC 9.1 "How an assignment computes"), see
+/// [`Compute::of`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Compute {
+    /// IEEE binary32 (`float`).
+    F32,
+    /// IEEE binary64 (`double`).
+    F64,
+    /// 64-bit integer patterns (`uint64_t` in C, wrapping), with signed (int64) meanings for
+    /// comparisons, `div`, `mod`, `max`, `min`, `abs` and the like.
+    I64,
+    /// 64-bit integer patterns with unsigned (uint64) meanings.
+    U64,
+}
+
+impl Compute {
+    /// The compute type of a statement writing `result` and reading `args`: a floating result
+    /// computes in `double` when it is `double`, else `float`; an integer result with only
+    /// integer arguments computes in 64-bit integers (unsigned when the result or an argument
+    /// is `uint64`, else signed); an integer result with a floating argument computes in
+    /// `double`.
+    pub fn of(result: Prec, args: impl IntoIterator<Item = Prec>) -> Compute {
+        if !result.is_integer() {
+            return if result == Prec::Double {
+                Compute::F64
+            } else {
+                Compute::F32
+            };
+        }
+        let mut unsigned = result == Prec::Uint64;
+        for a in args {
+            if !a.is_integer() {
+                return Compute::F64;
+            }
+            unsigned |= a == Prec::Uint64;
+        }
+        if unsigned {
+            Compute::U64
+        } else {
+            Compute::I64
+        }
+    }
+
+    /// Whether this is an integer compute type.
+    pub fn is_integer(self) -> bool {
+        matches!(self, Compute::I64 | Compute::U64)
+    }
+
+    /// The C type of values in this compute type.
+    pub fn c_type(self) -> &'static str {
+        match self {
+            Compute::F32 => "float",
+            Compute::F64 => "double",
+            Compute::I64 | Compute::U64 => "uint64_t",
+        }
+    }
+
+    /// Rounds an `f64` to this floating compute type (integer types: unchanged).
+    pub fn round_float(self, v: f64) -> f64 {
+        match self {
+            Compute::F32 => v as f32 as f64,
+            _ => v,
+        }
+    }
+}
+
 impl Prec {
-    /// All precisions, narrowest first.
-    pub const ALL: [Prec; 4] = [Prec::Byte, Prec::Half, Prec::Single, Prec::Double];
+    /// All precisions, integers first, then floats narrowest first.
+    pub const ALL: [Prec; 11] = [
+        Prec::Byte,
+        Prec::Uint16,
+        Prec::Int32,
+        Prec::Uint32,
+        Prec::Int64,
+        Prec::Uint64,
+        Prec::Fp8,
+        Prec::Half,
+        Prec::Bfloat16,
+        Prec::Single,
+        Prec::Double,
+    ];
 
     /// Size of one element in bytes.
     pub fn size_in_bytes(self) -> usize {
         match self {
-            Prec::Byte => 1,
-            Prec::Half => 2,
-            Prec::Single => 4,
-            Prec::Double => 8,
+            Prec::Byte | Prec::Fp8 => 1,
+            Prec::Uint16 | Prec::Half | Prec::Bfloat16 => 2,
+            Prec::Int32 | Prec::Uint32 | Prec::Single => 4,
+            Prec::Int64 | Prec::Uint64 | Prec::Double => 8,
         }
     }
 
@@ -35,45 +127,78 @@ impl Prec {
     /// converted only through the runtime header's exact `aj_h2f` / `aj_f2h`, never as
     /// `_Float16`: with `_Float16`, compilers targeting CPUs with native half arithmetic
     /// (AVX512-FP16) may keep values in wider registers and skip the rounding at a store.
+    /// Bfloat16 and fp8 are bit patterns too (`aj_bf16`, `aj_fp8`), converted by integer code.
     pub fn c_type(self) -> &'static str {
         match self {
             Prec::Byte => "unsigned char",
+            Prec::Uint16 => "uint16_t",
+            Prec::Int32 => "int32_t",
+            Prec::Uint32 => "uint32_t",
+            Prec::Int64 => "int64_t",
+            Prec::Uint64 => "uint64_t",
+            Prec::Fp8 => "aj_fp8",
             Prec::Half => "aj_half",
+            Prec::Bfloat16 => "aj_bf16",
             Prec::Single => "float",
             Prec::Double => "double",
         }
     }
 
-    /// The C type in which values of this precision are computed before being stored.
-    ///
-    /// Bytes are computed in `double` (and stored modulo 256, see `runtime_c/arrayjit.h`),
-    /// halves in `float`, singles in `float`, doubles in `double`.
+    /// The C type in which a statement writing this precision computes when its arguments do
+    /// not decide otherwise (floating precisions; see [`Compute::of`] for the full rule).
     pub fn compute_c_type(self) -> &'static str {
-        match self {
-            Prec::Byte | Prec::Double => "double",
-            Prec::Half | Prec::Single => "float",
-        }
+        Compute::of(self, []).c_type()
     }
 
     /// Whether this is an integer precision (SPEC section 9.1): its cells hold integers, stored
     /// by wrapping.
     pub fn is_integer(self) -> bool {
-        matches!(self, Prec::Byte)
+        self.int_bits().is_some()
     }
 
-    /// Whether values are computed in single precision (`float`).
+    /// Whether this is a signed integer precision.
+    pub fn is_signed_integer(self) -> bool {
+        matches!(self, Prec::Int32 | Prec::Int64)
+    }
+
+    /// The width in bits of an integer precision.
+    pub fn int_bits(self) -> Option<u32> {
+        match self {
+            Prec::Byte => Some(8),
+            Prec::Uint16 => Some(16),
+            Prec::Int32 | Prec::Uint32 => Some(32),
+            Prec::Int64 | Prec::Uint64 => Some(64),
+            _ => None,
+        }
+    }
+
+    /// Whether values are computed in single precision (`float`) when the result has this
+    /// precision (half, bfloat16, fp8 and single).
     pub fn computes_in_float(self) -> bool {
-        matches!(self, Prec::Half | Prec::Single)
+        matches!(self, Prec::Fp8 | Prec::Half | Prec::Bfloat16 | Prec::Single)
     }
 
-    /// The name used in program files: `byte`, `half`, `single`, `double`.
+    /// The name used in program files: `byte`, `uint16`, `int32`, `uint32`, `int64`,
+    /// `uint64`, `fp8`, `half`, `bfloat16`, `single`, `double`.
     pub fn name(self) -> &'static str {
         match self {
             Prec::Byte => "byte",
+            Prec::Uint16 => "uint16",
+            Prec::Int32 => "int32",
+            Prec::Uint32 => "uint32",
+            Prec::Int64 => "int64",
+            Prec::Uint64 => "uint64",
+            Prec::Fp8 => "fp8",
             Prec::Half => "half",
+            Prec::Bfloat16 => "bfloat16",
             Prec::Single => "single",
             Prec::Double => "double",
         }
+    }
+
+    /// The known names, comma-separated (for error messages).
+    pub fn known_names() -> String {
+        Prec::ALL.map(Prec::name).join(", ")
     }
 
     /// Parses a name as printed by [`Prec::name`].
@@ -81,17 +206,46 @@ impl Prec {
         Prec::ALL.into_iter().find(|p| p.name() == s)
     }
 
+    /// Parses a name, or [`crate::Error::UnknownPrecision`] listing the known names.
+    pub fn parse(s: &str) -> crate::error::Result<Prec> {
+        Prec::from_name(s).ok_or_else(|| crate::error::Error::UnknownPrecision {
+            name: s.to_string(),
+            known: Prec::known_names(),
+        })
+    }
+
+    /// Wraps a 64-bit integer pattern into this integer precision's range, as its value
+    /// (sign-extended for signed precisions). For floating precisions the pattern is read as
+    /// an `int64` and rounded.
+    pub fn wrap_int(self, bits: u64) -> i128 {
+        match self {
+            Prec::Byte => i128::from(bits as u8),
+            Prec::Uint16 => i128::from(bits as u16),
+            Prec::Int32 => i128::from(bits as u32 as i32),
+            Prec::Uint32 => i128::from(bits as u32),
+            Prec::Int64 => i128::from(bits as i64),
+            Prec::Uint64 => i128::from(bits),
+            _ => i128::from(bits as i64),
+        }
+    }
+
     /// Rounds a value to this precision, exactly as generated code stores it.
     ///
-    /// Bytes are modular: values are truncated toward zero, then wrapped modulo 256 (300.7
-    /// becomes 44, -1 becomes 255); NaN and infinities become 0.
+    /// Integers are modular: values are truncated toward zero, then wrapped modulo 2^bits
+    /// (300.7 becomes 44 in a byte, -1 becomes 255); NaN and infinities become 0. Bfloat16 and
+    /// fp8 round to nearest, ties to even, overflowing to ±inf; NaN stays NaN.
+    ///
+    /// (An `int64` or `uint64` value beyond 2^53 is not exact in the returned `f64`.)
     pub fn round(self, v: f64) -> f64 {
         match self {
             Prec::Byte => byte_of_f64(v) as f64,
+            p if p.is_integer() => p.wrap_int(int_bits_of_f64(v)) as f64,
             // Correctly rounded on every CPU (`half::f16::from_f64` is not).
             Prec::Half => super::ndarray::f16_from_f64(v).to_f64(),
+            Prec::Bfloat16 => bf16_to_f64(bf16_of_f64(v)),
+            Prec::Fp8 => fp8_to_f64(fp8_of_f64(v)),
             Prec::Single => v as f32 as f64,
-            Prec::Double => v,
+            _ => v,
         }
     }
 
@@ -108,17 +262,127 @@ impl Prec {
 /// The modular conversion used to store into byte arrays (mirrors `aj_to_byte` in C):
 /// truncate toward zero, then wrap modulo 256; NaN and infinities give 0.
 pub fn byte_of_f64(v: f64) -> u8 {
+    int_bits_of_f64(v) as u8
+}
+
+/// The 64-bit pattern of a floating value stored into an integer (mirrors `aj_d2u64` in C):
+/// truncate toward zero, then wrap modulo 2^64; NaN and infinities give 0.
+pub fn int_bits_of_f64(v: f64) -> u64 {
     if !v.is_finite() {
         return 0;
     }
-    // Every double of magnitude 2^62 or more is a multiple of 1024, so clamping there changes
-    // nothing modulo 256 and keeps the integer conversion exact.
-    const LIMIT: f64 = 4_611_686_018_427_387_904.0; // 2^62
-    (v.clamp(-LIMIT, LIMIT) as i64 & 0xff) as u8
+    // fmod is exact, so this is the exact value modulo 2^64 (|r| < 2^64, an integer after
+    // truncation: fits an i128).
+    let r = (v % 18_446_744_073_709_551_616.0).trunc();
+    (r as i128) as u64
+}
+
+/// A value (binary64) rounded to bfloat16, to nearest, ties to even, as its bit pattern
+/// (mirrors `aj_f2bf` in C). Rounding through binary32 first is exact here (24 ≥ 2·8+2 bits).
+pub fn bf16_of_f64(v: f64) -> u16 {
+    let u = (v as f32).to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 0x40) as u16;
+    }
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u16
+}
+
+/// The value of a bfloat16 bit pattern.
+pub fn bf16_to_f64(b: u16) -> f64 {
+    f32::from_bits(u32::from(b) << 16) as f64
+}
+
+/// A value (binary64) rounded to fp8 E5M2, to nearest, ties to even, as its bit pattern
+/// (mirrors `aj_f2fp8` in C). Rounding through binary32 first is exact here.
+pub fn fp8_of_f64(v: f64) -> u8 {
+    let u = (v as f32).to_bits();
+    let sign = ((u >> 24) & 0x80) as u8;
+    let a = u & 0x7fff_ffff;
+    let m: u8 = if a > 0x7f80_0000 {
+        0x7e
+    } else if a >= 0x4770_0000 {
+        // >= 61440 (halfway between 57344 and 65536) rounds to inf
+        0x7c
+    } else if a >= 0x3880_0000 {
+        // normal (>= 2^-14): rebias 127 -> 15, drop 21 mantissa bits
+        let x = a - ((127 - 15) << 23);
+        let q = x >> 21;
+        let r = x & 0x1f_ffff;
+        (q + u32::from(r > 0x10_0000 || (r == 0x10_0000 && q & 1 == 1))) as u8
+    } else {
+        // subnormal or zero: units of 2^-16
+        let e = (a >> 23) as i32 - 127;
+        let s = 7 - e; // >= 22
+        if a < 0x0080_0000 || s > 31 {
+            0
+        } else {
+            let mm = (a & 0x7f_ffff) | 0x80_0000;
+            let q = mm >> s;
+            let r = mm & ((1u32 << s) - 1);
+            let half = 1u32 << (s - 1);
+            (q + u32::from(r > half || (r == half && q & 1 == 1))) as u8
+        }
+    };
+    sign | m
+}
+
+/// The value of an fp8 E5M2 bit pattern (the top byte of a half).
+pub fn fp8_to_f64(b: u8) -> f64 {
+    half::f16::from_bits(u16::from(b) << 8).to_f64()
 }
 
 impl fmt::Display for Prec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_stores_wrap() {
+        assert_eq!(Prec::Int32.round(2147483648.0), -2147483648.0);
+        assert_eq!(Prec::Int32.round(-2.9), -2.0);
+        assert_eq!(Prec::Uint16.round(-1.0), 65535.0);
+        assert_eq!(Prec::Uint32.round(f64::NAN), 0.0);
+        assert_eq!(Prec::Int64.round(f64::INFINITY), 0.0);
+        assert_eq!(int_bits_of_f64(18446744073709551616.0 + 4096.0), 4096);
+        assert_eq!(int_bits_of_f64(-1.0), u64::MAX);
+        assert_eq!(Prec::Byte.round(300.7), 44.0);
+    }
+
+    #[test]
+    fn bf16_and_fp8_round_to_nearest_even() {
+        // bfloat16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even is 1.
+        assert_eq!(Prec::Bfloat16.round(1.0 + 2f64.powi(-8)), 1.0);
+        assert_eq!(
+            Prec::Bfloat16.round(1.0 + 3.0 * 2f64.powi(-8)),
+            1.0 + 2.0 * 2f64.powi(-7)
+        );
+        assert_eq!(Prec::Bfloat16.round(3.5e38), f64::INFINITY);
+        assert!(Prec::Bfloat16.round(f64::NAN).is_nan());
+        // fp8 E5M2: max 57344; 61440 is the tie to inf; 1.125 ties to 1, 1.375 to 1.5.
+        assert_eq!(Prec::Fp8.round(57344.0), 57344.0);
+        assert_eq!(Prec::Fp8.round(61439.0), 57344.0);
+        assert_eq!(Prec::Fp8.round(61440.0), f64::INFINITY);
+        assert_eq!(Prec::Fp8.round(-1e9), f64::NEG_INFINITY);
+        assert_eq!(Prec::Fp8.round(1.125), 1.0);
+        assert_eq!(Prec::Fp8.round(1.375), 1.5);
+        // subnormals: step 2^-16; 2^-17 ties to 0, 3·2^-17 ties to 2^-15.
+        assert_eq!(Prec::Fp8.round(2f64.powi(-17)), 0.0);
+        assert_eq!(Prec::Fp8.round(3.0 * 2f64.powi(-17)), 2f64.powi(-15));
+        assert_eq!(Prec::Fp8.round(1.1 * 2f64.powi(-17)), 2f64.powi(-16));
+        assert!(Prec::Fp8.round(f64::NAN).is_nan());
+    }
+
+    #[test]
+    fn compute_types() {
+        assert_eq!(Compute::of(Prec::Int32, [Prec::Int32]), Compute::I64);
+        assert_eq!(Compute::of(Prec::Int32, [Prec::Uint64]), Compute::U64);
+        assert_eq!(Compute::of(Prec::Byte, [Prec::Single]), Compute::F64);
+        assert_eq!(Compute::of(Prec::Half, [Prec::Int64]), Compute::F32);
+        assert_eq!(Compute::of(Prec::Double, []), Compute::F64);
     }
 }

@@ -189,3 +189,28 @@ impl Llc {
         out
     }
 }
+
+/// The compute type of a statement storing `value` into precision `result` (SPEC 9.1): from
+/// the result and the precisions of the values it reads (tensors, merge buffers and inlined
+/// virtual nodes; an imported C function counts as a `double` argument; constants and index
+/// values do not count).
+pub fn statement_compute(result: Prec, value: &Llv) -> crate::ir::Compute {
+    fn args(v: &Llv, out: &mut Vec<Prec>) {
+        match v {
+            Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) => out.push(t.prec()),
+            Llv::GetLocal(id) | Llv::LocalScope { id, .. } => out.push(id.tn.prec()),
+            Llv::GetCFunction(_) => out.push(Prec::Double),
+            Llv::Constant(_) | Llv::EmbedIndex(_) => {}
+            Llv::Binop(_, a, b) => {
+                args(a, out);
+                args(b, out);
+            }
+            Llv::Unop(_, a) => args(a, out),
+        }
+    }
+    let mut precs = vec![];
+    if result.is_integer() {
+        args(value, &mut precs);
+    }
+    crate::ir::Compute::of(result, precs)
+}

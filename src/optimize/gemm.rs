@@ -234,6 +234,23 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if reads_c(x) || reads_c(y) {
         return None;
     }
+    // Operands of the precisions of SPEC 9.1 (wide integers, bfloat16, fp8) are left to the
+    // scalar code: the packing converts only bytes, halves, singles and doubles.
+    let other_prec = |v: &Llv| {
+        let mut hit = false;
+        visit_value(v, &mut |v| {
+            if let Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) = v {
+                hit |= !matches!(
+                    t.prec(),
+                    Prec::Byte | Prec::Half | Prec::Single | Prec::Double
+                );
+            }
+        });
+        hit
+    };
+    if other_prec(x) || other_prec(y) {
+        return None;
+    }
     if loops.iter().any(|l| l.from != 0 || l.to < 0) {
         return None;
     }

@@ -271,7 +271,7 @@ fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
     let lanes: i64 = match tn.prec() {
         Prec::Single => 16,
         Prec::Double => 8,
-        Prec::Half | Prec::Byte => return rebuild(loops, body),
+        _ => return rebuild(loops, body),
     };
     let n = to - from + 1;
     let Llv::Binop(op, acc_read, e) = value else {

@@ -99,6 +99,11 @@ fn uses_local(v: &Llv, id: &crate::loops::ScopeId) -> bool {
 /// value is computed in the inlined node's own compute type and rounded to its precision.
 pub fn simplify_value(v: Llv, target: Prec) -> Llv {
     use Llv::Constant as C;
+    if target.is_integer() {
+        // Integer results compute in a type chosen from their arguments (SPEC 9.1), with
+        // integer meanings for div, pow, ...: only simplify inside inlined computations.
+        return simplify_inner(v);
+    }
     match v {
         Llv::LocalScope {
             id,
@@ -166,6 +171,28 @@ pub fn simplify_value(v: Llv, target: Prec) -> Llv {
                 (op, a, b) => Llv::Binop(op, Box::new(a), Box::new(b)),
             }
         }
+        v => v,
+    }
+}
+
+/// Simplifies the bodies of the local scopes of a value, leaving the value itself as is.
+fn simplify_inner(v: Llv) -> Llv {
+    match v {
+        Llv::LocalScope {
+            id,
+            body,
+            orig_indices,
+        } => Llv::LocalScope {
+            id,
+            body: Box::new(simplify(*body)),
+            orig_indices,
+        },
+        Llv::Unop(op, a) => Llv::Unop(op, Box::new(simplify_inner(*a))),
+        Llv::Binop(op, a, b) => Llv::Binop(
+            op,
+            Box::new(simplify_inner(*a)),
+            Box::new(simplify_inner(*b)),
+        ),
         v => v,
     }
 }

@@ -156,6 +156,82 @@ pub fn round_to(prec: Prec, v: f64) -> f64 {
         Prec::Half => nearest_half(v),
         Prec::Single => v as f32 as f64,
         Prec::Double => v,
+        Prec::Bfloat16 => nearest_in(v, &bf16_values()),
+        Prec::Fp8 => nearest_in(v, &fp8_values()),
+        p => {
+            // Integers: truncate toward zero, wrap modulo 2^bits.
+            let bits = p.int_bits().unwrap_or(64);
+            if !v.is_finite() {
+                return 0.0;
+            }
+            let m = 2f64.powi(bits as i32);
+            let mut r = v.trunc() % m;
+            if r < 0.0 {
+                r += m;
+            }
+            if p.is_signed_integer() && r >= m / 2.0 {
+                r -= m;
+            }
+            r
+        }
+    }
+}
+
+/// The finite non-negative fp8 E5M2 values, ascending (bits 0x00..=0x7b), with the bit
+/// pattern of each, decoded here from the format's definition (bias 15, 2 mantissa bits).
+pub fn fp8_values() -> Vec<(f64, u32)> {
+    (0u32..=0x7b)
+        .map(|b| {
+            let (e, m) = ((b >> 2) as i32, f64::from(b & 3));
+            let v = if e == 0 {
+                m / 4.0 * 2f64.powi(-14)
+            } else {
+                (1.0 + m / 4.0) * 2f64.powi(e - 15)
+            };
+            (v, b)
+        })
+        .collect()
+}
+
+/// The finite non-negative bfloat16 values, ascending (bits 0x0000..=0x7f7f).
+pub fn bf16_values() -> Vec<(f64, u32)> {
+    (0u32..=0x7f7f)
+        .map(|b| (f64::from(f32::from_bits(b << 16)), b))
+        .collect()
+}
+
+/// Rounds `v` to the nearest of `table` (finite non-negative values ascending, with their bit
+/// patterns), ties to the even pattern; beyond the largest value plus half a step (as if
+/// the exponent range went on), infinity. NaN stays NaN.
+pub fn nearest_in(v: f64, table: &[(f64, u32)]) -> f64 {
+    if v.is_nan() {
+        return v;
+    }
+    let a = v.abs();
+    let n = table.len();
+    let (max, below) = (table[n - 1].0, table[n - 2].0);
+    let r = if a >= max + (max - below) / 2.0 {
+        f64::INFINITY
+    } else {
+        let i = table.partition_point(|&(x, _)| x <= a);
+        if i == n {
+            max
+        } else if i == 0 {
+            table[0].0
+        } else {
+            let (lo, hi) = (table[i - 1], table[i]);
+            let (dl, dh) = (a - lo.0, hi.0 - a);
+            if dl < dh || (dl == dh && lo.1 % 2 == 0) {
+                lo.0
+            } else {
+                hi.0
+            }
+        }
+    };
+    if v.is_sign_negative() {
+        -r
+    } else {
+        r
     }
 }
 
@@ -186,10 +262,12 @@ pub fn nearest_half(v: f64) -> f64 {
 /// Relative tolerance for comparing results of each precision.
 pub fn tolerance(prec: Prec) -> f64 {
     match prec {
-        Prec::Byte => 0.0,
         Prec::Half => 2e-3,
+        Prec::Bfloat16 => 1e-2,
+        Prec::Fp8 => 0.25,
         Prec::Single => 2e-6,
         Prec::Double => 1e-13,
+        _ => 0.0,
     }
 }
 

@@ -357,7 +357,11 @@ pub(crate) fn collect_printed(built: &Built) -> Result<Vec<PrintedTensor>, Progr
                     ProgramError::nowhere(format!("tensor {} has no host array", quote(name)))
                 })?
                 .map_err(|e| ProgramError::nowhere(e.to_string()))?;
-            Ok((name.clone(), tn.dims().to_vec(), tn.prec(), values))
+            // Integer cells exactly (an int64 above 2^53 keeps every digit).
+            let ints: Vec<i128> = tn
+                .with_host(|a| (0..a.len()).filter_map(|i| a.get_int(i)).collect())
+                .unwrap_or_default();
+            Ok((name.clone(), tn.dims().to_vec(), tn.prec(), values, ints))
         })
         .collect()
 }
@@ -465,8 +469,9 @@ fn prepare_devices<'a>(
     })
 }
 
-/// A printed tensor: name, dims, precision, values.
-pub type PrintedTensor = (String, Vec<usize>, arrayjit::ir::Prec, Vec<f64>);
+/// A printed tensor: name, dims, precision, values, and for integer precisions the exact
+/// values (empty otherwise).
+pub type PrintedTensor = (String, Vec<usize>, arrayjit::ir::Prec, Vec<f64>, Vec<i128>);
 
 /// The values of the printed tensors after a run.
 pub struct RunResult {
@@ -479,11 +484,12 @@ impl RunResult {
     pub fn printed(&self) -> Vec<Printed<'_>> {
         self.tensors
             .iter()
-            .map(|(name, dims, prec, values)| Printed {
+            .map(|(name, dims, prec, values, ints)| Printed {
                 name,
                 dims,
                 prec: *prec,
                 values,
+                ints,
             })
             .collect()
     }

@@ -232,6 +232,17 @@ impl Sim<'_> {
                 ),
             });
         }
+        if merge == MergeDecl::No && tn.prec().is_integer() {
+            // Exact, an int64 above 2^53 included.
+            let ints = self.devices[from]
+                .mem
+                .get_int(tn)
+                .unwrap_or_else(|| vec![0; tn.numel()]);
+            return self.devices[to]
+                .mem
+                .set_int(tn, &ints)
+                .map_err(|e| e.to_string());
+        }
         let values = self.values(from, tn).map_err(|e| e.to_string())?;
         match merge {
             MergeDecl::No => self.devices[to]
@@ -283,7 +294,7 @@ impl Sim<'_> {
         let acc_round = |v: f64| match prec {
             Prec::Half | Prec::Single => v as f32 as f64,
             Prec::Double => v,
-            Prec::Byte => Prec::Byte.round(v),
+            p => p.round(v),
         };
         let mut sum = interp::zeroed_values(tn)?;
         for &d in devices {

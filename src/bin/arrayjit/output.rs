@@ -24,8 +24,9 @@ pub fn format_value(prec: Prec, v: f64) -> String {
         return if v > 0.0 { "inf".into() } else { "-inf".into() };
     }
     match prec {
-        Prec::Byte => format!("{}", v as u8),
+        p if p.is_integer() => format!("{}", p.round(v) as i128),
         Prec::Half => format_f64(shortest_half(f16_from_f64(v))),
+        Prec::Bfloat16 | Prec::Fp8 => format_f64(shortest_of(prec, v)),
         Prec::Single => {
             let x = v as f32;
             let a = x.abs();
@@ -35,8 +36,28 @@ pub fn format_value(prec: Prec, v: f64) -> String {
                 format!("{x}")
             }
         }
-        Prec::Double => format_f64(v),
+        _ => format_f64(v),
     }
+}
+
+/// The `f64` with the fewest significant decimal digits that converts back to the same value
+/// of `prec` (bfloat16 or fp8).
+fn shortest_of(prec: Prec, v: f64) -> f64 {
+    let exact = prec.round(v);
+    if exact == 0.0 {
+        return exact;
+    }
+    for digits in 1..=17 {
+        let s = format!("{:.*e}", digits - 1, exact);
+        if let Ok(back) = decimal::convert_text(&s, prec) {
+            if back.to_bits() == exact.to_bits() {
+                if let Ok(y) = s.parse::<f64>() {
+                    return y;
+                }
+            }
+        }
+    }
+    exact
 }
 
 fn format_f64(x: f64) -> String {
@@ -73,9 +94,10 @@ fn shortest_half(h: f16) -> f64 {
 fn max_value_len(prec: Prec) -> usize {
     match prec {
         Prec::Byte => 6,
-        Prec::Half => 12,
+        p if p.is_integer() => 22,
+        Prec::Half | Prec::Bfloat16 | Prec::Fp8 => 12,
         Prec::Single => 16,
-        Prec::Double => 25,
+        _ => 25,
     }
 }
 
@@ -107,6 +129,26 @@ pub struct Printed<'a> {
     pub prec: Prec,
     /// The values, row-major.
     pub values: &'a [f64],
+    /// For integer precisions, the exact values (printed instead of `values`); else empty.
+    pub ints: &'a [i128],
+}
+
+impl Printed<'_> {
+    /// The JSON text of cell `k`.
+    fn json_cell(&self, k: usize) -> String {
+        match self.ints.get(k) {
+            Some(i) => i.to_string(),
+            None => json_value(self.prec, self.values[k]),
+        }
+    }
+
+    /// The table text of cell `k`.
+    fn table_cell(&self, k: usize) -> String {
+        match self.ints.get(k) {
+            Some(i) => i.to_string(),
+            None => format_value(self.prec, self.values[k]),
+        }
+    }
 }
 
 fn json_string(s: &str) -> String {
@@ -135,11 +177,11 @@ pub fn to_json(tensors: &[Printed<'_>]) -> Result<String> {
             t.name,
         )?;
         out.push_str(&head);
-        for (k, &v) in t.values.iter().enumerate() {
+        for k in 0..t.values.len() {
             if k > 0 {
                 out.push_str(", ");
             }
-            out.push_str(&json_value(t.prec, v));
+            out.push_str(&t.json_cell(k));
         }
         out.push_str("]}");
     }
@@ -186,7 +228,7 @@ pub fn to_table(tensors: &[Printed<'_>]) -> Result<String> {
                 what: format!("the printed cells of tensor {}", json_string(t.name)),
                 bytes: t.values.len().saturating_mul(std::mem::size_of::<String>()),
             })?;
-        cells.extend(t.values.iter().map(|&v| format_value(t.prec, v)));
+        cells.extend((0..t.values.len()).map(|k| t.table_cell(k)));
         let width = cells.iter().map(|c| c.chars().count()).max().unwrap_or(1);
         reserve(
             &mut out,
@@ -267,6 +309,7 @@ mod tests {
             dims: &[1],
             prec: Prec::Single,
             values: &[1.0],
+            ints: &[],
         }])
         .unwrap();
         assert_eq!(t.lines().count(), 2, "{t}");

@@ -500,6 +500,8 @@ fn make_tensor(
             ProgramError::at(p, e.to_string())
         }
     };
+    // Exact values of an integer tensor's `values` (the f64s of the init may round them).
+    let mut exact_ints: Vec<i128> = vec![];
     // The host data, when the init is something other than zeros.
     let data_init: Option<InitOp> = match &decl.init {
         None | Some(InitDecl::Zeros) => None,
@@ -525,6 +527,13 @@ fn make_tensor(
                 let x = decimal::convert(v, prec)
                     .map_err(|m| ProgramError::at(with(&init_path, json_path!["values", i]), m))?;
                 converted.push(x);
+                if prec.is_integer() {
+                    // Exact (every digit of an int64 above 2^53), written after creation.
+                    let k = decimal::convert_int(v, prec).map_err(|m| {
+                        ProgramError::at(with(&init_path, json_path!["values", i]), m)
+                    })?;
+                    exact_ints.push(k);
+                }
             }
             Some(InitOp::ConstantFill {
                 values: converted,
@@ -556,7 +565,15 @@ fn make_tensor(
             (None, true) => (b.hosted(), at),
             (None, false) => (b, &dims_path),
         };
-        b.build().map_err(lib(at))
+        let tn = b.build().map_err(lib(at))?;
+        if !exact_ints.is_empty() {
+            tn.with_host_mut(|a| {
+                for i in 0..a.len() {
+                    a.set_int(i, exact_ints[i % exact_ints.len()]);
+                }
+            });
+        }
+        Ok(tn)
     };
     let shared_mode =
         (shared_by.len() > 1).then_some((MemoryMode::Materialized, provenance::SHARED_BY_ROUTINES));

@@ -146,6 +146,44 @@ fn byte_of_decimal(d: &Decimal) -> u8 {
     }
 }
 
+/// The integer part of `d` modulo 2^64 (truncated toward zero, then wrapped), as a 64-bit
+/// pattern. 10^64 is a multiple of 2^64: only the last 64 digits of the integer part matter.
+fn int_bits_of_decimal(d: &Decimal) -> u64 {
+    if d.point <= 0 {
+        return 0;
+    }
+    let mut n: u64 = 0;
+    for pos in (d.point - 64).max(0)..d.point {
+        let digit = usize::try_from(pos)
+            .ok()
+            .and_then(|p| d.digits.get(p))
+            .map_or(0, |c| u64::from(c - b'0'));
+        n = n.wrapping_mul(10).wrapping_add(digit);
+    }
+    if d.negative {
+        n.wrapping_neg()
+    } else {
+        n
+    }
+}
+
+/// Converts the text of a JSON number to an integer precision exactly: truncated toward zero
+/// and wrapped into the type's range (SPEC 9.1), every digit kept.
+pub fn convert_int_text(text: &str, prec: Prec) -> Result<i128, String> {
+    convert_text(text, prec)?;
+    let d = parse_decimal(text).ok_or_else(|| format!("{text:?} is not a JSON number"))?;
+    Ok(prec.wrap_int(int_bits_of_decimal(&d)))
+}
+
+/// Converts a value of `init.values` to an integer precision exactly (NaN and infinities
+/// store 0).
+pub fn convert_int(v: &ValueLit, prec: Prec) -> Result<i128, String> {
+    match v {
+        ValueLit::Number(text) => convert_int_text(text, prec),
+        ValueLit::Inf | ValueLit::NegInf | ValueLit::NaN => Ok(0),
+    }
+}
+
 /// For a finite `a >= 0`: the bits and value of the largest finite `f16` not above `a`, and
 /// the value of the next `f16` (65536 after the largest finite half, 65504, as if the
 /// exponent range went on: IEEE rounding overflows to infinity from the midpoint 65520 on).
@@ -217,12 +255,15 @@ pub fn convert_text(text: &str, prec: Prec) -> Result<f64, String> {
         }
         Prec::Half => half_of_decimal(&d, x).to_f64(),
         Prec::Byte => f64::from(byte_of_decimal(&d)),
+        // Correctly rounded: decimal -> f64 -> bf16/fp8 rounds once in effect (53 >= 2p + 2).
+        Prec::Bfloat16 | Prec::Fp8 => prec.round(x),
+        p => p.wrap_int(int_bits_of_decimal(&d)) as f64,
     })
 }
 
 /// Converts a value of `init.values` to `prec` (see [`convert_text`]).
 pub fn convert(v: &ValueLit, prec: Prec) -> Result<f64, String> {
-    let special = |x: f64| if prec == Prec::Byte { 0.0 } else { x };
+    let special = |x: f64| if prec.is_integer() { 0.0 } else { x };
     match v {
         ValueLit::Number(text) => convert_text(text, prec),
         ValueLit::Inf => Ok(special(f64::INFINITY)),

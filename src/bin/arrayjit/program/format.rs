@@ -144,8 +144,22 @@ object_only!(TensorDecl, "a tensor declaration (an object)");
 pub enum PrecDecl {
     /// `"byte"`
     Byte,
+    /// `"uint16"`
+    Uint16,
+    /// `"int32"`
+    Int32,
+    /// `"uint32"`
+    Uint32,
+    /// `"int64"`
+    Int64,
+    /// `"uint64"`
+    Uint64,
+    /// `"fp8"` (E5M2)
+    Fp8,
     /// `"half"`
     Half,
+    /// `"bfloat16"`
+    Bfloat16,
     /// `"single"` (the default)
     #[default]
     Single,
@@ -155,7 +169,7 @@ pub enum PrecDecl {
 
 name_only!(
     PrecDecl,
-    "a precision name: \"byte\", \"half\", \"single\" or \"double\""
+    "a precision name: \"byte\", \"uint16\", \"int32\", \"uint32\", \"int64\", \"uint64\", \"fp8\", \"half\", \"bfloat16\", \"single\" or \"double\""
 );
 
 impl PrecDecl {
@@ -164,7 +178,14 @@ impl PrecDecl {
         use arrayjit::ir::Prec;
         match self {
             PrecDecl::Byte => Prec::Byte,
+            PrecDecl::Uint16 => Prec::Uint16,
+            PrecDecl::Int32 => Prec::Int32,
+            PrecDecl::Uint32 => Prec::Uint32,
+            PrecDecl::Int64 => Prec::Int64,
+            PrecDecl::Uint64 => Prec::Uint64,
+            PrecDecl::Fp8 => Prec::Fp8,
             PrecDecl::Half => Prec::Half,
+            PrecDecl::Bfloat16 => Prec::Bfloat16,
             PrecDecl::Single => Prec::Single,
             PrecDecl::Double => Prec::Double,
         }
