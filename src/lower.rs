@@ -203,6 +203,32 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
                 lower_accum(*initialize_neutral, *accum, lhs, &p, v),
             )
         }
+        Assignments::AccumTernop {
+            initialize_neutral,
+            accum,
+            op,
+            lhs,
+            rhs1,
+            rhs2,
+            rhs3,
+            projections,
+        } => {
+            check_projections(lhs, &[rhs1, rhs2, rhs3], projections)?;
+            let (snapshot, args) =
+                snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs1, rhs2, rhs3])?;
+            let p = projections.freshen();
+            let v = Llv::Ternop(
+                *op,
+                Box::new(get(&args[0], &p.project_rhs[0])),
+                Box::new(get(&args[1], &p.project_rhs[1])),
+                Box::new(get(&args[2], &p.project_rhs[2])),
+            );
+            with_snapshot(
+                lhs,
+                snapshot,
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+            )
+        }
         Assignments::AccumUnop {
             initialize_neutral,
             accum,
@@ -337,6 +363,16 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
                 }
             })
         }
+        FetchOp::Random { seed } => over_all_cells(array, |idcs| Llc::Set {
+            tn: array.clone(),
+            idcs: idcs.clone(),
+            value: Llv::Random {
+                seed: *seed,
+                idcs,
+                dims: array.dims().to_vec(),
+                prec: array.prec(),
+            },
+        }),
         FetchOp::EmbedSymbol(s) => over_all_cells(array, |idcs| Llc::Set {
             tn: array.clone(),
             idcs,

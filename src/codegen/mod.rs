@@ -352,7 +352,11 @@ fn store(prec: Prec, e: String) -> String {
 
 impl Writer {
     fn offset(&mut self, tn: &Tnode, idcs: &[AxisIndex]) -> String {
-        let dims = tn.dims();
+        self.offset_in(tn.dims(), idcs)
+    }
+
+    /// The row-major offset of the element `idcs` of an array of dims `dims`.
+    fn offset_in(&mut self, dims: &[usize], idcs: &[AxisIndex]) -> String {
         let mut stride = 1usize;
         let mut constant = 0usize;
         let mut terms: Vec<String> = vec![];
@@ -471,6 +475,29 @@ impl Writer {
             Llv::Unop(op, a) => {
                 let a = self.expr(a, in_float, pre, indent, done);
                 op.c_expr(in_float, &a)
+            }
+            Llv::Ternop(op, a, b, c) => {
+                let a = self.expr(a, in_float, pre, indent, done);
+                let b = self.expr(b, in_float, pre, indent, done);
+                let c = self.expr(c, in_float, pre, indent, done);
+                op.c_expr(in_float, &a, &b, &c)
+            }
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => {
+                let off = self.offset_in(dims, idcs);
+                let w = format!("aj_threefry_word({seed}ULL, (uint64_t)({off}))");
+                match crate::ir::random::float_format(*prec) {
+                    Some((mant, emin)) => Self::convert(
+                        "double",
+                        in_float,
+                        format!("aj_rand_unit({w}, {mant}, {emin})"),
+                    ),
+                    None => Self::convert("double", in_float, format!("(double){w}")),
+                }
             }
         }
     }

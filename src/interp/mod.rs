@@ -528,6 +528,14 @@ impl<'m> Machine<'m> {
                 self.check_value(b, bound)
             }
             Llv::Unop(_, a) => self.check_value(a, bound),
+            Llv::Ternop(_, a, b, c) => {
+                self.check_value(a, bound)?;
+                self.check_value(b, bound)?;
+                self.check_value(c, bound)
+            }
+            Llv::Random { idcs, .. } => idcs
+                .iter()
+                .try_for_each(|ix| self.check_value(&Llv::EmbedIndex(*ix), bound)),
             Llv::EmbedIndex(AxisIndex::Fixed(_)) => Ok(()),
             Llv::EmbedIndex(AxisIndex::Linear(l)) => {
                 match l.terms().iter().find(|(s, _)| {
@@ -795,6 +803,26 @@ impl<'m> Machine<'m> {
             Llv::Unop(op, a) => {
                 let a = self.eval(a, p)?;
                 op.interpret(a)
+            }
+            Llv::Ternop(op, a, b, c) => {
+                let a = self.eval(a, p)?;
+                let b = self.eval(b, p)?;
+                let c = self.eval(c, p)?;
+                op.interpret(p.computes_in_float(), a, b, c)
+            }
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => {
+                // The row-major offset, wrapping like the C (offsets fit in 64 bits anyway).
+                let mut off: u64 = 0;
+                for (ix, &d) in idcs.iter().zip(dims) {
+                    let i = self.index(ix)?;
+                    off = off.wrapping_mul(d as u64).wrapping_add(i as u64);
+                }
+                p.round_compute(crate::ir::random::value(*seed, off, *prec))
             }
         })
     }

@@ -1,7 +1,7 @@
 //! Assignments: the input IR, and its readable printer.
 
 use super::indexing::{AxisIndex, Projections, StaticSymbol};
-use super::ops::{Binop, Unop};
+use super::ops::{Binop, Ternop, Unop};
 use super::tnode::Tnode;
 use std::fmt::Write;
 
@@ -37,6 +37,12 @@ pub enum FetchOp {
     },
     /// Every cell gets the value of the static index.
     EmbedSymbol(StaticSymbol),
+    /// Uniform random values of SPEC section 9.5: Threefry-4x32-20 keyed by the seed,
+    /// counting the cell's row-major offset (see [`crate::ir::random`]).
+    Random {
+        /// The generator's 64-bit seed.
+        seed: u64,
+    },
     /// Every cell gets the result of a C function `double NAME(void)` available to the
     /// loaded library. The name must be a plain C identifier.
     Imported(String),
@@ -66,6 +72,26 @@ pub enum Assignments {
         /// Second argument.
         rhs2: Buffer,
         /// The projections (two argument projections).
+        projections: Projections,
+    },
+    /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs1[p_rhs1], rhs2[p_rhs2], rhs3[p_rhs3]))` over the
+    /// product space (SPEC section 9.2).
+    AccumTernop {
+        /// Fill with accum's neutral element first (or overwrite, when bijective).
+        initialize_neutral: bool,
+        /// The accumulation; `Arg2` overwrites.
+        accum: Binop,
+        /// The operation.
+        op: Ternop,
+        /// The result.
+        lhs: Tnode,
+        /// First argument.
+        rhs1: Buffer,
+        /// Second argument.
+        rhs2: Buffer,
+        /// Third argument.
+        rhs3: Buffer,
+        /// The projections (three argument projections).
         projections: Projections,
     },
     /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs[p_rhs]))` over the product space.
@@ -147,6 +173,18 @@ impl Assignments {
                 add(lhs);
                 add(rhs.tnode());
             }
+            Assignments::AccumTernop {
+                lhs,
+                rhs1,
+                rhs2,
+                rhs3,
+                ..
+            } => {
+                add(lhs);
+                add(rhs1.tnode());
+                add(rhs2.tnode());
+                add(rhs3.tnode());
+            }
             Assignments::Fetch { array, fetch_op } => {
                 add(array);
                 if let FetchOp::Slice { sliced, .. } = fetch_op {
@@ -224,6 +262,29 @@ impl Assignments {
                     projections.debug_info
                 );
             }
+            Assignments::AccumTernop {
+                initialize_neutral,
+                accum,
+                op,
+                lhs,
+                rhs1,
+                rhs2,
+                rhs3,
+                projections,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{}{} {} {}({}, {}, {}) ~logic:{:?}",
+                    doc_buffer(&Buffer::Node(lhs.clone()), &projections.project_lhs),
+                    if *initialize_neutral { " :" } else { " " },
+                    accum_sym(*accum),
+                    op.name(),
+                    doc_buffer(rhs1, &projections.project_rhs[0]),
+                    doc_buffer(rhs2, &projections.project_rhs[1]),
+                    doc_buffer(rhs3, &projections.project_rhs[2]),
+                    projections.debug_info
+                );
+            }
             Assignments::AccumUnop {
                 initialize_neutral,
                 accum,
@@ -255,6 +316,7 @@ impl Assignments {
                     }
                     FetchOp::EmbedSymbol(s) => format!("embed({})", s.name.escape_debug()),
                     FetchOp::Imported(f) => format!("{}()", f.escape_debug()),
+                    FetchOp::Random { seed } => format!("random({seed})"),
                 };
                 let _ = writeln!(out, "{pad}{} := {what}", array.name().escape_debug());
             }

@@ -8,6 +8,7 @@ pub mod modes;
 pub mod ndarray;
 pub mod ops;
 pub mod prec;
+pub mod random;
 pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
@@ -17,6 +18,6 @@ pub use indexing::{
 };
 pub use modes::{HostedMode, MemoryMode, MemoryModes};
 pub use ndarray::{InitOp, Ndarray};
-pub use ops::{Binop, Unop};
+pub use ops::{Binop, Ternop, Unop};
 pub use prec::Prec;
 pub use tnode::{Tnode, TnodeBuilder};
