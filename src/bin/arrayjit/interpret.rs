@@ -74,6 +74,18 @@ fn device_nodes(asgns: &Assignments, out: &mut HashSet<Tnode>, merge: &mut Vec<T
             out.insert(lhs.clone());
             arg(rhs, out);
         }
+        Assignments::AccumTernop {
+            lhs,
+            rhs1,
+            rhs2,
+            rhs3,
+            ..
+        } => {
+            out.insert(lhs.clone());
+            arg(rhs1, out);
+            arg(rhs2, out);
+            arg(rhs3, out);
+        }
         Assignments::Fetch { array, fetch_op } => {
             out.insert(array.clone());
             if let FetchOp::Slice { sliced, .. } = fetch_op {

@@ -357,6 +357,19 @@ pub enum FetchKind {
     },
     /// `"embed_index": STATIC`
     EmbedIndex(String),
+    /// `"random": {"seed": S}`: uniform values of SPEC section 9.5.
+    Random {
+        /// The generator's seed (a JSON integer in `0 .. 2^64`).
+        seed: u64,
+    },
+}
+
+/// The object of a random fetch, `{"seed": S}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomDecl {
+    /// The generator's seed.
+    pub seed: u64,
 }
 
 /// A block statement: a comment labelling a list of statements.
@@ -692,11 +705,12 @@ const STATEMENT_FIELDS: &[&str] = &[
     "slice",
     "index",
     "embed_index",
+    "random",
     "comment",
     "code",
 ];
 const ASSIGN_FIELDS: &[&str] = &["assign", "op", "args", "logic", "accum", "init_neutral"];
-const FETCH_FIELDS: &[&str] = &["fetch", "constant", "slice", "index", "embed_index"];
+const FETCH_FIELDS: &[&str] = &["fetch", "constant", "slice", "index", "embed_index", "random"];
 const BLOCK_FIELDS: &[&str] = &["comment", "code"];
 
 fn quoted_list(names: &[&str]) -> String {
@@ -727,6 +741,7 @@ impl<'de> Deserialize<'de> for Statement {
                 let mut slice: Option<String> = None;
                 let mut index: Option<String> = None;
                 let mut embed_index: Option<String> = None;
+                let mut random: Option<RandomDecl> = None;
                 let mut comment: Option<String> = None;
                 let mut code: Option<Vec<Statement>> = None;
                 let mut seen: Vec<&'static str> = vec![];
@@ -743,6 +758,7 @@ impl<'de> Deserialize<'de> for Statement {
                         "slice" => "slice",
                         "index" => "index",
                         "embed_index" => "embed_index",
+                        "random" => "random",
                         "comment" => "comment",
                         "code" => "code",
                         other => return Err(de::Error::unknown_field(other, STATEMENT_FIELDS)),
@@ -759,6 +775,7 @@ impl<'de> Deserialize<'de> for Statement {
                         "slice" => put(&mut map, &mut slice, k)?,
                         "index" => put(&mut map, &mut index, k)?,
                         "embed_index" => put(&mut map, &mut embed_index, k)?,
+                        "random" => put(&mut map, &mut random, k)?,
                         "comment" => put(&mut map, &mut comment, k)?,
                         _ => put(&mut map, &mut code, k)?,
                     }
@@ -810,11 +827,12 @@ impl<'de> Deserialize<'de> for Statement {
                 if let Some(lhs) = fetch {
                     let n = constant.is_some() as u8
                         + slice.is_some() as u8
-                        + embed_index.is_some() as u8;
+                        + embed_index.is_some() as u8
+                        + random.is_some() as u8;
                     if n != 1 {
                         return Err(de::Error::custom(
                             "a fetch needs exactly one of the keys \"constant\", \"slice\" \
-                             (with \"index\") or \"embed_index\"",
+                             (with \"index\"), \"embed_index\" or \"random\"",
                         ));
                     }
                     if index.is_some() && slice.is_none() {
@@ -824,6 +842,8 @@ impl<'de> Deserialize<'de> for Statement {
                     }
                     let kind = if let Some(c) = constant {
                         FetchKind::Constant(c.0)
+                    } else if let Some(r) = random {
+                        FetchKind::Random { seed: r.seed }
                     } else if let Some(src) = slice {
                         FetchKind::Slice {
                             src,
