@@ -1,0 +1,276 @@
+//! Ternary operations (SPEC 9.2) and the random fetch (SPEC 9.5): compiled code, the
+//! interpreter and independent computations agree exactly.
+
+mod common;
+use arrayjit::interp::{self, Memory};
+use arrayjit::ir::einsum::projections;
+use arrayjit::ir::*;
+use common::*;
+
+fn interpret(asgns: &Assignments, outs: &[&Tnode]) -> Vec<Vec<f64>> {
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asgns.nodes());
+    interp::run_assignments(asgns, &[], &mut mem).unwrap();
+    outs.iter().map(|t| mem.get(t).unwrap().to_vec()).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn ternop(
+    lhs: &Tnode,
+    accum: Binop,
+    init: bool,
+    op: Ternop,
+    a: &Tnode,
+    b: &Tnode,
+    c: &Tnode,
+    spec: &str,
+) -> Assignments {
+    Assignments::AccumTernop {
+        initialize_neutral: init,
+        accum,
+        op,
+        lhs: lhs.clone(),
+        rhs1: Buffer::Node(a.clone()),
+        rhs2: Buffer::Node(b.clone()),
+        rhs3: Buffer::Node(c.clone()),
+        projections: projections(
+            spec,
+            lhs.dims(),
+            &[a.dims(), b.dims(), c.dims()],
+            &Bindings::empty(),
+        )
+        .unwrap(),
+    }
+}
+
+/// Independent Threefry-4x32-20 (written from the Random123 paper's description, as a
+/// check of the library's): the first output word.
+fn threefry_first(ctr: [u32; 4], key: [u32; 4]) -> u32 {
+    const R: [u32; 16] = [10, 26, 11, 21, 13, 27, 23, 5, 6, 20, 17, 11, 25, 10, 18, 20];
+    let ks = [key[0], key[1], key[2], key[3], 0x1BD11BDA ^ key[0] ^ key[1] ^ key[2] ^ key[3]];
+    let mut x: Vec<u32> = (0..4).map(|i| ctr[i].wrapping_add(ks[i])).collect();
+    for r in 0..20usize {
+        let (p, q) = if r % 2 == 0 { (1, 3) } else { (3, 1) };
+        let (ra, rb) = (R[2 * (r % 8)], R[2 * (r % 8) + 1]);
+        x[0] = x[0].wrapping_add(x[p]);
+        x[p] = x[p].rotate_left(ra) ^ x[0];
+        x[2] = x[2].wrapping_add(x[q]);
+        x[q] = x[q].rotate_left(rb) ^ x[2];
+        if r % 4 == 3 {
+            let s = (r + 1) / 4;
+            for (i, xi) in x.iter_mut().enumerate() {
+                *xi = xi.wrapping_add(ks[(s + i) % 5]);
+            }
+            x[3] = x[3].wrapping_add(s as u32);
+        }
+    }
+    x[0]
+}
+
+/// The expected cell value, computed independently: `w / 2^32` rounded down by searching the
+/// precision's largest value not above it.
+fn expected_random(seed: u64, off: u64, prec: Prec) -> f64 {
+    let w = threefry_first([off as u32, (off >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32, 0, 0]);
+    let exact = w as f64 / 4294967296.0;
+    match prec {
+        Prec::Byte => (w & 0xff) as f64,
+        Prec::Double => exact,
+        Prec::Single => {
+            let f = exact as f32;
+            if f as f64 > exact {
+                f32::from_bits(f.to_bits() - 1) as f64
+            } else {
+                f as f64
+            }
+        }
+        Prec::Half => {
+            let h = half::f16::from_f64(exact);
+            if h.to_f64() > exact {
+                half::f16::from_bits(h.to_bits() - 1).to_f64()
+            } else {
+                h.to_f64()
+            }
+        }
+    }
+}
+
+#[test]
+fn threefry_known_answers_in_rust() {
+    use arrayjit::ir::random::threefry4x32_20;
+    assert_eq!(
+        threefry4x32_20([0; 4], [0; 4]),
+        [0x9c6ca96a, 0xe17eae66, 0xfc10ecd4, 0x5256a7d8]
+    );
+    assert_eq!(
+        threefry4x32_20([u32::MAX; 4], [u32::MAX; 4]),
+        [0x2a881696, 0x57012287, 0xf6c7446e, 0xa16a6732]
+    );
+    let ctr = [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344];
+    let key = [0xa4093822, 0x299f31d0, 0x082efa98, 0xec4e6c89];
+    assert_eq!(
+        threefry4x32_20(ctr, key),
+        [0x59cd1dbb, 0xb8879579, 0x86b5d00c, 0xac8b6d84]
+    );
+    assert_eq!(threefry_first(ctr, key), 0x59cd1dbb);
+}
+
+#[test]
+fn threefry_known_answers_in_c() {
+    let dir = std::env::temp_dir().join(format!("aj_kat_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let header = concat!(env!("CARGO_MANIFEST_DIR"), "/runtime_c/arrayjit.h");
+    let src = format!(
+        "#include \"{header}\"\n#include <stdio.h>\n\
+         static void kat(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1, uint32_t k2, uint32_t k3) {{\n\
+           uint32_t c[4] = {{c0, c1, c2, c3}}, k[4] = {{k0, k1, k2, k3}}, o[4];\n\
+           aj_threefry4x32_20(c, k, o);\n\
+           printf(\"%08x %08x %08x %08x\\n\", o[0], o[1], o[2], o[3]);\n\
+         }}\n\
+         int main(void) {{\n\
+           kat(0, 0, 0, 0, 0, 0, 0, 0);\n\
+           kat(~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u, ~0u);\n\
+           kat(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u, 0x082efa98u, 0xec4e6c89u);\n\
+           printf(\"%.17g\\n\", aj_rand_unit(aj_threefry_word(42u, 5u), 24, -126));\n\
+           return 0;\n\
+         }}\n"
+    );
+    let c = dir.join("kat.c");
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.join("kat");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc)
+        .args(["-O2", "-std=c11", "-o"])
+        .arg(&exe)
+        .arg(&c)
+        .arg("-lm")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = std::process::Command::new(&exe).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "9c6ca96a e17eae66 fc10ecd4 5256a7d8");
+    assert_eq!(lines[1], "2a881696 57012287 f6c7446e a16a6732");
+    assert_eq!(lines[2], "59cd1dbb b8879579 86b5d00c ac8b6d84");
+    let v: f64 = lines[3].parse().unwrap();
+    assert_eq!(v, expected_random(42, 5, Prec::Single));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn random_fetch_compiled_and_interpreted() {
+    for prec in [Prec::Byte, Prec::Half, Prec::Single, Prec::Double] {
+        let seed = 0x1234_5678_9abc_def0u64;
+        let x = output("x", &[3, 1, 5], prec);
+        let asg = Assignments::Fetch {
+            array: x.clone(),
+            fetch_op: FetchOp::Random { seed },
+        };
+        let want: Vec<f64> = (0..15).map(|o| expected_random(seed, o, prec)).collect();
+        let (got, _) = compute(&asg, &Bindings::empty(), &[&x]);
+        assert_eq!(got[0], want, "compiled, {prec}");
+        x.set_host_values(&[0.0; 15]).unwrap();
+        assert_eq!(interpret(&asg, &[&x])[0], want, "interpreted, {prec}");
+        if !prec.is_integer() {
+            assert!(want.iter().all(|&v| (0.0..1.0).contains(&v)));
+        }
+    }
+}
+
+#[test]
+fn random_fetch_under_virtualization() {
+    // `noise` is an intermediate: it gets inlined into the consumer, computed per position.
+    let b = Bindings::empty();
+    let noise = temp("noise", &[4, 6], Prec::Single);
+    let y = output("y", &[6, 4], Prec::Single);
+    let asg = Assignments::seq([
+        Assignments::Fetch {
+            array: noise.clone(),
+            fetch_op: FetchOp::Random { seed: 7 },
+        },
+        unop(&y, Binop::Arg2, false, Unop::Identity, &noise, "ij->ji", &b),
+    ]);
+    let (got, _src, modes) = compute_with_modes(&asg, &b, &[&y]);
+    assert_eq!(modes.get(&noise), Some(MemoryMode::Virtual));
+    let want: Vec<f64> = (0..6)
+        .flat_map(|j| (0..4).map(move |i| expected_random(7, (i * 6 + j) as u64, Prec::Single)))
+        .collect();
+    assert_eq!(got[0], want);
+}
+
+#[test]
+fn ternary_ops_compiled_and_interpreted() {
+    let n = 6;
+    let av = [0.0, 1.0, -2.0, f64::NAN, 0.0, 3.0];
+    let bv = [1.5, 1e8, 0.1, -4.0, 7.0, 0.3];
+    let cv = [2.0, -1e8, 0.2, 5.0, -0.0, 1e-9];
+    for prec in [Prec::Byte, Prec::Half, Prec::Single, Prec::Double] {
+        let a = input("a", &[n], prec, &av);
+        let bb = input("b", &[n], prec, &bv);
+        let c = input("c", &[n], prec, &cv);
+        let (a_, b_, c_): (Vec<f64>, Vec<f64>, Vec<f64>) = (
+            a.host_values().unwrap(),
+            bb.host_values().unwrap(),
+            c.host_values().unwrap(),
+        );
+        for op in Ternop::ALL {
+            let y = output("y", &[n], prec);
+            let asg = ternop(&y, Binop::Arg2, false, op, &a, &bb, &c, "i,i,i->i");
+            let want: Vec<f64> = (0..n)
+                .map(|i| {
+                    let (x, yv, z) = (a_[i], b_[i], c_[i]);
+                    let v = match (op, prec.computes_in_float()) {
+                        (Ternop::Where, _) => {
+                            if x != 0.0 {
+                                yv
+                            } else {
+                                z
+                            }
+                        }
+                        (Ternop::Fma, true) => (x as f32).mul_add(yv as f32, z as f32) as f64,
+                        (Ternop::Fma, false) => x.mul_add(yv, z),
+                        (Ternop::Mul3, true) => ((x as f32) * (yv as f32) * (z as f32)) as f64,
+                        (Ternop::Mul3, false) => x * yv * z,
+                    };
+                    prec.round(v)
+                })
+                .collect();
+            let (got, _) = compute(&asg, &Bindings::empty(), &[&y]);
+            let same = |g: &[f64]| {
+                g.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))
+            };
+            assert!(same(&got[0]), "compiled {op} {prec}: {:?} vs {want:?}", got[0]);
+            y.set_host_values(&[0.0; 6]).unwrap();
+            let got = interpret(&asg, &[&y]);
+            assert!(same(&got[0]), "interpreted {op} {prec}: {:?} vs {want:?}", got[0]);
+        }
+    }
+}
+
+#[test]
+fn fma_rounds_once() {
+    // (1 + 2^-12)^2 - 1 - 2^-11 = 2^-24: lost when the product is rounded to float first.
+    let e = 2f64.powi(-12);
+    let a = input("a", &[1], Prec::Single, &[1.0 + e]);
+    let c = input("c", &[1], Prec::Single, &[-(1.0 + 2.0 * e)]);
+    let y = output("y", &[1], Prec::Single);
+    let asg = ternop(&y, Binop::Arg2, false, Ternop::Fma, &a, &a, &c, "i,i,i->i");
+    let (got, _) = compute(&asg, &Bindings::empty(), &[&y]);
+    assert_eq!(got[0], vec![2f64.powi(-24)]);
+}
+
+#[test]
+fn ternary_accumulates() {
+    // y[i] = sum_j a[i,j] * b[j] * c[i]; then where with an accumulating max.
+    let a = input("a", &[2, 3], Prec::Double, &[1., 2., 3., 4., 5., 6.]);
+    let b = input("b", &[3], Prec::Double, &[1., 10., 100.]);
+    let c = input("c", &[2], Prec::Double, &[2., -1.]);
+    let y = output("y", &[2], Prec::Double);
+    let asg = ternop(&y, Binop::Add, true, Ternop::Mul3, &a, &b, &c, "ij,j,i->i");
+    let want = vec![2.0 * 321.0, -654.0];
+    assert_eq!(compute(&asg, &Bindings::empty(), &[&y]).0[0], want);
+    y.set_host_values(&[0.0; 2]).unwrap();
+    assert_eq!(interpret(&asg, &[&y])[0], want);
+}
