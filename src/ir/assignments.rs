@@ -109,6 +109,27 @@ pub enum Assignments {
         /// The projections (one argument projection).
         projections: Projections,
     },
+    /// `lhs[d, r] = table[index[d], r]` (SPEC section 9.4): `index` has an integer precision
+    /// and dims `D`, `table` dims `[N] ++ R`, `lhs` dims `D ++ R`; an index outside `0 .. N-1`
+    /// gives zeros.
+    Gather {
+        /// The result.
+        lhs: Tnode,
+        /// The table read.
+        table: Tnode,
+        /// The row indices.
+        index: Tnode,
+    },
+    /// `lhs[index[d], r] += src[d, r]` for every `d` in row-major order whose index is inside
+    /// `0 .. N-1` (SPEC section 9.4): `lhs` has dims `[N] ++ R`, `src` dims `D ++ R`.
+    ScatterAdd {
+        /// The table accumulated into.
+        lhs: Tnode,
+        /// The rows added.
+        src: Tnode,
+        /// The row indices.
+        index: Tnode,
+    },
     /// Fills `array` by `fetch_op`.
     Fetch {
         /// The array filled.
@@ -184,6 +205,16 @@ impl Assignments {
                 add(rhs1.tnode());
                 add(rhs2.tnode());
                 add(rhs3.tnode());
+            }
+            Assignments::Gather { lhs, table, index } => {
+                add(lhs);
+                add(table);
+                add(index);
+            }
+            Assignments::ScatterAdd { lhs, src, index } => {
+                add(lhs);
+                add(src);
+                add(index);
             }
             Assignments::Fetch { array, fetch_op } => {
                 add(array);
@@ -302,6 +333,24 @@ impl Assignments {
                     op.name(),
                     doc_buffer(rhs, &projections.project_rhs[0]),
                     projections.debug_info
+                );
+            }
+            Assignments::Gather { lhs, table, index } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{} := gather({}, {})",
+                    lhs.name().escape_debug(),
+                    table.name().escape_debug(),
+                    index.name().escape_debug()
+                );
+            }
+            Assignments::ScatterAdd { lhs, src, index } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{} += scatter({}, {})",
+                    lhs.name().escape_debug(),
+                    src.name().escape_debug(),
+                    index.name().escape_debug()
                 );
             }
             Assignments::Fetch { array, fetch_op } => {

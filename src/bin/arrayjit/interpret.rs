@@ -86,6 +86,16 @@ fn device_nodes(asgns: &Assignments, out: &mut HashSet<Tnode>, merge: &mut Vec<T
             arg(rhs2, out);
             arg(rhs3, out);
         }
+        Assignments::Gather { lhs, table, index } => {
+            out.insert(lhs.clone());
+            out.insert(table.clone());
+            out.insert(index.clone());
+        }
+        Assignments::ScatterAdd { lhs, src, index } => {
+            out.insert(lhs.clone());
+            out.insert(src.clone());
+            out.insert(index.clone());
+        }
         Assignments::Fetch { array, fetch_op } => {
             out.insert(array.clone());
             if let FetchOp::Slice { sliced, .. } = fetch_op {

@@ -214,6 +214,35 @@ impl<'a> Builder<'a> {
                 self.statements(&b.code, &with(path, json_path!["code"]))?,
             )),
             Statement::Assign(a) => self.assign(a, path),
+            Statement::Gather(g) => {
+                let key = if g.scatter { "scatter_add" } else { "gather" };
+                let lhs = self.tensor(&g.lhs, with(path, json_path![key]))?;
+                let from = self.tensor(&g.from, with(path, json_path!["from"]))?;
+                let index = self.tensor(&g.index, with(path, json_path!["index"]))?;
+                let asg = if g.scatter {
+                    Assignments::ScatterAdd {
+                        lhs,
+                        src: from,
+                        index,
+                    }
+                } else {
+                    Assignments::Gather {
+                        lhs,
+                        table: from,
+                        index,
+                    }
+                };
+                // Lowering checks the precision of the index and the dims: report its
+                // error at the statement.
+                if let Err(e) = arrayjit::lower::lower(&asg) {
+                    let at = match e {
+                        arrayjit::Error::IndexPrecision { .. } => json_path!["index"],
+                        _ => json_path![key],
+                    };
+                    return Err(ProgramError::at(with(path, at), e.to_string()));
+                }
+                Ok(asg)
+            }
             Statement::Fetch(f) => {
                 let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
                 let fetch_op = match &f.kind {
@@ -475,6 +504,11 @@ fn names_used<'a>(stmts: &'a [Statement], out: &mut Vec<&'a str>) {
                 }
             }
             Statement::Block(b) => names_used(&b.code, out),
+            Statement::Gather(g) => {
+                out.push(&g.lhs);
+                out.push(&g.from);
+                out.push(&g.index);
+            }
         }
     }
 }
