@@ -373,7 +373,8 @@ fn check_gather(
     let want: Vec<usize> = id.iter().chain(&td[1..]).copied().collect();
     if rd != want.as_slice() {
         return Err(shape(format!(
-            "{} has dims {rd:?}, but index {} (dims {id:?}) followed by the row dims {:?} of              table {} (dims {td:?}) give {want:?}",
+            "{} has dims {rd:?}, but index {} (dims {id:?}) followed by the row dims {:?} of \
+             table {} (dims {td:?}) give {want:?}",
             rows.name(),
             index.name(),
             &td[1..],
