@@ -274,3 +274,120 @@ fn ternary_accumulates() {
     y.set_host_values(&[0.0; 2]).unwrap();
     assert_eq!(interpret(&asg, &[&y])[0], want);
 }
+
+fn gather_want(table: &[f64], n: usize, row: usize, ids: &[f64]) -> Vec<f64> {
+    ids.iter()
+        .flat_map(|&i| {
+            (0..row).map(move |r| {
+                if (i as usize) < n {
+                    table[i as usize * row + r]
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn gather_and_scatter_add_compiled_and_interpreted() {
+    for prec in [Prec::Byte, Prec::Half, Prec::Single, Prec::Double] {
+        let tv: Vec<f64> = (0..10).map(|k| k as f64 * 1.5 - 3.0).collect();
+        let table = input("table", &[5, 2], prec, &tv);
+        let tv = table.host_values().unwrap();
+        let ids_v = [4.0, 0.0, 5.0, 255.0, 4.0, 2.0];
+        let ids = input("ids", &[3, 2], Prec::Byte, &ids_v);
+        let y = output("y", &[3, 2, 2], prec);
+        let asg = Assignments::Gather {
+            lhs: y.clone(),
+            table: table.clone(),
+            index: ids.clone(),
+        };
+        let want = gather_want(&tv, 5, 2, &ids_v);
+        assert_eq!(compute(&asg, &Bindings::empty(), &[&y]).0[0], want, "{prec}");
+        y.set_host_values(&[7.0; 12]).unwrap();
+        assert_eq!(interpret(&asg, &[&y])[0], want, "{prec}");
+
+        // Scatter the rows back: ids 4 twice add up in order, 5 and 255 are skipped.
+        let g0: Vec<f64> = (0..10).map(|k| k as f64).collect();
+        let g = input("g", &[5, 2], prec, &g0);
+        let h: Vec<f64> = (0..12).map(|k| (k as f64) * 0.5 + 1.0).collect();
+        let hsrc = input("h", &[3, 2, 2], prec, &h);
+        let hv = hsrc.host_values().unwrap();
+        let mut gw = g.host_values().unwrap();
+        for (d, &i) in ids_v.iter().enumerate() {
+            if (i as usize) < 5 {
+                for r in 0..2 {
+                    let c = i as usize * 2 + r;
+                    gw[c] = prec.round(prec.round_compute(gw[c] + hv[d * 2 + r]));
+                }
+            }
+        }
+        let asg = Assignments::ScatterAdd {
+            lhs: g.clone(),
+            src: hsrc.clone(),
+            index: ids.clone(),
+        };
+        assert_eq!(compute(&asg, &Bindings::empty(), &[&g]).0[0], gw, "{prec}");
+        g.set_host_values(&g0).unwrap();
+        let mut mem = Memory::new();
+        mem.load_from_hosts(&asg.nodes());
+        interp::run_assignments(&asg, &[], &mut mem).unwrap();
+        assert_eq!(mem.get(&g).unwrap().to_vec(), gw, "{prec}");
+    }
+}
+
+#[test]
+fn gather_from_a_virtual_table() {
+    // The table is an intermediate (2 * base), left to the optimizer (it keeps it local: the
+    // gather reads it at every row).
+    let b = Bindings::empty();
+    let base = input("base", &[3, 2], Prec::Single, &[1., 2., 3., 4., 5., 6.]);
+    let two = input("two", &[1], Prec::Single, &[2.]);
+    let table = temp("table", &[3, 2], Prec::Single);
+    let ids = input("ids", &[4], Prec::Byte, &[2., 3., 0., 2.]);
+    let y = output("y", &[4, 2], Prec::Single);
+    let asg = Assignments::seq([
+        binop(&table, Binop::Arg2, false, Binop::Mul, &base, &two, "ij,0->ij", &b),
+        Assignments::Gather {
+            lhs: y.clone(),
+            table: table.clone(),
+            index: ids.clone(),
+        },
+    ]);
+    let (got, _src, modes) = compute_with_modes(&asg, &b, &[&y]);
+    assert!(modes.get(&table).is_some_and(|m| m.may_be_virtual() || m == MemoryMode::Local));
+    assert_eq!(got[0], vec![10., 12., 0., 0., 2., 4., 10., 12.]);
+}
+
+#[test]
+fn gather_errors() {
+    let table = input("table", &[5, 2], Prec::Single, &[0.0; 10]);
+    let fids = input("fids", &[3], Prec::Single, &[0.0; 3]);
+    let ids = input("ids", &[3], Prec::Byte, &[0.0; 3]);
+    let y = output("y", &[3, 2], Prec::Single);
+    let bad = output("bad", &[3, 3], Prec::Single);
+    let asg = Assignments::Gather {
+        lhs: y.clone(),
+        table: table.clone(),
+        index: fids.clone(),
+    };
+    let e = arrayjit::lower::lower(&asg).unwrap_err();
+    assert!(matches!(e, arrayjit::Error::IndexPrecision { .. }));
+    assert_eq!(
+        e.to_string(),
+        "gather into y: index tensor fids has precision single, but an index needs an integer precision"
+    );
+    let asg = Assignments::ScatterAdd {
+        lhs: table.clone(),
+        src: bad.clone(),
+        index: ids.clone(),
+    };
+    let e = arrayjit::lower::lower(&asg).unwrap_err();
+    assert!(matches!(e, arrayjit::Error::GatherShape { .. }));
+    assert_eq!(
+        e.to_string(),
+        "scatter_add into table: bad has dims [3, 3], but index ids (dims [3]) followed by the \
+         row dims [2] of table table (dims [5, 2]) give [3, 2]"
+    );
+}
