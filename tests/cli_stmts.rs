@@ -68,7 +68,13 @@ fn singles(v: &[f64]) -> Vec<f32> {
 /// Threefry-4x32-20's first word, written here independently of the library.
 fn threefry_first(ctr: [u32; 4], key: [u32; 4]) -> u32 {
     const R: [u32; 16] = [10, 26, 11, 21, 13, 27, 23, 5, 6, 20, 17, 11, 25, 10, 18, 20];
-    let ks = [key[0], key[1], key[2], key[3], 0x1BD11BDA ^ key[0] ^ key[1] ^ key[2] ^ key[3]];
+    let ks = [
+        key[0],
+        key[1],
+        key[2],
+        key[3],
+        0x1BD11BDA ^ key[0] ^ key[1] ^ key[2] ^ key[3],
+    ];
     let mut x: Vec<u32> = (0..4).map(|i| ctr[i].wrapping_add(ks[i])).collect();
     for r in 0..20usize {
         let (p, q) = if r % 2 == 0 { (1, 3) } else { (3, 1) };
@@ -98,7 +104,9 @@ fn word(seed: u64, off: u64) -> u32 {
 fn example_causal_mask() {
     let out = run_both(&example("causal_mask.json"));
     let scores: Vec<f32> = (0..16).map(|i| i as f32).collect();
-    let mask = [1., 0., 0., 0., 1., 1., 0., 0., 1., 1., 1., 0., 1., 1., 1., 1.];
+    let mask = [
+        1., 0., 0., 0., 1., 1., 0., 0., 1., 1., 1., 0., 1., 1., 1., 1.,
+    ];
     let scale = [0.5f32, 0.25, 2.0, 0.1];
     let bias = [1f32, 2.0, 3.0, 0.3];
     let masked: Vec<f32> = (0..16)
@@ -130,20 +138,18 @@ fn example_causal_mask() {
         })
         .collect();
     assert_eq!(singles(&values(&out, "noise")), single);
-    let double: Vec<f64> = (0..6)
-        .map(|o| word(42, o) as f64 / 4294967296.0)
-        .collect();
+    let double: Vec<f64> = (0..6).map(|o| word(42, o) as f64 / 4294967296.0).collect();
     assert_eq!(values(&out, "noise_d"), double);
-    let bytes: Vec<f64> = (0..6)
-        .map(|o| (word(u64::MAX, o) & 0xff) as f64)
-        .collect();
+    let bytes: Vec<f64> = (0..6).map(|o| (word(u64::MAX, o) & 0xff) as f64).collect();
     assert_eq!(values(&out, "noise_b"), bytes);
 }
 
 #[test]
 fn example_embedding() {
     let out = run_both(&example("embedding.json"));
-    let table = [0.5f32, 1., 1.5, 10., 20., 30., -1., -2., -3., 0.25, 0.125, 7.];
+    let table = [
+        0.5f32, 1., 1.5, 10., 20., 30., -1., -2., -3., 0.25, 0.125, 7.,
+    ];
     let ids = [1usize, 3, 4, 0, 255, 1];
     let mut emb = vec![];
     for &i in &ids {
@@ -190,7 +196,9 @@ fn gather_errors_name_the_tensors() {
         e.contains("gather into z: z has dims [3, 3], but index i (dims [2]) followed by the row dims [3] of table t (dims [4, 3]) give [2, 3]"),
         "{e}"
     );
-    let e = run_err(&program(r#"{"scatter_add": "t", "from": "z", "index": "i"}"#));
+    let e = run_err(&program(
+        r#"{"scatter_add": "t", "from": "z", "index": "i"}"#,
+    ));
     assert!(e.contains("scatter_add into t: z has dims [3, 3]"), "{e}");
     let e = run_err(&program(r#"{"gather": "y", "from": "t"}"#));
     assert!(e.contains("missing field \"index\""), "{e}");
@@ -199,23 +207,38 @@ fn gather_errors_name_the_tensors() {
     let e = run_err(&program(
         r#"{"gather": "y", "from": "t", "index": "i", "op": "add"}"#,
     ));
-    assert!(e.contains("field \"op\" does not belong in a gather"), "{e}");
+    assert!(
+        e.contains("field \"op\" does not belong in a gather"),
+        "{e}"
+    );
 }
 
 #[test]
 fn ternary_and_random_errors() {
-    let e = run_err(&program(r#"{"assign": "y", "op": "where", "args": ["y", "y"]}"#));
+    let e = run_err(&program(
+        r#"{"assign": "y", "op": "where", "args": ["y", "y"]}"#,
+    ));
     assert!(
-        e.contains("wrong arity: operation \"where\" is ternary, but the assignment has 2 arguments"),
+        e.contains(
+            "wrong arity: operation \"where\" is ternary, but the assignment has 2 arguments"
+        ),
         "{e}"
     );
-    let e = run_err(&program(r#"{"assign": "y", "op": "add", "args": ["y", "y", "y"]}"#));
+    let e = run_err(&program(
+        r#"{"assign": "y", "op": "add", "args": ["y", "y", "y"]}"#,
+    ));
     assert!(
         e.contains("unknown ternary operation \"add\" (ternary operations: "),
         "{e}"
     );
     let e = run_err(&program(r#"{"fetch": "y", "random": {"seed": -1}}"#));
-    assert!(e.contains("invalid value: integer \"-1\", expected u64"), "{e}");
+    assert!(
+        e.contains("invalid value: integer \"-1\", expected u64"),
+        "{e}"
+    );
     let e = run_err(&program(r#"{"fetch": "y", "random": {"sed": 1}}"#));
-    assert!(e.contains("unknown field \"sed\", expected \"seed\""), "{e}");
+    assert!(
+        e.contains("unknown field \"sed\", expected \"seed\""),
+        "{e}"
+    );
 }

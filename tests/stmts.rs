@@ -47,7 +47,13 @@ fn ternop(
 /// check of the library's): the first output word.
 fn threefry_first(ctr: [u32; 4], key: [u32; 4]) -> u32 {
     const R: [u32; 16] = [10, 26, 11, 21, 13, 27, 23, 5, 6, 20, 17, 11, 25, 10, 18, 20];
-    let ks = [key[0], key[1], key[2], key[3], 0x1BD11BDA ^ key[0] ^ key[1] ^ key[2] ^ key[3]];
+    let ks = [
+        key[0],
+        key[1],
+        key[2],
+        key[3],
+        0x1BD11BDA ^ key[0] ^ key[1] ^ key[2] ^ key[3],
+    ];
     let mut x: Vec<u32> = (0..4).map(|i| ctr[i].wrapping_add(ks[i])).collect();
     for r in 0..20usize {
         let (p, q) = if r % 2 == 0 { (1, 3) } else { (3, 1) };
@@ -70,7 +76,10 @@ fn threefry_first(ctr: [u32; 4], key: [u32; 4]) -> u32 {
 /// The expected cell value, computed independently: `w / 2^32` rounded down by searching the
 /// precision's largest value not above it.
 fn expected_random(seed: u64, off: u64, prec: Prec) -> f64 {
-    let w = threefry_first([off as u32, (off >> 32) as u32, 0, 0], [seed as u32, (seed >> 32) as u32, 0, 0]);
+    let w = threefry_first(
+        [off as u32, (off >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32, 0, 0],
+    );
     let exact = w as f64 / 4294967296.0;
     match prec {
         Prec::Byte => (w & 0xff) as f64,
@@ -241,10 +250,18 @@ fn ternary_ops_compiled_and_interpreted() {
                     .zip(&want)
                     .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))
             };
-            assert!(same(&got[0]), "compiled {op} {prec}: {:?} vs {want:?}", got[0]);
+            assert!(
+                same(&got[0]),
+                "compiled {op} {prec}: {:?} vs {want:?}",
+                got[0]
+            );
             y.set_host_values(&[0.0; 6]).unwrap();
             let got = interpret(&asg, &[&y]);
-            assert!(same(&got[0]), "interpreted {op} {prec}: {:?} vs {want:?}", got[0]);
+            assert!(
+                same(&got[0]),
+                "interpreted {op} {prec}: {:?} vs {want:?}",
+                got[0]
+            );
         }
     }
 }
@@ -304,7 +321,11 @@ fn gather_and_scatter_add_compiled_and_interpreted() {
             index: ids.clone(),
         };
         let want = gather_want(&tv, 5, 2, &ids_v);
-        assert_eq!(compute(&asg, &Bindings::empty(), &[&y]).0[0], want, "{prec}");
+        assert_eq!(
+            compute(&asg, &Bindings::empty(), &[&y]).0[0],
+            want,
+            "{prec}"
+        );
         y.set_host_values(&[7.0; 12]).unwrap();
         assert_eq!(interpret(&asg, &[&y])[0], want, "{prec}");
 
@@ -348,7 +369,16 @@ fn gather_from_a_virtual_table() {
     let ids = input("ids", &[4], Prec::Byte, &[2., 3., 0., 2.]);
     let y = output("y", &[4, 2], Prec::Single);
     let asg = Assignments::seq([
-        binop(&table, Binop::Arg2, false, Binop::Mul, &base, &two, "ij,0->ij", &b),
+        binop(
+            &table,
+            Binop::Arg2,
+            false,
+            Binop::Mul,
+            &base,
+            &two,
+            "ij,0->ij",
+            &b,
+        ),
         Assignments::Gather {
             lhs: y.clone(),
             table: table.clone(),
@@ -356,7 +386,9 @@ fn gather_from_a_virtual_table() {
         },
     ]);
     let (got, _src, modes) = compute_with_modes(&asg, &b, &[&y]);
-    assert!(modes.get(&table).is_some_and(|m| m.may_be_virtual() || m == MemoryMode::Local));
+    assert!(modes
+        .get(&table)
+        .is_some_and(|m| m.may_be_virtual() || m == MemoryMode::Local));
     assert_eq!(got[0], vec![10., 12., 0., 0., 2., 4., 10., 12.]);
 }
 

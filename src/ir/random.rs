@@ -23,16 +23,14 @@ const PARITY: u32 = 0x1BD1_1BDA;
 
 /// Threefry-4x32 with 20 rounds (Random123's `threefry4x32_R(20, ctr, key)`).
 pub fn threefry4x32_20(ctr: [u32; 4], key: [u32; 4]) -> [u32; 4] {
-    let mut ks = [0u32; 5];
-    ks[4] = PARITY;
-    for i in 0..4 {
-        ks[i] = key[i];
-        ks[4] ^= key[i];
-    }
-    let mut x = [0u32; 4];
-    for i in 0..4 {
-        x[i] = ctr[i].wrapping_add(ks[i]);
-    }
+    let ks = [
+        key[0],
+        key[1],
+        key[2],
+        key[3],
+        PARITY ^ key[0] ^ key[1] ^ key[2] ^ key[3],
+    ];
+    let mut x: [u32; 4] = std::array::from_fn(|i| ctr[i].wrapping_add(ks[i]));
     for r in 0..20 {
         let [r0, r1] = ROT[r % 8];
         if r % 2 == 0 {
@@ -142,13 +140,19 @@ mod tests {
     fn rounding_down() {
         // Single: 24 significant bits; the largest word gives the float just below 1.
         assert_eq!(unit(u32::MAX, 24, -126), 1.0 - f32::EPSILON as f64 / 2.0);
-        assert_eq!(unit(u32::MAX, 24, -126) as f32 as f64, unit(u32::MAX, 24, -126));
+        assert_eq!(
+            unit(u32::MAX, 24, -126) as f32 as f64,
+            unit(u32::MAX, 24, -126)
+        );
         // Half: 11 bits, spacing 2^-11 in [0.5, 1); below 2^-14 the spacing is 2^-24.
         assert_eq!(unit(u32::MAX, 11, -14), 1.0 - 1.0 / 2048.0);
         assert_eq!(unit(0x1ff, 11, -14), 256.0 / 4_294_967_296.0);
         assert_eq!(unit(0xff, 11, -14), 0.0);
         // Double keeps every word.
-        assert_eq!(unit(0xffff_ffff, 53, -1022), 4_294_967_295.0 / 4_294_967_296.0);
+        assert_eq!(
+            unit(0xffff_ffff, 53, -1022),
+            4_294_967_295.0 / 4_294_967_296.0
+        );
         // Every value is exact in its precision and below 1.
         for w in [1u32, 3, 0x00ff_ffff, 0x0100_0001, 0x8000_0001, u32::MAX] {
             for p in [Prec::Half, Prec::Single, Prec::Double] {

@@ -728,7 +728,14 @@ const STATEMENT_FIELDS: &[&str] = &[
     "code",
 ];
 const ASSIGN_FIELDS: &[&str] = &["assign", "op", "args", "logic", "accum", "init_neutral"];
-const FETCH_FIELDS: &[&str] = &["fetch", "constant", "slice", "index", "embed_index", "random"];
+const FETCH_FIELDS: &[&str] = &[
+    "fetch",
+    "constant",
+    "slice",
+    "index",
+    "embed_index",
+    "random",
+];
 const BLOCK_FIELDS: &[&str] = &["comment", "code"];
 const GATHER_FIELDS: &[&str] = &["gather", "from", "index"];
 const SCATTER_FIELDS: &[&str] = &["scatter_add", "from", "index"];
