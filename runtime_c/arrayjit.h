@@ -177,6 +177,11 @@ static inline float aj_where_f(float c, float a, float b) {
   return a;
 }
 
+static inline uint64_t aj_where_u64(uint64_t c, uint64_t a, uint64_t b) {
+  uint64_t m = -(uint64_t)(c != 0u);
+  return (a & m) | (b & ~m);
+}
+
 static inline double aj_where_d(double c, double a, double b) {
   uint64_t ia, ib;
   memcpy(&ia, &a, sizeof ia);

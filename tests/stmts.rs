@@ -423,3 +423,27 @@ fn gather_errors() {
          row dims [2] of table table (dims [5, 2]) give [3, 2]"
     );
 }
+
+#[test]
+fn ternop_table() {
+    assert_eq!(Ternop::from_name("where"), Some(Ternop::Where));
+    assert_eq!(Ternop::from_name("fma"), Some(Ternop::Fma));
+    assert_eq!(Ternop::from_name("mul3"), Some(Ternop::Mul3));
+    assert_eq!(Ternop::from_name("add"), None);
+    assert_eq!(Ternop::Fma.c_expr(true, "x", "y", "z"), "fmaf(x, y, z)");
+    assert_eq!(Ternop::Fma.c_expr(false, "x", "y", "z"), "fma(x, y, z)");
+    // Operands are substituted once, even when their text holds a template marker.
+    assert_eq!(
+        Ternop::Where.c_expr(false, "$b", "q", "r"),
+        "aj_where_d($b, q, r)"
+    );
+    assert_eq!(Ternop::Mul3.c_expr_int("p", "q", "r"), "(p * q * r)");
+    // The integer meaning wraps modulo 2^64.
+    assert_eq!(Ternop::Fma.interpret_int(u64::MAX, 2, 5), 3);
+    assert_eq!(Ternop::Mul3.interpret_int(1 << 40, 1 << 30, 3), 0);
+    assert_eq!(Ternop::Where.interpret_int(0, 7, 9), 9);
+    assert_eq!(Ternop::Where.interpret_int(u64::MAX, 7, 9), 7);
+    // where: NaN is non-zero, -0 is zero.
+    assert_eq!(Ternop::Where.interpret(false, f64::NAN, 1.0, 2.0), 1.0);
+    assert_eq!(Ternop::Where.interpret(true, -0.0, 1.0, 2.0), 2.0);
+}

@@ -85,6 +85,9 @@ pub struct TernopInfo {
     pub c_float: &'static str,
     /// C expression when computing in `double`.
     pub c_double: &'static str,
+    /// C expression in the integer compute type of SPEC section 9.1 (`uint64_t` operands,
+    /// wrapping arithmetic, no undefined behaviour).
+    pub c_int: &'static str,
     /// The meaning in `f64` (computing in `double`).
     pub interpret: fn(f64, f64, f64) -> f64,
     /// The meaning when computing in `float`: operands are `float` values (held in `f64`),
@@ -349,6 +352,7 @@ impl Ternop {
                 name: "where",
                 c_float: "aj_where_f($a, $b, $c)",
                 c_double: "aj_where_d($a, $b, $c)",
+                c_int: "aj_where_u64($a, $b, $c)",
                 interpret: |a, b, c| if a != 0.0 { b } else { c },
                 interpret_f32: |a, b, c| if a != 0.0 { b } else { c },
                 interpret_int: |a, b, c| if a != 0 { b } else { c },
@@ -357,6 +361,7 @@ impl Ternop {
                 name: "fma",
                 c_float: "fmaf($a, $b, $c)",
                 c_double: "fma($a, $b, $c)",
+                c_int: "($a * $b + $c)",
                 interpret: f64::mul_add,
                 interpret_f32: |a, b, c| (a as f32).mul_add(b as f32, c as f32) as f64,
                 interpret_int: |a, b, c| a.wrapping_mul(b).wrapping_add(c),
@@ -365,6 +370,7 @@ impl Ternop {
                 name: "mul3",
                 c_float: "($a * $b * $c)",
                 c_double: "($a * $b * $c)",
+                c_int: "($a * $b * $c)",
                 interpret: |a, b, c| a * b * c,
                 interpret_f32: |a, b, c| ((a as f32) * (b as f32) * (c as f32)) as f64,
                 interpret_int: |a, b, c| a.wrapping_mul(b).wrapping_mul(c),
@@ -406,22 +412,36 @@ impl Ternop {
         } else {
             info.c_double
         };
-        // Substitute in one pass, so that an operand's text containing `$b` is left alone.
-        let mut out = String::with_capacity(t.len() + a.len() + b.len() + c.len());
-        let mut rest = t;
-        while let Some(i) = rest.find('$') {
-            out.push_str(&rest[..i]);
-            match rest.as_bytes().get(i + 1) {
-                Some(b'a') => out.push_str(a),
-                Some(b'b') => out.push_str(b),
-                Some(b'c') => out.push_str(c),
-                _ => out.push_str(&rest[i..i + 2]),
-            }
-            rest = &rest[i + 2..];
-        }
-        out.push_str(rest);
-        out
+        substitute3(t, a, b, c)
     }
+
+    /// The C expression for `uint64_t` operands in the integer compute type (SPEC 9.1).
+    pub fn c_expr_int(self, a: &str, b: &str, c: &str) -> String {
+        substitute3(self.info().c_int, a, b, c)
+    }
+}
+
+/// Replaces `$a`, `$b` and `$c` in a template, in one pass (an operand's text containing
+/// `$b` is left alone).
+fn substitute3(t: &str, a: &str, b: &str, c: &str) -> String {
+    let mut out = String::with_capacity(t.len() + a.len() + b.len() + c.len());
+    let mut chars = t.chars().peekable();
+    while let Some(ch) = chars.next() {
+        let operand = match (ch, chars.peek()) {
+            ('$', Some('a')) => Some(a),
+            ('$', Some('b')) => Some(b),
+            ('$', Some('c')) => Some(c),
+            _ => None,
+        };
+        match operand {
+            Some(x) => {
+                out.push_str(x);
+                chars.next();
+            }
+            None => out.push(ch),
+        }
+    }
+    out
 }
 
 impl fmt::Display for Ternop {

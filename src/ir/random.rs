@@ -69,12 +69,13 @@ pub fn float_format(prec: Prec) -> Option<(u32, i32)> {
     if prec.is_integer() {
         return None;
     }
-    Some(match prec {
-        Prec::Half => (11, -14),
-        Prec::Single => (24, -126),
-        // Double, and any wider format: every `w / 2^32` is exact.
-        _ => (53, -1022),
-    })
+    // Exhaustive on purpose: a new floating precision must say how it rounds down.
+    match prec {
+        Prec::Byte => None,
+        Prec::Half => Some((11, -14)),
+        Prec::Single => Some((24, -126)),
+        Prec::Double => Some((53, -1022)),
+    }
 }
 
 /// `w / 2^32` rounded down (toward zero) to a format with `mant` significand bits and

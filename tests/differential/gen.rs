@@ -356,9 +356,7 @@ impl Gen {
         } else {
             1
         };
-        let args: Vec<usize> = (0..arity)
-            .map(|_| self.pick_arg())
-            .collect();
+        let args: Vec<usize> = (0..arity).map(|_| self.pick_arg()).collect();
         let arg_dims: Vec<Vec<usize>> = args
             .iter()
             .map(|&i| self.p.tensors[i].dims.clone())
