@@ -242,3 +242,54 @@ fn ternary_and_random_errors() {
         "{e}"
     );
 }
+
+/// The random fetch gives the same values on any device of any device count, and when the
+/// tensor is only read through its transpose (inlined into the consumer).
+#[test]
+fn random_fetch_is_the_same_on_every_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let prog = |devices: usize, device: usize| {
+        let run = if device == 0 {
+            r#"[{"routine": "r", "device": 0}, {"await": "all"}]"#.to_string()
+        } else {
+            format!(
+                r#"[{{"routine": "r", "device": {device}}},
+                    {{"copy": "noise", "from": {device}, "to": 0}},
+                    {{"copy": "y", "from": {device}, "to": 0}}, {{"await": "all"}}]"#
+            )
+        };
+        format!(
+            r#"{{"devices": {devices}, "backend": "multicore",
+              "tensors": [{{"name": "noise", "dims": [3, 5], "prec": "half"}},
+                          {{"name": "y", "dims": [5, 3], "prec": "half"}}],
+              "routines": [{{"name": "r", "code": [
+                {{"fetch": "noise", "random": {{"seed": 12345}}}},
+                {{"assign": "y", "op": "identity", "args": ["noise"], "logic": "ij->ji"}}]}}],
+              "run": {run}, "print": ["noise", "y"]}}"#
+        )
+    };
+    let want: Vec<f64> = (0..15)
+        .map(|o| {
+            let exact = word(12345, o) as f64 / 4294967296.0;
+            let h = half::f16::from_f64(exact);
+            if h.to_f64() > exact {
+                half::f16::from_bits(h.to_bits() - 1).to_f64()
+            } else {
+                h.to_f64()
+            }
+        })
+        .collect();
+    let transposed: Vec<f64> = (0..15).map(|k| want[(k % 3) * 5 + k / 3]).collect();
+    for (devices, device) in [(1, 0), (3, 2), (2, 1)] {
+        let p = dir.path().join(format!("p{devices}_{device}.json"));
+        std::fs::write(&p, prog(devices, device)).unwrap();
+        let out = run_both(&p);
+        // Halves print as their shortest decimal: read them back as halves.
+        let halves = |v: Vec<f64>| -> Vec<f64> {
+            v.iter().map(|&x| half::f16::from_f64(x).to_f64()).collect()
+        };
+        let what = format!("{devices} devices, device {device}");
+        assert_eq!(halves(values(&out, "noise")), want, "{what}");
+        assert_eq!(halves(values(&out, "y")), transposed, "{what}");
+    }
+}
