@@ -447,3 +447,52 @@ fn ternop_table() {
     assert_eq!(Ternop::Where.interpret(false, f64::NAN, 1.0, 2.0), 1.0);
     assert_eq!(Ternop::Where.interpret(true, -0.0, 1.0, 2.0), 2.0);
 }
+
+#[test]
+fn random_operand_of_a_matrix_product() {
+    // A random intermediate read by a product large enough for the optimizer's kernels:
+    // compiled (whatever it inlines or packs) equals interpreted, and the values are exact
+    // sums of the independently computed random cells times small integers.
+    let b = Bindings::empty();
+    let n = 24;
+    let noise = temp("noise", &[n, n], Prec::Double);
+    let wv: Vec<f64> = (0..n * n).map(|k| (k % 7) as f64 - 3.0).collect();
+    let w = input("w", &[n, n], Prec::Double, &wv);
+    let y = output("y", &[n, n], Prec::Double);
+    let asg = Assignments::seq([
+        Assignments::Fetch {
+            array: noise.clone(),
+            fetch_op: FetchOp::Random { seed: 99 },
+        },
+        binop(
+            &y,
+            Binop::Add,
+            true,
+            Binop::Mul,
+            &noise,
+            &w,
+            "ik,kj->ij",
+            &b,
+        ),
+    ]);
+    let (got, _) = compute(&asg, &b, &[&y]);
+    let interp = interpret(&asg, &[&y]);
+    let r: Vec<f64> = (0..n * n)
+        .map(|o| expected_random(99, o as u64, Prec::Double))
+        .collect();
+    for i in 0..n {
+        for j in 0..n {
+            let want: f64 = (0..n).map(|k| r[i * n + k] * wv[k * n + j]).sum();
+            let g = got[0][i * n + j];
+            assert!(
+                (g - want).abs() <= 1e-12 * want.abs().max(1.0),
+                "{i},{j}: {g} vs {want}"
+            );
+            let it = interp[0][i * n + j];
+            assert!(
+                (it - want).abs() <= 1e-12 * want.abs().max(1.0),
+                "{i},{j}: {it} vs {want}"
+            );
+        }
+    }
+}
