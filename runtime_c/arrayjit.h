@@ -103,6 +103,95 @@ static inline double aj_gate_d(double c, double v) {
   return v;
 }
 
+/* Threefry-4x32 with 20 rounds (Random123's threefry4x32_R(20, ctr, key)); the random fetch
+ * of SPEC section 9.5 uses the first output word for key (seed mod 2^32, seed div 2^32, 0, 0)
+ * and counter (offset mod 2^32, offset div 2^32, 0, 0). Mirrors src/ir/random.rs; both pass
+ * Random123's known-answer vectors. */
+static inline uint32_t aj_rotl32(uint32_t x, unsigned n) {
+  return (x << (n & 31u)) | (x >> ((32u - n) & 31u));
+}
+
+static inline void aj_threefry4x32_20(const uint32_t ctr[4], const uint32_t key[4],
+                                      uint32_t out[4]) {
+  static const unsigned rot[8][2] = {{10, 26}, {11, 21}, {13, 27}, {23, 5},
+                                     {6, 20},  {17, 11}, {25, 10}, {18, 20}};
+  uint32_t ks[5];
+  uint32_t x[4];
+  ks[4] = 0x1BD11BDAu;
+  for (int i = 0; i < 4; i++) {
+    ks[i] = key[i];
+    ks[4] ^= key[i];
+    x[i] = ctr[i] + key[i];
+  }
+  for (int r = 0; r < 20; r++) {
+    if (r % 2 == 0) {
+      x[0] += x[1];
+      x[1] = aj_rotl32(x[1], rot[r % 8][0]) ^ x[0];
+      x[2] += x[3];
+      x[3] = aj_rotl32(x[3], rot[r % 8][1]) ^ x[2];
+    } else {
+      x[0] += x[3];
+      x[3] = aj_rotl32(x[3], rot[r % 8][0]) ^ x[0];
+      x[2] += x[1];
+      x[1] = aj_rotl32(x[1], rot[r % 8][1]) ^ x[2];
+    }
+    if (r % 4 == 3) {
+      unsigned s = (unsigned)(r + 1) / 4u;
+      for (int i = 0; i < 4; i++) x[i] += ks[(s + (unsigned)i) % 5u];
+      x[3] += (uint32_t)s;
+    }
+  }
+  for (int i = 0; i < 4; i++) out[i] = x[i];
+}
+
+static inline uint32_t aj_threefry_word(uint64_t seed, uint64_t offset) {
+  uint32_t key[4] = {(uint32_t)seed, (uint32_t)(seed >> 32), 0, 0};
+  uint32_t ctr[4] = {(uint32_t)offset, (uint32_t)(offset >> 32), 0, 0};
+  uint32_t out[4];
+  aj_threefry4x32_20(ctr, key, out);
+  return out[0];
+}
+
+/* w / 2^32 rounded down (toward zero) to a format with `mant` significand bits and smallest
+ * normal exponent `emin`: the bits of w below the format's spacing at w's magnitude are
+ * cleared, so the result is exact in double and in the format (no rounding by a later
+ * conversion), and below 1. Integer bit code only. */
+static inline double aj_rand_unit(uint32_t w, int mant, int emin) {
+  if (w == 0) return 0.0;
+  int k = 31;
+  while (!(w >> k)) k--;
+  int e = k - 32 < emin ? emin : k - 32;
+  int shift = e - mant + 1 + 32;
+  uint32_t kept = shift <= 0 ? w : shift >= 32 ? 0u : (w & ~((1u << shift) - 1u));
+  return (double)kept * 0x1p-32;
+}
+
+/* where: `c != 0 ? a : b` (NaN is non-zero), as a bit mask like aj_gate_f. */
+static inline float aj_where_f(float c, float a, float b) {
+  uint32_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint32_t m = -(uint32_t)(c != 0.0f);
+  uint32_t r = (ia & m) | (ib & ~m);
+  memcpy(&a, &r, sizeof r);
+  return a;
+}
+
+static inline uint64_t aj_where_u64(uint64_t c, uint64_t a, uint64_t b) {
+  uint64_t m = -(uint64_t)(c != 0u);
+  return (a & m) | (b & ~m);
+}
+
+static inline double aj_where_d(double c, double a, double b) {
+  uint64_t ia, ib;
+  memcpy(&ia, &a, sizeof ia);
+  memcpy(&ib, &b, sizeof ib);
+  uint64_t m = -(uint64_t)(c != 0.0);
+  uint64_t r = (ia & m) | (ib & ~m);
+  memcpy(&a, &r, sizeof r);
+  return a;
+}
+
 /* relu: `a > 0 ? a : 0`, taking its operand once (a nested expression is never printed
  * twice; inlined chains of relus stay linear in size). */
 static inline float aj_relu_f(float a) { return aj_gate_f(a, a); }

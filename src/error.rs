@@ -112,6 +112,29 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The index tensor of a gather or scatter-add (SPEC section 9.4) does not have an
+    /// integer precision.
+    #[error("{statement} into {target}: index tensor {index} has precision {prec}, but an index needs an integer precision")]
+    IndexPrecision {
+        /// `gather` or `scatter_add`.
+        statement: &'static str,
+        /// The tensor written.
+        target: String,
+        /// The index tensor.
+        index: String,
+        /// Its precision.
+        prec: String,
+    },
+    /// The dims of a gather or scatter-add (SPEC section 9.4) do not fit together.
+    #[error("{statement} into {target}: {msg}")]
+    GatherShape {
+        /// `gather` or `scatter_add`.
+        statement: &'static str,
+        /// The tensor written.
+        target: String,
+        /// Which tensors and dims disagree.
+        msg: String,
+    },
     /// A routine, context or buffer was used incorrectly.
     #[error("{0}")]
     Usage(String),

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode,
+    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Ternop, Tnode,
 };
 use crate::loops::{Llc, Llv};
 
@@ -241,6 +241,32 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
                 lower_accum(*initialize_neutral, *accum, lhs, &p, v),
             )
         }
+        Assignments::AccumTernop {
+            initialize_neutral,
+            accum,
+            op,
+            lhs,
+            rhs1,
+            rhs2,
+            rhs3,
+            projections,
+        } => {
+            check_projections(lhs, &[rhs1, rhs2, rhs3], projections)?;
+            let (snapshot, args) =
+                snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs1, rhs2, rhs3])?;
+            let p = projections.freshen();
+            let v = Llv::Ternop(
+                *op,
+                Box::new(get(&args[0], &p.project_rhs[0])),
+                Box::new(get(&args[1], &p.project_rhs[1])),
+                Box::new(get(&args[2], &p.project_rhs[2])),
+            );
+            with_snapshot(
+                lhs,
+                snapshot,
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+            )
+        }
         Assignments::AccumUnop {
             initialize_neutral,
             accum,
@@ -261,6 +287,8 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             )
         }
         Assignments::Fetch { array, fetch_op } => lower_fetch(array, fetch_op)?,
+        Assignments::Gather { lhs, table, index } => lower_gather(lhs, table, index)?,
+        Assignments::ScatterAdd { lhs, src, index } => lower_scatter_add(lhs, src, index)?,
     })
 }
 
@@ -337,6 +365,143 @@ fn lower_accum(
     }
 }
 
+/// An index per axis: a fresh iterator (added to `product`), or 0 on an axis of extent 1.
+fn axis_indices(dims: &[usize], product: &mut Vec<(Symbol, usize)>) -> Vec<AxisIndex> {
+    dims.iter()
+        .map(|&d| {
+            if d == 1 {
+                AxisIndex::Fixed(0)
+            } else {
+                let s = Symbol::fresh();
+                product.push((s, d));
+                AxisIndex::Iterator(s)
+            }
+        })
+        .collect()
+}
+
+/// Checks the tensors of a gather (`table` is `[N] ++ R`, `rows` is `D ++ R`, `index` is
+/// `D`, integer) or of a scatter-add (`table` written, `rows` read).
+fn check_gather(
+    statement: &'static str,
+    target: &Tnode,
+    table: &Tnode,
+    rows: &Tnode,
+    index: &Tnode,
+) -> Result<()> {
+    if !index.prec().is_integer() {
+        return Err(Error::IndexPrecision {
+            statement,
+            target: target.name(),
+            index: index.name(),
+            prec: index.prec().name().to_string(),
+        });
+    }
+    let shape = |msg: String| Error::GatherShape {
+        statement,
+        target: target.name(),
+        msg,
+    };
+    let (td, rd, id) = (table.dims(), rows.dims(), index.dims());
+    if td.is_empty() {
+        return Err(shape(format!(
+            "table {} has no axes (it needs dims [N, ...])",
+            table.name()
+        )));
+    }
+    let want: Vec<usize> = id.iter().chain(&td[1..]).copied().collect();
+    if rd != want.as_slice() {
+        return Err(shape(format!(
+            "{} has dims {rd:?}, but index {} (dims {id:?}) followed by the row dims {:?} of \
+             table {} (dims {td:?}) give {want:?}",
+            rows.name(),
+            index.name(),
+            &td[1..],
+            table.name()
+        )));
+    }
+    if target == index || table == rows {
+        return Err(shape(format!(
+            "{} is written and read by the same statement",
+            target.name()
+        )));
+    }
+    Ok(())
+}
+
+/// `lhs[d, r] = table[index[d], r]`: `lhs` is zeroed, then for every row `n` of the table,
+/// `lhs[d, r] = where(index[d] - n, lhs[d, r], table[n, r])`. The selection is exact; the
+/// difference is zero exactly when the index equals `n` (in every compute type: integers
+/// below the table's extent are exact in `float` and `double`, and the integer compute type
+/// wraps modulo 2^64), so an index outside `0 .. N-1` selects nothing and reads nothing
+/// outside the table.
+fn lower_gather(lhs: &Tnode, table: &Tnode, index: &Tnode) -> Result<Llc> {
+    check_gather("gather", lhs, table, lhs, index)?;
+    let mut product = vec![];
+    let d = axis_indices(index.dims(), &mut product);
+    let n = axis_indices(&table.dims()[..1], &mut product);
+    let r = axis_indices(&table.dims()[1..], &mut product);
+    let out: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
+    let row: Vec<AxisIndex> = n.iter().chain(&r).copied().collect();
+    let value = Llv::Ternop(
+        Ternop::Where,
+        Box::new(Llv::Binop(
+            Binop::Sub,
+            Box::new(Llv::Get(index.clone(), d.clone())),
+            Box::new(Llv::EmbedIndex(n[0])),
+        )),
+        Box::new(Llv::Get(lhs.clone(), out.clone())),
+        Box::new(Llv::Get(table.clone(), row)),
+    );
+    Ok(Llc::Seq(vec![
+        Llc::ZeroOut(lhs.clone()),
+        loops(
+            &product,
+            Llc::Set {
+                tn: lhs.clone(),
+                idcs: out,
+                value,
+            },
+        ),
+    ]))
+}
+
+/// `lhs[index[d], r] += src[d, r]`: for every `d` (the outer loops, in row-major order), row
+/// `n` and `r`, `lhs[n, r] = where(index[d] - n, lhs[n, r], lhs[n, r] + src[d, r])` (see
+/// [`lower_gather`]): repeated indices add in the order of `d`, out-of-range ones add nothing.
+fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
+    check_gather("scatter_add", lhs, lhs, src, index)?;
+    let mut product = vec![];
+    let d = axis_indices(index.dims(), &mut product);
+    let n = axis_indices(&lhs.dims()[..1], &mut product);
+    let r = axis_indices(&lhs.dims()[1..], &mut product);
+    let from: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
+    let cell: Vec<AxisIndex> = n.iter().chain(&r).copied().collect();
+    let old = || Box::new(Llv::Get(lhs.clone(), cell.clone()));
+    let value = Llv::Ternop(
+        Ternop::Where,
+        Box::new(Llv::Binop(
+            Binop::Sub,
+            Box::new(Llv::Get(index.clone(), d.clone())),
+            Box::new(Llv::EmbedIndex(n[0])),
+        )),
+        old(),
+        Box::new(Llv::Binop(
+            Binop::Add,
+            old(),
+            Box::new(Llv::Get(src.clone(), from)),
+        )),
+    );
+    Ok(loops(
+        &product,
+        Llc::Set {
+            tn: lhs.clone(),
+            idcs: cell,
+            value,
+        },
+    ))
+}
+
 fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
     Ok(match fetch_op {
         FetchOp::Constant(c) if *c == 0.0 && c.is_sign_positive() => Llc::ZeroOut(array.clone()),
@@ -376,6 +541,16 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
                 }
             })
         }
+        FetchOp::Random { seed } => over_all_cells(array, |idcs| Llc::Set {
+            tn: array.clone(),
+            idcs: idcs.clone(),
+            value: Llv::Random {
+                seed: *seed,
+                idcs,
+                dims: array.dims().to_vec(),
+                prec: array.prec(),
+            },
+        }),
         FetchOp::EmbedSymbol(s) => over_all_cells(array, |idcs| Llc::Set {
             tn: array.clone(),
             idcs,

@@ -770,7 +770,7 @@ fn semantic_errors_are_reported() {
         ),
         (
             base(r#"{"assign": "y", "op": "identity", "args": []}"#, ""),
-            &["1 or 2 arguments"],
+            &["1, 2 or 3 arguments"],
         ),
         (
             base(r#"{"assign": "y", "op": "frobnicate", "args": ["x"]}"#, ""),

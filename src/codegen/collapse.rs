@@ -123,6 +123,8 @@ fn accesses_are_flat(body: &Llc, i: Symbol, j: Symbol, b: usize) -> bool {
     visit_values(body, &mut |v| match v {
         Llv::Get(tn, idcs) | Llv::GetMergeBuffer(tn, idcs) => access(Some(tn), idcs),
         Llv::EmbedIndex(ix) => access(None, std::slice::from_ref(ix)),
+        // Counted but never paired: a random value's loops are not collapsed.
+        Llv::Random { idcs, .. } => access(None, idcs),
         _ => {}
     });
     visit_vectors(body, &mut |v| {

@@ -387,7 +387,11 @@ impl Cm {
 
 impl Writer {
     fn offset(&mut self, tn: &Tnode, idcs: &[AxisIndex]) -> String {
-        let dims = tn.dims();
+        self.offset_in(tn.dims(), idcs)
+    }
+
+    /// The row-major offset of the element `idcs` of an array of dims `dims`.
+    fn offset_in(&mut self, dims: &[usize], idcs: &[AxisIndex]) -> String {
         let mut stride = 1usize;
         let mut constant = 0usize;
         let mut terms: Vec<String> = vec![];
@@ -537,6 +541,35 @@ impl Writer {
                     op.c_expr_int(cm.ictx, &a)
                 } else {
                     op.c_expr(cm.compute == Compute::F32, &a)
+                }
+            }
+            Llv::Ternop(op, a, b, c) => {
+                let a = self.expr(a, cm, pre, indent, done);
+                let b = self.expr(b, cm, pre, indent, done);
+                let c = self.expr(c, cm, pre, indent, done);
+                if cm.compute.is_integer() {
+                    op.c_expr_int(&a, &b, &c)
+                } else {
+                    op.c_expr(cm.compute == Compute::F32, &a, &b, &c)
+                }
+            }
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => {
+                let off = self.offset_in(dims, idcs);
+                let w = format!("aj_threefry_word({seed}ULL, (uint64_t)({off}))");
+                match crate::ir::random::float_format(*prec) {
+                    Some((mant, emin)) => Self::convert(
+                        "double",
+                        cm,
+                        format!("aj_rand_unit({w}, {mant}, {emin})"),
+                    ),
+                    // Integer precisions get the word itself (stored by wrapping).
+                    None if cm.compute.is_integer() => format!("((uint64_t){w})"),
+                    None => Self::convert("double", cm, format!("(double){w}")),
                 }
             }
         }

@@ -600,6 +600,14 @@ impl<'m> Machine<'m> {
                 self.check_value(b, bound)
             }
             Llv::Unop(_, a) => self.check_value(a, bound),
+            Llv::Ternop(_, a, b, c) => {
+                self.check_value(a, bound)?;
+                self.check_value(b, bound)?;
+                self.check_value(c, bound)
+            }
+            Llv::Random { idcs, .. } => idcs
+                .iter()
+                .try_for_each(|ix| self.check_value(&Llv::EmbedIndex(*ix), bound)),
             Llv::EmbedIndex(AxisIndex::Fixed(_)) => Ok(()),
             Llv::EmbedIndex(AxisIndex::Linear(l)) => {
                 match l.terms().iter().find(|(s, _)| {
@@ -920,7 +928,38 @@ impl<'m> Machine<'m> {
                 let a = self.eval_int(a, cx)?;
                 op.interpret_int(a, cx)
             }
+            Llv::Ternop(op, a, b, c) => {
+                let a = self.eval_int(a, cx)?;
+                let b = self.eval_int(b, cx)?;
+                let c = self.eval_int(c, cx)?;
+                op.interpret_int(a, b, c)
+            }
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => {
+                let off = self.random_offset(idcs, dims)?;
+                match crate::ir::random::float_format(*prec) {
+                    // A floating random value read by an integer statement: never the case
+                    // (the statement would compute in a floating type), kept exact anyway.
+                    Some(_) => int_bits_of_f64(crate::ir::random::value(*seed, off, *prec)),
+                    None => u64::from(crate::ir::random::word(*seed, off)),
+                }
+            }
         })
+    }
+
+    /// The row-major offset of a random fetch's cell, wrapping like the C (offsets fit in 64
+    /// bits anyway).
+    fn random_offset(&self, idcs: &[AxisIndex], dims: &[usize]) -> Result<u64> {
+        let mut off: u64 = 0;
+        for (ix, &d) in idcs.iter().zip(dims) {
+            let i = self.index(ix)?;
+            off = off.wrapping_mul(d as u64).wrapping_add(i as u64);
+        }
+        Ok(off)
     }
 
     /// Evaluates a value in a floating compute type `c`: operands are converted to it,
@@ -963,6 +1002,21 @@ impl<'m> Machine<'m> {
             Llv::Unop(op, a) => {
                 let a = self.eval(a, c)?;
                 op.interpret(a)
+            }
+            Llv::Ternop(op, a, b, x) => {
+                let a = self.eval(a, c)?;
+                let b = self.eval(b, c)?;
+                let x = self.eval(x, c)?;
+                op.interpret(c == Compute::F32, a, b, x)
+            }
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => {
+                let off = self.random_offset(idcs, dims)?;
+                c.round_float(crate::ir::random::value(*seed, off, *prec))
             }
         })
     }

@@ -1,7 +1,7 @@
 //! Assignments: the input IR, and its readable printer.
 
 use super::indexing::{AxisIndex, Projections, StaticSymbol};
-use super::ops::{Binop, Unop};
+use super::ops::{Binop, Ternop, Unop};
 use super::tnode::Tnode;
 use std::fmt::Write;
 
@@ -37,6 +37,12 @@ pub enum FetchOp {
     },
     /// Every cell gets the value of the static index.
     EmbedSymbol(StaticSymbol),
+    /// Uniform random values of SPEC section 9.5: Threefry-4x32-20 keyed by the seed,
+    /// counting the cell's row-major offset (see [`crate::ir::random`]).
+    Random {
+        /// The generator's 64-bit seed.
+        seed: u64,
+    },
     /// Every cell gets the result of a C function `double NAME(void)` available to the
     /// loaded library. The name must be a plain C identifier.
     Imported(String),
@@ -68,6 +74,26 @@ pub enum Assignments {
         /// The projections (two argument projections).
         projections: Projections,
     },
+    /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs1[p_rhs1], rhs2[p_rhs2], rhs3[p_rhs3]))` over the
+    /// product space (SPEC section 9.2).
+    AccumTernop {
+        /// Fill with accum's neutral element first (or overwrite, when bijective).
+        initialize_neutral: bool,
+        /// The accumulation; `Arg2` overwrites.
+        accum: Binop,
+        /// The operation.
+        op: Ternop,
+        /// The result.
+        lhs: Tnode,
+        /// First argument.
+        rhs1: Buffer,
+        /// Second argument.
+        rhs2: Buffer,
+        /// Third argument.
+        rhs3: Buffer,
+        /// The projections (three argument projections).
+        projections: Projections,
+    },
     /// `lhs[p_lhs] = accum(lhs[p_lhs], op(rhs[p_rhs]))` over the product space.
     AccumUnop {
         /// Fill with accum's neutral element first (or overwrite, when bijective).
@@ -82,6 +108,27 @@ pub enum Assignments {
         rhs: Buffer,
         /// The projections (one argument projection).
         projections: Projections,
+    },
+    /// `lhs[d, r] = table[index[d], r]` (SPEC section 9.4): `index` has an integer precision
+    /// and dims `D`, `table` dims `[N] ++ R`, `lhs` dims `D ++ R`; an index outside `0 .. N-1`
+    /// gives zeros.
+    Gather {
+        /// The result.
+        lhs: Tnode,
+        /// The table read.
+        table: Tnode,
+        /// The row indices.
+        index: Tnode,
+    },
+    /// `lhs[index[d], r] += src[d, r]` for every `d` in row-major order whose index is inside
+    /// `0 .. N-1` (SPEC section 9.4): `lhs` has dims `[N] ++ R`, `src` dims `D ++ R`.
+    ScatterAdd {
+        /// The table accumulated into.
+        lhs: Tnode,
+        /// The rows added.
+        src: Tnode,
+        /// The row indices.
+        index: Tnode,
     },
     /// Fills `array` by `fetch_op`.
     Fetch {
@@ -146,6 +193,28 @@ impl Assignments {
             Assignments::AccumUnop { lhs, rhs, .. } => {
                 add(lhs);
                 add(rhs.tnode());
+            }
+            Assignments::AccumTernop {
+                lhs,
+                rhs1,
+                rhs2,
+                rhs3,
+                ..
+            } => {
+                add(lhs);
+                add(rhs1.tnode());
+                add(rhs2.tnode());
+                add(rhs3.tnode());
+            }
+            Assignments::Gather { lhs, table, index } => {
+                add(lhs);
+                add(table);
+                add(index);
+            }
+            Assignments::ScatterAdd { lhs, src, index } => {
+                add(lhs);
+                add(src);
+                add(index);
             }
             Assignments::Fetch { array, fetch_op } => {
                 add(array);
@@ -224,6 +293,29 @@ impl Assignments {
                     projections.debug_info
                 );
             }
+            Assignments::AccumTernop {
+                initialize_neutral,
+                accum,
+                op,
+                lhs,
+                rhs1,
+                rhs2,
+                rhs3,
+                projections,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{}{} {} {}({}, {}, {}) ~logic:{:?}",
+                    doc_buffer(&Buffer::Node(lhs.clone()), &projections.project_lhs),
+                    if *initialize_neutral { " :" } else { " " },
+                    accum_sym(*accum),
+                    op.name(),
+                    doc_buffer(rhs1, &projections.project_rhs[0]),
+                    doc_buffer(rhs2, &projections.project_rhs[1]),
+                    doc_buffer(rhs3, &projections.project_rhs[2]),
+                    projections.debug_info
+                );
+            }
             Assignments::AccumUnop {
                 initialize_neutral,
                 accum,
@@ -243,6 +335,24 @@ impl Assignments {
                     projections.debug_info
                 );
             }
+            Assignments::Gather { lhs, table, index } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{} := gather({}, {})",
+                    lhs.name().escape_debug(),
+                    table.name().escape_debug(),
+                    index.name().escape_debug()
+                );
+            }
+            Assignments::ScatterAdd { lhs, src, index } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}{} += scatter({}, {})",
+                    lhs.name().escape_debug(),
+                    src.name().escape_debug(),
+                    index.name().escape_debug()
+                );
+            }
             Assignments::Fetch { array, fetch_op } => {
                 let what = match fetch_op {
                     FetchOp::Constant(c) => format!("{c}"),
@@ -255,6 +365,7 @@ impl Assignments {
                     }
                     FetchOp::EmbedSymbol(s) => format!("embed({})", s.name.escape_debug()),
                     FetchOp::Imported(f) => format!("{}()", f.escape_debug()),
+                    FetchOp::Random { seed } => format!("random({seed})"),
                 };
                 let _ = writeln!(out, "{pad}{} := {what}", array.name().escape_debug());
             }

@@ -8,6 +8,7 @@ pub mod modes;
 pub mod ndarray;
 pub mod ops;
 pub mod prec;
+pub mod random;
 pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
@@ -17,6 +18,6 @@ pub use indexing::{
 };
 pub use modes::{HostedMode, MemoryMode, MemoryModes};
 pub use ndarray::{InitOp, Ndarray};
-pub use ops::{Binop, IntCtx, Unop};
+pub use ops::{Binop, IntCtx, Ternop, Unop};
 pub use prec::{Compute, Prec};
 pub use tnode::{Tnode, TnodeBuilder};

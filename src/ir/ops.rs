@@ -154,6 +154,39 @@ impl IntCtx {
     }
 }
 
+/// Ternary operations (SPEC section 9.2); `a`, `b`, `c` are the three arguments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ternop {
+    /// `a != 0 ? b : c` (NaN is non-zero)
+    Where,
+    /// `a * b + c`, rounded once (C `fmaf` / `fma`, correctly rounded on every CPU)
+    Fma,
+    /// `a * b * c` (left to right)
+    Mul3,
+}
+
+/// A row of the ternary-operation table.
+#[derive(Clone, Copy, Debug)]
+pub struct TernopInfo {
+    /// The snake_case name used in program files and dumps.
+    pub name: &'static str,
+    /// C expression when computing in `float` (operands `$a`, `$b`, `$c`, each named once).
+    pub c_float: &'static str,
+    /// C expression when computing in `double`.
+    pub c_double: &'static str,
+    /// C expression in the integer compute type of SPEC section 9.1 (`uint64_t` operands,
+    /// wrapping arithmetic, no undefined behaviour).
+    pub c_int: &'static str,
+    /// The meaning in `f64` (computing in `double`).
+    pub interpret: fn(f64, f64, f64) -> f64,
+    /// The meaning when computing in `float`: operands are `float` values (held in `f64`),
+    /// the result is rounded to `float` as C computes it.
+    pub interpret_f32: fn(f64, f64, f64) -> f64,
+    /// The meaning in the integer compute type of SPEC section 9.1: 64-bit words, wrapping
+    /// (`where` tests `a != 0`).
+    pub interpret_int: fn(u64, u64, u64) -> u64,
+}
+
 /// A row of the binary-operation table.
 #[derive(Clone, Copy, Debug)]
 pub struct BinopInfo {
@@ -924,6 +957,115 @@ impl Unop {
     /// The C expression for a `uint64_t` operand `a` in integer compute.
     pub fn c_expr_int(self, c: IntCtx, a: &str) -> String {
         fill_int(self.info().c_int, c).replace("$a", a)
+    }
+}
+
+impl Ternop {
+    /// Every ternary operation.
+    pub const ALL: [Ternop; 3] = [Ternop::Where, Ternop::Fma, Ternop::Mul3];
+
+    /// The operation's row in the table.
+    pub fn info(self) -> TernopInfo {
+        match self {
+            Ternop::Where => TernopInfo {
+                name: "where",
+                c_float: "aj_where_f($a, $b, $c)",
+                c_double: "aj_where_d($a, $b, $c)",
+                c_int: "aj_where_u64($a, $b, $c)",
+                interpret: |a, b, c| if a != 0.0 { b } else { c },
+                interpret_f32: |a, b, c| if a != 0.0 { b } else { c },
+                interpret_int: |a, b, c| if a != 0 { b } else { c },
+            },
+            Ternop::Fma => TernopInfo {
+                name: "fma",
+                c_float: "fmaf($a, $b, $c)",
+                c_double: "fma($a, $b, $c)",
+                c_int: "($a * $b + $c)",
+                interpret: f64::mul_add,
+                interpret_f32: |a, b, c| (a as f32).mul_add(b as f32, c as f32) as f64,
+                interpret_int: |a, b, c| a.wrapping_mul(b).wrapping_add(c),
+            },
+            Ternop::Mul3 => TernopInfo {
+                name: "mul3",
+                c_float: "($a * $b * $c)",
+                c_double: "($a * $b * $c)",
+                c_int: "($a * $b * $c)",
+                interpret: |a, b, c| a * b * c,
+                interpret_f32: |a, b, c| ((a as f32) * (b as f32) * (c as f32)) as f64,
+                interpret_int: |a, b, c| a.wrapping_mul(b).wrapping_mul(c),
+            },
+        }
+    }
+
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// Looks an operation up by its snake_case name.
+    pub fn from_name(s: &str) -> Option<Ternop> {
+        Ternop::ALL.into_iter().find(|op| op.name() == s)
+    }
+
+    /// Applies the operation in the compute type: `float` when `in_float` (operands must be
+    /// `float` values), else `double`. Exact: the fused multiply-add rounds once in both.
+    pub fn interpret(self, in_float: bool, a: f64, b: f64, c: f64) -> f64 {
+        let info = self.info();
+        if in_float {
+            (info.interpret_f32)(a, b, c)
+        } else {
+            (info.interpret)(a, b, c)
+        }
+    }
+
+    /// Applies the operation in the integer compute type (64-bit words, wrapping).
+    pub fn interpret_int(self, a: u64, b: u64, c: u64) -> u64 {
+        (self.info().interpret_int)(a, b, c)
+    }
+
+    /// The C expression for operands `a`, `b`, `c` in the given compute type.
+    pub fn c_expr(self, in_float: bool, a: &str, b: &str, c: &str) -> String {
+        let info = self.info();
+        let t = if in_float {
+            info.c_float
+        } else {
+            info.c_double
+        };
+        substitute3(t, a, b, c)
+    }
+
+    /// The C expression for `uint64_t` operands in the integer compute type (SPEC 9.1).
+    pub fn c_expr_int(self, a: &str, b: &str, c: &str) -> String {
+        substitute3(self.info().c_int, a, b, c)
+    }
+}
+
+/// Replaces `$a`, `$b` and `$c` in a template, in one pass (an operand's text containing
+/// `$b` is left alone).
+fn substitute3(t: &str, a: &str, b: &str, c: &str) -> String {
+    let mut out = String::with_capacity(t.len() + a.len() + b.len() + c.len());
+    let mut chars = t.chars().peekable();
+    while let Some(ch) = chars.next() {
+        let operand = match (ch, chars.peek()) {
+            ('$', Some('a')) => Some(a),
+            ('$', Some('b')) => Some(b),
+            ('$', Some('c')) => Some(c),
+            _ => None,
+        };
+        match operand {
+            Some(x) => {
+                out.push_str(x);
+                chars.next();
+            }
+            None => out.push(ch),
+        }
+    }
+    out
+}
+
+impl fmt::Display for Ternop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

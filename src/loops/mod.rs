@@ -20,7 +20,7 @@ pub use walk::{
     visit_value_indices, visit_values, visit_vectors,
 };
 
-use crate::ir::{AxisIndex, Binop, Prec, Symbol, Tnode, Unop};
+use crate::ir::{AxisIndex, Binop, Prec, Symbol, Ternop, Tnode, Unop};
 
 /// A scalar local holding one virtual node's value at one read site.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -157,6 +157,23 @@ pub enum Llv {
     Binop(Binop, Box<Llv>, Box<Llv>),
     /// A unary operation.
     Unop(Unop, Box<Llv>),
+    /// A ternary operation.
+    Ternop(Ternop, Box<Llv>, Box<Llv>, Box<Llv>),
+    /// The counter-based random value of SPEC section 9.5 for the cell `idcs` of a tensor of
+    /// dims `dims` and precision `prec`: Threefry-4x32-20's first word `w` for key `seed` and
+    /// counter the cell's row-major offset, as `w / 2^32` rounded down to `prec` (floating
+    /// precisions) or `w` itself (integer precisions, then stored by wrapping). See
+    /// [`crate::ir::random`].
+    Random {
+        /// The generator's 64-bit seed.
+        seed: u64,
+        /// The cell's indices (one per axis of `dims`).
+        idcs: Vec<AxisIndex>,
+        /// The dims of the tensor filled (for the row-major offset).
+        dims: Vec<usize>,
+        /// The precision of the tensor filled.
+        prec: Prec,
+    },
     /// A constant.
     Constant(f64),
     /// The value of an index (a fixed number, a loop iterator or a static index).
@@ -206,6 +223,13 @@ pub fn statement_compute(result: Prec, value: &Llv) -> crate::ir::Compute {
                 args(b, out);
             }
             Llv::Unop(_, a) => args(a, out),
+            Llv::Ternop(_, a, b, c) => {
+                args(a, out);
+                args(b, out);
+                args(c, out);
+            }
+            // A random fetch reads a value of its precision (a word for integers).
+            Llv::Random { prec, .. } => out.push(*prec),
         }
     }
     let mut precs = vec![];

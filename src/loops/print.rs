@@ -139,5 +139,15 @@ fn llv_doc(v: &Llv, indent: usize) -> String {
         Llv::Unop(op, a) => format!("{}({})", op.name(), llv_doc(a, indent)),
         Llv::Constant(c) => format!("{c:?}"),
         Llv::EmbedIndex(i) => format!("index({i})"),
+        Llv::Ternop(op, a, b, c) => format!(
+            "{}({}, {}, {})",
+            op.name(),
+            llv_doc(a, indent),
+            llv_doc(b, indent),
+            llv_doc(c, indent)
+        ),
+        Llv::Random {
+            seed, idcs, prec, ..
+        } => format!("random_{}({seed})[{}]", prec.name(), idcs_doc(idcs)),
     }
 }

@@ -138,6 +138,23 @@ impl Verifier {
                 self.value(b)
             }
             Llv::Unop(_, a) => self.value(a),
+            Llv::Ternop(_, a, b, c) => {
+                self.value(a)?;
+                self.value(b)?;
+                self.value(c)
+            }
+            Llv::Random { idcs, dims, .. } => {
+                if idcs.len() != dims.len() {
+                    return Err(format!(
+                        "a random value has {} indices for dims {dims:?}",
+                        idcs.len()
+                    ));
+                }
+                for ix in idcs {
+                    self.index(ix, "a random value's cell")?;
+                }
+                Ok(())
+            }
             Llv::GetLocal(_) | Llv::GetCFunction(_) | Llv::Constant(_) => Ok(()),
         }
     }

@@ -29,6 +29,11 @@ fn stmts_in_value(v: &Llv, f: &mut impl FnMut(&Llc)) {
             stmts_in_value(b, f);
         }
         Llv::Unop(_, a) => stmts_in_value(a, f),
+        Llv::Ternop(_, a, b, c) => {
+            stmts_in_value(a, f);
+            stmts_in_value(b, f);
+            stmts_in_value(c, f);
+        }
         _ => {}
     }
 }
@@ -45,6 +50,11 @@ pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
                 go_v(b, f);
             }
             Llv::Unop(_, a) => go_v(a, f),
+            Llv::Ternop(_, a, b, c) => {
+                go_v(a, f);
+                go_v(b, f);
+                go_v(c, f);
+            }
             _ => {}
         }
     }
@@ -72,6 +82,11 @@ pub fn visit_value(v: &Llv, f: &mut impl FnMut(&Llv)) {
             visit_value(b, f);
         }
         Llv::Unop(_, a) => visit_value(a, f),
+        Llv::Ternop(_, a, b, c) => {
+            visit_value(a, f);
+            visit_value(b, f);
+            visit_value(c, f);
+        }
         _ => {}
     }
 }
@@ -91,6 +106,7 @@ pub fn visit_value_indices(v: &Llv, f: &mut impl FnMut(&AxisIndex)) {
             });
         }
         Llv::EmbedIndex(ix) => f(ix),
+        Llv::Random { idcs, .. } => idcs.iter().for_each(&mut *f),
         _ => {}
     });
 }
@@ -146,6 +162,7 @@ pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
         Llv::Get(_, idcs) | Llv::GetMergeBuffer(_, idcs) => idcs.iter().for_each(&mut *f),
         Llv::LocalScope { orig_indices, .. } => orig_indices.iter().for_each(&mut *f),
         Llv::EmbedIndex(ix) => f(ix),
+        Llv::Random { idcs, .. } => idcs.iter().for_each(&mut *f),
         _ => {}
     });
     visit_vectors(c, &mut |v| {
@@ -164,6 +181,23 @@ pub fn map_value_indices(
         Llv::Get(t, i) => Llv::Get(t.clone(), idcs(i, f)?),
         Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(t.clone(), idcs(i, f)?),
         Llv::EmbedIndex(i) => Llv::EmbedIndex(f(*i)?),
+        Llv::Random {
+            seed,
+            idcs: i,
+            dims,
+            prec,
+        } => Llv::Random {
+            seed: *seed,
+            idcs: idcs(i, f)?,
+            dims: dims.clone(),
+            prec: *prec,
+        },
+        Llv::Ternop(op, a, b, c) => Llv::Ternop(
+            *op,
+            Box::new(map_value_indices(a, f)?),
+            Box::new(map_value_indices(b, f)?),
+            Box::new(map_value_indices(c, f)?),
+        ),
         Llv::Binop(op, a, b) => Llv::Binop(
             *op,
             Box::new(map_value_indices(a, f)?),

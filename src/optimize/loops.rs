@@ -165,6 +165,11 @@ fn reads(v: &Llv, out: &mut Vec<(Tnode, Vec<AxisIndex>)>) {
             reads(b, out);
         }
         Llv::Unop(_, a) => reads(a, out),
+        Llv::Ternop(_, a, b, c) => {
+            reads(a, out);
+            reads(b, out);
+            reads(c, out);
+        }
         _ => {}
     }
 }
@@ -247,6 +252,8 @@ fn mentions(v: &Llv, j: Symbol) -> bool {
         Llv::EmbedIndex(ix) => ix.symbols().contains(&j),
         Llv::Binop(_, a, b) => mentions(a, j) || mentions(b, j),
         Llv::Unop(_, a) => mentions(a, j),
+        Llv::Ternop(_, a, b, c) => mentions(a, j) || mentions(b, j) || mentions(c, j),
+        Llv::Random { idcs, .. } => has(idcs),
         Llv::LocalScope { body, .. } => mentions_llc(body, j),
         Llv::GetLocal(_) | Llv::GetCFunction(_) | Llv::Constant(_) => false,
     }

@@ -123,6 +123,12 @@ pub fn simplify_value(v: Llv, target: Prec) -> Llv {
                 orig_indices,
             }
         }
+        Llv::Ternop(op, a, b, c) => Llv::Ternop(
+            op,
+            Box::new(simplify_value(*a, target)),
+            Box::new(simplify_value(*b, target)),
+            Box::new(simplify_value(*c, target)),
+        ),
         Llv::Unop(op, a) => {
             let a = simplify_value(*a, target);
             match (op, a) {

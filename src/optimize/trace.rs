@@ -191,7 +191,13 @@ impl Tracer<'_> {
                 self.value(b, own);
             }
             Llv::Unop(_, a) => self.value(a, own),
+            Llv::Ternop(_, a, b, c) => {
+                self.value(a, own);
+                self.value(b, own);
+                self.value(c, own);
+            }
             Llv::GetMergeBuffer(..)
+            | Llv::Random { .. }
             | Llv::GetLocal(_)
             | Llv::GetCFunction(_)
             | Llv::Constant(_)
@@ -356,6 +362,8 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
                     | Llv::GetCFunction(_)
                     | Llv::LocalScope { .. } => ok = false,
                     Llv::EmbedIndex(AxisIndex::Iterator(_)) => ok = false,
+                    // A value that depends on the cell's position.
+                    Llv::Random { .. } => ok = false,
                     _ => {}
                 });
                 ok

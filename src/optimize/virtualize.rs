@@ -214,6 +214,12 @@ impl Inliner<'_> {
                 Box::new(self.value_own(b, own_idcs)),
             ),
             Llv::Unop(op, a) => Llv::Unop(*op, Box::new(self.value_own(a, own_idcs))),
+            Llv::Ternop(op, a, b, c) => Llv::Ternop(
+                *op,
+                Box::new(self.value_own(a, own_idcs)),
+                Box::new(self.value_own(b, own_idcs)),
+                Box::new(self.value_own(c, own_idcs)),
+            ),
             v => self.value(v),
         }
     }
@@ -241,6 +247,23 @@ impl Inliner<'_> {
             }
             Llv::Unop(op, a) => Llv::Unop(*op, Box::new(self.value(a))),
             Llv::EmbedIndex(i) => Llv::EmbedIndex(self.idx(i)),
+            Llv::Ternop(op, a, b, c) => Llv::Ternop(
+                *op,
+                Box::new(self.value(a)),
+                Box::new(self.value(b)),
+                Box::new(self.value(c)),
+            ),
+            Llv::Random {
+                seed,
+                idcs,
+                dims,
+                prec,
+            } => Llv::Random {
+                seed: *seed,
+                idcs: self.idcs(idcs),
+                dims: dims.clone(),
+                prec: *prec,
+            },
             Llv::GetCFunction(_) | Llv::Constant(_) => v.clone(),
         }
     }
@@ -281,6 +304,12 @@ fn replace_reads(c: Llc, tn: &Tnode, writers: &[(Llc, HashMap<Symbol, usize>)]) 
                 Llv::Binop(op, Box::new(go_v(*a, tn, w)), Box::new(go_v(*b, tn, w)))
             }
             Llv::Unop(op, a) => Llv::Unop(op, Box::new(go_v(*a, tn, w))),
+            Llv::Ternop(op, a, b, c) => Llv::Ternop(
+                op,
+                Box::new(go_v(*a, tn, w)),
+                Box::new(go_v(*b, tn, w)),
+                Box::new(go_v(*c, tn, w)),
+            ),
             v => v,
         }
     }
@@ -369,6 +398,10 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
             Llv::LocalScope { body, .. } => stmt(body, &Pattern::new()),
             Llv::Binop(_, a, b) => value(a).saturating_add(value(b)),
             Llv::Unop(_, a) => value(a),
+            Llv::Ternop(_, a, b, c) => value(a).saturating_add(value(b)).saturating_add(value(c)),
+            // One generator call (some eighty integer operations, but a cell's value, like a
+            // load: a fetch read once per cell costs the same inlined or materialized).
+            Llv::Random { .. } => 1,
             _ => 0,
         }
     }

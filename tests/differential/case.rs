@@ -1,7 +1,7 @@
 //! Generated programs and their rendering in the program-file format (PROGRAM_FORMAT.md).
 
 use super::model::{apply, Check, Est};
-use arrayjit::ir::{Binop, Prec, Unop};
+use arrayjit::ir::{Binop, Prec, Ternop, Unop};
 use std::fmt::Write as _;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -28,6 +28,7 @@ pub struct TSpec {
 pub enum Op {
     Un(Unop),
     Bin(Binop),
+    Tern(Ternop),
 }
 
 impl Op {
@@ -35,6 +36,7 @@ impl Op {
         match self {
             Op::Un(u) => u.name(),
             Op::Bin(b) => b.name(),
+            Op::Tern(t) => t.name(),
         }
     }
 }
@@ -74,6 +76,24 @@ pub enum Stmt {
         lhs: usize,
         stat: usize,
     },
+    /// `{"fetch": lhs, "random": {"seed": seed}}`
+    Random {
+        lhs: usize,
+        seed: u64,
+    },
+    /// `{"gather": lhs, "from": table, "index": index}` (index: a byte input, some values out
+    /// of range)
+    Gather {
+        lhs: usize,
+        table: usize,
+        index: usize,
+    },
+    /// `{"scatter_add": lhs, "from": src, "index": index}`
+    Scatter {
+        lhs: usize,
+        src: usize,
+        index: usize,
+    },
 }
 
 impl Stmt {
@@ -82,13 +102,18 @@ impl Stmt {
             Stmt::Accum { lhs, .. }
             | Stmt::Const { lhs, .. }
             | Stmt::Slice { lhs, .. }
-            | Stmt::Embed { lhs, .. } => *lhs,
+            | Stmt::Embed { lhs, .. }
+            | Stmt::Random { lhs, .. }
+            | Stmt::Gather { lhs, .. }
+            | Stmt::Scatter { lhs, .. } => *lhs,
         }
     }
     pub fn reads(&self) -> Vec<usize> {
         match self {
             Stmt::Accum { args, .. } => args.clone(),
             Stmt::Slice { src, .. } => vec![*src],
+            Stmt::Gather { table, index, .. } => vec![*table, *index],
+            Stmt::Scatter { lhs, src, index } => vec![*lhs, *src, *index],
             _ => vec![],
         }
     }
@@ -241,6 +266,22 @@ pub fn to_json(p: &Program) -> String {
                 "    {{\"fetch\": \"{}\", \"embed_index\": \"{}\"}}",
                 n(*lhs),
                 p.statics[*stat].0
+            ),
+            Stmt::Random { lhs, seed } => format!(
+                "    {{\"fetch\": \"{}\", \"random\": {{\"seed\": {seed}}}}}",
+                n(*lhs)
+            ),
+            Stmt::Gather { lhs, table, index } => format!(
+                "    {{\"gather\": \"{}\", \"from\": \"{}\", \"index\": \"{}\"}}",
+                n(*lhs),
+                n(*table),
+                n(*index)
+            ),
+            Stmt::Scatter { lhs, src, index } => format!(
+                "    {{\"scatter_add\": \"{}\", \"from\": \"{}\", \"index\": \"{}\"}}",
+                n(*lhs),
+                n(*src),
+                n(*index)
             ),
         })
         .collect();

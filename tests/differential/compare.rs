@@ -92,6 +92,9 @@ impl Stats {
                 Stmt::Const { .. } => "fetch constant".into(),
                 Stmt::Slice { .. } => "fetch slice".into(),
                 Stmt::Embed { .. } => "fetch embed".into(),
+                Stmt::Random { .. } => "fetch random".into(),
+                Stmt::Gather { .. } => "gather".into(),
+                Stmt::Scatter { .. } => "scatter_add".into(),
             };
             *self.stmts.entry(key).or_default() += 1;
         }

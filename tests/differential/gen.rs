@@ -4,7 +4,7 @@ use super::case::{Kind, Op, Program, Shape, Stmt, TSpec};
 use super::common;
 use super::model::{apply, Est};
 use arrayjit::ir::einsum::projections;
-use arrayjit::ir::{AxisIndex, Bindings, Binop, Prec, StaticSymbol, Unop};
+use arrayjit::ir::{AxisIndex, Bindings, Binop, Prec, StaticSymbol, Ternop, Unop};
 use std::fmt::Write as _;
 
 // Random numbers: xorshift64* seeded through splitmix64.
@@ -348,9 +348,15 @@ impl Gen {
     pub fn gen_accum(&mut self) -> bool {
         let n0 = self.p.tensors.len();
         let binary = self.rng.chance(55);
-        let args: Vec<usize> = (0..if binary { 2 } else { 1 })
-            .map(|_| self.pick_arg())
-            .collect();
+        let ternary = binary && self.rng.chance(15);
+        let arity = if ternary {
+            3
+        } else if binary {
+            2
+        } else {
+            1
+        };
+        let args: Vec<usize> = (0..arity).map(|_| self.pick_arg()).collect();
         let arg_dims: Vec<Vec<usize>> = args
             .iter()
             .map(|&i| self.p.tensors[i].dims.clone())
@@ -368,7 +374,9 @@ impl Gen {
             self.rollback(n0);
             return false;
         }
-        let mut ops: Vec<Op> = if binary {
+        let mut ops: Vec<Op> = if ternary {
+            Ternop::ALL.iter().map(|&t| Op::Tern(t)).collect()
+        } else if binary {
             Binop::ALL.iter().map(|&b| Op::Bin(b)).collect()
         } else {
             Unop::ALL.iter().map(|&u| Op::Un(u)).collect()
@@ -420,6 +428,12 @@ impl Gen {
         let n0 = self.p.tensors.len();
         let has_statics = !self.p.statics.is_empty();
         let stmt = match self.rng.below(if has_statics { 3 } else { 1 }) {
+            _ if self.rng.chance(25) => {
+                let dims = self.random_dims();
+                let lhs = self.new_result(dims);
+                let seed = self.rng.pick(&[0, 1, 42, 0xdead_beef, u64::MAX, 1 << 32]);
+                Stmt::Random { lhs, seed }
+            }
             0 => {
                 let dims = if self.rng.chance(60) {
                     vec![1]
@@ -478,6 +492,50 @@ impl Gen {
                 let dims = self.random_dims();
                 let lhs = self.new_result(dims);
                 Stmt::Embed { lhs, stat }
+            }
+        };
+        if self.try_commit(stmt) {
+            true
+        } else {
+            self.rollback(n0);
+            false
+        }
+    }
+}
+
+impl Gen {
+    /// A gather from a readable table (or a scatter-add into a readable result) by a new byte
+    /// index input holding in-range and out-of-range rows (up to 255).
+    pub fn gen_gather(&mut self) -> bool {
+        let n0 = self.p.tensors.len();
+        let table = self.pick_arg();
+        let tdims = self.p.tensors[table].dims.clone();
+        let n = tdims[0];
+        let mut idims = self.random_dims();
+        idims.truncate(2);
+        let cells: usize = idims.iter().product();
+        let ids: Vec<f64> = (0..cells)
+            .map(|_| match self.rng.below(10) {
+                0 => 255.0,
+                1 => (n + self.rng.below(3)) as f64,
+                _ => self.rng.below(n) as f64,
+            })
+            .collect();
+        let index = self.new_tensor(Kind::Input, idims.clone(), Prec::Byte, ids);
+        let rows: Vec<usize> = idims.iter().chain(&tdims[1..]).copied().collect();
+        let stmt = if self.rng.chance(60) {
+            let lhs = self.new_result(rows);
+            Stmt::Gather { lhs, table, index }
+        } else {
+            if self.p.tensors[table].kind == Kind::Input {
+                self.rollback(n0);
+                return false;
+            }
+            let src = self.new_input(rows);
+            Stmt::Scatter {
+                lhs: table,
+                src,
+                index,
             }
         };
         if self.try_commit(stmt) {
@@ -562,6 +620,8 @@ pub fn generate(seed: u64) -> Program {
         }
         if g.rng.chance(15) {
             g.gen_fetch();
+        } else if g.rng.chance(8) {
+            g.gen_gather();
         } else {
             g.gen_accum();
         }

@@ -3,7 +3,7 @@
 
 use super::case::{Op, Program, Stmt};
 use super::common;
-use arrayjit::ir::{Binop, Prec, Unop};
+use arrayjit::ir::{Binop, Prec, Ternop, Unop};
 
 /// The grid exponent of a set of zeros (a multiple of every power of two).
 pub const ANY: i32 = i32::MAX / 2;
@@ -595,6 +595,26 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
                 pr,
             )?
         }
+        Stmt::Random { .. } => Est {
+            lo: 0.0,
+            hi: if pr == Prec::Byte { 255.0 } else { 1.0 },
+            // Multiples of 2^-32 (integers in byte), identical on both sides.
+            grid: Some(if pr == Prec::Byte { 0 } else { -32 }),
+            err: 0.0,
+            nonfinite: false,
+        },
+        Stmt::Gather { table, .. } => {
+            let a = readable_est(&ests[*table])?;
+            // Rows of the table, or zeros for out-of-range indices.
+            store(read(a, t[*table].prec, c), pr)?.union(Est::zero())
+        }
+        Stmt::Scatter { src, index, .. } => {
+            let a = read(readable_est(&ests[*src])?, t[*src].prec, c);
+            let old = readable_est(&ests[lhs])?;
+            // At most every index row lands in one cell; cells no index reaches keep theirs.
+            let n = t[*index].dims.iter().product::<usize>();
+            accumulate(old, a, n, Binop::Add, pr)?.union(old)
+        }
         Stmt::Slice { src, .. } => {
             let a = readable_est(&ests[*src])?;
             store(read(a, t[*src].prec, c), pr)?
@@ -614,6 +634,15 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             let term = match op {
                 Op::Un(u) => unop_est(*u, a[0], c)?,
                 Op::Bin(b) => binop_est(*b, a[0], a[1], c)?,
+                // A selection: exactly one of the two values.
+                Op::Tern(Ternop::Where) => a[1].union(a[2]),
+                // Bounded by the unfused computation (one rounding fewer).
+                Op::Tern(Ternop::Fma) => {
+                    binop_est(Binop::Add, binop_est(Binop::Mul, a[0], a[1], c)?, a[2], c)?
+                }
+                Op::Tern(Ternop::Mul3) => {
+                    binop_est(Binop::Mul, binop_est(Binop::Mul, a[0], a[1], c)?, a[2], c)?
+                }
             };
             let old = ests[lhs];
             // As lowered: a reduction (not bijective) with `initialize_neutral` first fills

@@ -74,6 +74,16 @@ pub fn instantiate(p: &Program) -> Instance {
                         rhs2: Buffer::Node(node(args[1])),
                         projections,
                     },
+                    Op::Tern(t) => Assignments::AccumTernop {
+                        initialize_neutral: *init,
+                        accum: *accum,
+                        op: *t,
+                        lhs: node(*lhs),
+                        rhs1: Buffer::Node(node(args[0])),
+                        rhs2: Buffer::Node(node(args[1])),
+                        rhs3: Buffer::Node(node(args[2])),
+                        projections,
+                    },
                 }
             }
             Stmt::Const { lhs, c } => Assignments::Fetch {
@@ -90,6 +100,20 @@ pub fn instantiate(p: &Program) -> Instance {
             Stmt::Embed { lhs, stat } => Assignments::Fetch {
                 array: node(*lhs),
                 fetch_op: FetchOp::EmbedSymbol(statics[*stat].clone()),
+            },
+            Stmt::Random { lhs, seed } => Assignments::Fetch {
+                array: node(*lhs),
+                fetch_op: FetchOp::Random { seed: *seed },
+            },
+            Stmt::Gather { lhs, table, index } => Assignments::Gather {
+                lhs: node(*lhs),
+                table: node(*table),
+                index: node(*index),
+            },
+            Stmt::Scatter { lhs, src, index } => Assignments::ScatterAdd {
+                lhs: node(*lhs),
+                src: node(*src),
+                index: node(*index),
             },
         })
         .collect();

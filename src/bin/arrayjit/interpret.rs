@@ -74,6 +74,28 @@ fn device_nodes(asgns: &Assignments, out: &mut HashSet<Tnode>, merge: &mut Vec<T
             out.insert(lhs.clone());
             arg(rhs, out);
         }
+        Assignments::AccumTernop {
+            lhs,
+            rhs1,
+            rhs2,
+            rhs3,
+            ..
+        } => {
+            out.insert(lhs.clone());
+            arg(rhs1, out);
+            arg(rhs2, out);
+            arg(rhs3, out);
+        }
+        Assignments::Gather { lhs, table, index } => {
+            out.insert(lhs.clone());
+            out.insert(table.clone());
+            out.insert(index.clone());
+        }
+        Assignments::ScatterAdd { lhs, src, index } => {
+            out.insert(lhs.clone());
+            out.insert(src.clone());
+            out.insert(index.clone());
+        }
         Assignments::Fetch { array, fetch_op } => {
             out.insert(array.clone());
             if let FetchOp::Slice { sliced, .. } = fetch_op {

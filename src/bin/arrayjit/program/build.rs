@@ -12,7 +12,7 @@ use arrayjit::ir::einsum;
 use arrayjit::ir::tnode::provenance;
 use arrayjit::ir::{
     Assignments, Bindings, Binop, Buffer, FetchOp, HostedMode, InitOp, MemoryMode, Projections,
-    StaticSymbol, Tnode, Unop,
+    StaticSymbol, Ternop, Tnode, Unop,
 };
 use std::collections::HashMap;
 use std::path::Path;
@@ -214,10 +214,40 @@ impl<'a> Builder<'a> {
                 self.statements(&b.code, &with(path, json_path!["code"]))?,
             )),
             Statement::Assign(a) => self.assign(a, path),
+            Statement::Gather(g) => {
+                let key = if g.scatter { "scatter_add" } else { "gather" };
+                let lhs = self.tensor(&g.lhs, with(path, json_path![key]))?;
+                let from = self.tensor(&g.from, with(path, json_path!["from"]))?;
+                let index = self.tensor(&g.index, with(path, json_path!["index"]))?;
+                let asg = if g.scatter {
+                    Assignments::ScatterAdd {
+                        lhs,
+                        src: from,
+                        index,
+                    }
+                } else {
+                    Assignments::Gather {
+                        lhs,
+                        table: from,
+                        index,
+                    }
+                };
+                // Lowering checks the precision of the index and the dims: report its
+                // error at the statement.
+                if let Err(e) = arrayjit::lower::lower(&asg) {
+                    let at = match e {
+                        arrayjit::Error::IndexPrecision { .. } => json_path!["index"],
+                        _ => json_path![key],
+                    };
+                    return Err(ProgramError::at(with(path, at), e.to_string()));
+                }
+                Ok(asg)
+            }
             Statement::Fetch(f) => {
                 let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
                 let fetch_op = match &f.kind {
                     FetchKind::Constant(c) => FetchOp::Constant(*c),
+                    FetchKind::Random { seed } => FetchOp::Random { seed: *seed },
                     FetchKind::EmbedIndex(s) => FetchOp::EmbedSymbol(
                         self.static_index(s, with(path, json_path!["embed_index"]))?,
                     ),
@@ -284,9 +314,21 @@ impl<'a> Builder<'a> {
         let op_path = with(path, json_path!["op"]);
         let unary_names = || names_list(Unop::ALL.iter().map(|o| o.name()));
         let binary_names = || names_list(Binop::ALL.iter().map(|o| o.name()));
+        let ternary_names = || names_list(Ternop::ALL.iter().map(|o| o.name()));
         enum Op {
             Un(Unop),
             Bin(Binop),
+            Tern(Ternop),
+        }
+        if let (Some(_), n @ (1 | 2)) = (Ternop::from_name(&a.op), args.len()) {
+            return Err(ProgramError::at(
+                op_path,
+                format!(
+                    "wrong arity: operation {} is ternary, but the assignment has {n} argument{}",
+                    quote(&a.op),
+                    if n == 1 { "" } else { "s" }
+                ),
+            ));
         }
         let op = match args.len() {
             1 => match (Unop::from_name(&a.op), Binop::from_name(&a.op)) {
@@ -335,10 +377,23 @@ impl<'a> Builder<'a> {
                     ))
                 }
             },
+            3 => match Ternop::from_name(&a.op) {
+                Some(t) => Op::Tern(t),
+                None => {
+                    return Err(ProgramError::at(
+                        op_path,
+                        format!(
+                            "unknown ternary operation {} (ternary operations: {})",
+                            quote(&a.op),
+                            ternary_names()
+                        ),
+                    ))
+                }
+            },
             n => {
                 return Err(ProgramError::at(
                     args_path,
-                    format!("wrong arity: an assignment takes 1 or 2 arguments, got {n}"),
+                    format!("wrong arity: an assignment takes 1, 2 or 3 arguments, got {n}"),
                 ))
             }
         };
@@ -387,9 +442,20 @@ impl<'a> Builder<'a> {
             match (
                 op,
                 <[Buffer; 1]>::try_from(args.clone()),
-                <[Buffer; 2]>::try_from(args),
+                <[Buffer; 2]>::try_from(args.clone()),
+                <[Buffer; 3]>::try_from(args),
             ) {
-                (Op::Un(op), Ok([rhs]), _) => Assignments::AccumUnop {
+                (Op::Tern(op), _, _, Ok([rhs1, rhs2, rhs3])) => Assignments::AccumTernop {
+                    initialize_neutral: a.init_neutral,
+                    accum,
+                    op,
+                    lhs,
+                    rhs1,
+                    rhs2,
+                    rhs3,
+                    projections,
+                },
+                (Op::Un(op), Ok([rhs]), _, _) => Assignments::AccumUnop {
                     initialize_neutral: a.init_neutral,
                     accum,
                     op,
@@ -397,7 +463,7 @@ impl<'a> Builder<'a> {
                     rhs,
                     projections,
                 },
-                (Op::Bin(op), _, Ok([rhs1, rhs2])) => Assignments::AccumBinop {
+                (Op::Bin(op), _, Ok([rhs1, rhs2]), _) => Assignments::AccumBinop {
                     initialize_neutral: a.init_neutral,
                     accum,
                     op,
@@ -438,6 +504,11 @@ fn names_used<'a>(stmts: &'a [Statement], out: &mut Vec<&'a str>) {
                 }
             }
             Statement::Block(b) => names_used(&b.code, out),
+            Statement::Gather(g) => {
+                out.push(&g.lhs);
+                out.push(&g.from);
+                out.push(&g.index);
+            }
         }
     }
 }

@@ -327,6 +327,21 @@ pub enum Statement {
     Fetch(FetchDecl),
     /// `{"comment": ..., "code": [...]}`
     Block(BlockDecl),
+    /// `{"gather": Y, "from": E, "index": I}` or `{"scatter_add": G, "from": H, "index": I}`
+    Gather(GatherDecl),
+}
+
+/// A gather or scatter-add statement (SPEC section 9.4).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatherDecl {
+    /// The tensor written.
+    pub lhs: String,
+    /// The tensor read (the table for a gather, the rows for a scatter-add).
+    pub from: String,
+    /// The integer index tensor.
+    pub index: String,
+    /// A scatter-add rather than a gather.
+    pub scatter: bool,
 }
 
 /// An assignment statement.
@@ -378,6 +393,19 @@ pub enum FetchKind {
     },
     /// `"embed_index": STATIC`
     EmbedIndex(String),
+    /// `"random": {"seed": S}`: uniform values of SPEC section 9.5.
+    Random {
+        /// The generator's seed (a JSON integer in `0 .. 2^64`).
+        seed: u64,
+    },
+}
+
+/// The object of a random fetch, `{"seed": S}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomDecl {
+    /// The generator's seed.
+    pub seed: u64,
 }
 
 /// A block statement: a comment labelling a list of statements.
@@ -713,12 +741,25 @@ const STATEMENT_FIELDS: &[&str] = &[
     "slice",
     "index",
     "embed_index",
+    "random",
+    "gather",
+    "scatter_add",
+    "from",
     "comment",
     "code",
 ];
 const ASSIGN_FIELDS: &[&str] = &["assign", "op", "args", "logic", "accum", "init_neutral"];
-const FETCH_FIELDS: &[&str] = &["fetch", "constant", "slice", "index", "embed_index"];
+const FETCH_FIELDS: &[&str] = &[
+    "fetch",
+    "constant",
+    "slice",
+    "index",
+    "embed_index",
+    "random",
+];
 const BLOCK_FIELDS: &[&str] = &["comment", "code"];
+const GATHER_FIELDS: &[&str] = &["gather", "from", "index"];
+const SCATTER_FIELDS: &[&str] = &["scatter_add", "from", "index"];
 
 fn quoted_list(names: &[&str]) -> String {
     names
@@ -748,6 +789,10 @@ impl<'de> Deserialize<'de> for Statement {
                 let mut slice: Option<String> = None;
                 let mut index: Option<String> = None;
                 let mut embed_index: Option<String> = None;
+                let mut random: Option<RandomDecl> = None;
+                let mut gather: Option<String> = None;
+                let mut scatter_add: Option<String> = None;
+                let mut from: Option<String> = None;
                 let mut comment: Option<String> = None;
                 let mut code: Option<Vec<Statement>> = None;
                 let mut seen: Vec<&'static str> = vec![];
@@ -764,6 +809,10 @@ impl<'de> Deserialize<'de> for Statement {
                         "slice" => "slice",
                         "index" => "index",
                         "embed_index" => "embed_index",
+                        "random" => "random",
+                        "gather" => "gather",
+                        "scatter_add" => "scatter_add",
+                        "from" => "from",
                         "comment" => "comment",
                         "code" => "code",
                         other => return Err(de::Error::unknown_field(other, STATEMENT_FIELDS)),
@@ -780,6 +829,10 @@ impl<'de> Deserialize<'de> for Statement {
                         "slice" => put(&mut map, &mut slice, k)?,
                         "index" => put(&mut map, &mut index, k)?,
                         "embed_index" => put(&mut map, &mut embed_index, k)?,
+                        "random" => put(&mut map, &mut random, k)?,
+                        "gather" => put(&mut map, &mut gather, k)?,
+                        "scatter_add" => put(&mut map, &mut scatter_add, k)?,
+                        "from" => put(&mut map, &mut from, k)?,
                         "comment" => put(&mut map, &mut comment, k)?,
                         _ => put(&mut map, &mut code, k)?,
                     }
@@ -789,6 +842,8 @@ impl<'de> Deserialize<'de> for Statement {
                     ("assign", assign.is_some()),
                     ("fetch", fetch.is_some()),
                     ("comment", comment.is_some()),
+                    ("gather", gather.is_some()),
+                    ("scatter_add", scatter_add.is_some()),
                 ]
                 .iter()
                 .filter(|(_, present)| *present)
@@ -798,16 +853,19 @@ impl<'de> Deserialize<'de> for Statement {
                     ["assign"] => ("an assignment", ASSIGN_FIELDS),
                     ["fetch"] => ("a fetch", FETCH_FIELDS),
                     ["comment"] => ("a block", BLOCK_FIELDS),
+                    ["gather"] => ("a gather", GATHER_FIELDS),
+                    ["scatter_add"] => ("a scatter_add", SCATTER_FIELDS),
                     [] => {
                         return Err(de::Error::custom(
                             "a statement needs one of the keys \"assign\" (assignment), \
-                             \"fetch\" (fetch) or \"comment\" (block)",
+                             \"fetch\" (fetch), \"gather\", \"scatter_add\" or \"comment\" \
+                             (block)",
                         ))
                     }
                     many => {
                         return Err(de::Error::custom(format!(
-                            "a statement has only one of the keys \"assign\", \"fetch\" and \
-                             \"comment\", this one has {}",
+                            "a statement has only one of the keys \"assign\", \"fetch\", \
+                             \"gather\", \"scatter_add\" and \"comment\", this one has {}",
                             quoted_list(many)
                         )))
                     }
@@ -828,14 +886,26 @@ impl<'de> Deserialize<'de> for Statement {
                         init_neutral: init_neutral.unwrap_or(false),
                     }));
                 }
+                if let Some((lhs, scatter)) = gather
+                    .map(|g| (g, false))
+                    .or(scatter_add.map(|g| (g, true)))
+                {
+                    return Ok(Statement::Gather(GatherDecl {
+                        lhs,
+                        from: from.ok_or_else(|| de::Error::missing_field("from"))?,
+                        index: index.ok_or_else(|| de::Error::missing_field("index"))?,
+                        scatter,
+                    }));
+                }
                 if let Some(lhs) = fetch {
                     let n = constant.is_some() as u8
                         + slice.is_some() as u8
-                        + embed_index.is_some() as u8;
+                        + embed_index.is_some() as u8
+                        + random.is_some() as u8;
                     if n != 1 {
                         return Err(de::Error::custom(
                             "a fetch needs exactly one of the keys \"constant\", \"slice\" \
-                             (with \"index\") or \"embed_index\"",
+                             (with \"index\"), \"embed_index\" or \"random\"",
                         ));
                     }
                     if index.is_some() && slice.is_none() {
@@ -845,6 +915,8 @@ impl<'de> Deserialize<'de> for Statement {
                     }
                     let kind = if let Some(c) = constant {
                         FetchKind::Constant(c.0)
+                    } else if let Some(r) = random {
+                        FetchKind::Random { seed: r.seed }
                     } else if let Some(src) = slice {
                         FetchKind::Slice {
                             src,
