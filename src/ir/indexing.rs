@@ -290,9 +290,10 @@ impl Projections {
     }
 
     /// Whether every product iterator appears in `project_lhs` (each result cell is written
-    /// exactly once per run).
+    /// exactly once per run). Never with affine entries: their skipped points may leave
+    /// result cells unwritten, so `initialize_neutral` must fill the result first.
     pub fn is_bijective(&self) -> bool {
-        !self.affine_result
+        !self.affine
             && self
                 .product_iterators
                 .iter()
