@@ -130,10 +130,9 @@ impl Tracer<'_> {
             .map(|i| match i {
                 AxisIndex::Fixed(k) => *k as i64,
                 AxisIndex::Iterator(s) => value(s),
-                AxisIndex::Linear(l) => l
-                    .terms()
-                    .iter()
-                    .fold(l.offset as i64, |acc, (s, c)| acc + *c as i64 * value(s)),
+                AxisIndex::Linear(l) => l.terms().iter().fold(l.offset, |acc, (s, c)| {
+                    acc.wrapping_add((*c as i64).wrapping_mul(value(s)))
+                }),
             })
             .collect();
         (cell, exact)
