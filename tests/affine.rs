@@ -542,3 +542,35 @@ fn cli_reports_malformed_entries() {
     assert!(err.contains("(i+*2)") && err.contains("'*'"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn regression_gcc12_loop_interchange() {
+    // `(a+b)` on the result with `set`: several points write one cell, the last one (in loop
+    // order: result letters first, a outer, b inner) wins. GCC 12.2 at -O3 with
+    // `--param=max-completely-peel-times=1` interchanged this nest (now -fno-loop-interchange).
+    let t = [101.0, 172.0, 208.0];
+    let mut want = vec![0.0; 25];
+    for a in 0..2 {
+        for (b, v) in t.iter().enumerate() {
+            want[(a + b) * 5 + 3] = *v;
+        }
+    }
+    let make = || {
+        let b = Bindings::empty();
+        let x = input("x", &[2, 5], Prec::Byte, &[0.0; 10]);
+        let tt = input("t", &[3], Prec::Byte, &t);
+        let o = output("o", &[5, 5], Prec::Byte);
+        let a = binop(
+            &o,
+            Binop::Arg2,
+            true,
+            Binop::Arg2,
+            &x,
+            &tt,
+            "a3,b->(a+b)3",
+            &b,
+        );
+        (a, vec![o])
+    };
+    check_all_ways(&make, &[want]);
+}
