@@ -458,3 +458,81 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::einsum::projections;
+    use crate::ir::{Bindings, Prec};
+
+    fn lowered(spec: &str, lhs: &[usize], rhs: &[&[usize]]) -> Llc {
+        let y = Tnode::new(&["y"], lhs, Prec::Single).unwrap();
+        let args: Vec<Tnode> = rhs
+            .iter()
+            .enumerate()
+            .map(|(k, d)| Tnode::new(&[&format!("x{k}")], d, Prec::Single).unwrap())
+            .collect();
+        let p = projections(spec, lhs, rhs, &Bindings::empty()).unwrap();
+        let a = Assignments::AccumBinop {
+            initialize_neutral: true,
+            accum: Binop::Add,
+            op: Binop::Mul,
+            lhs: y,
+            rhs1: Buffer::Node(args[0].clone()),
+            rhs2: Buffer::Node(args[1].clone()),
+            projections: p,
+        };
+        lower(&a).unwrap()
+    }
+
+    /// The loops (index, from, to) and guards, outermost first, of the last statement.
+    fn shape(c: &Llc) -> Vec<String> {
+        let mut out = vec![];
+        let last = c.clone().flatten().pop().unwrap();
+        crate::loops::visit_llc(&last, &mut |c| match c {
+            Llc::For { from, to, .. } => out.push(format!("for {from}..={to}")),
+            Llc::If { guards, .. } => out.push(format!("if {}", guards.len())),
+            _ => {}
+        });
+        out
+    }
+
+    #[test]
+    fn one_iterator_guards_tighten_bounds() {
+        // A single-letter entry (i-1) tightens i to 1..=2 (no `if`).
+        let c = lowered("(i-1),i->i", &[3], &[&[8], &[3]]);
+        assert_eq!(shape(&c), vec!["for 1..=2"]);
+        // (2*i+1) below 4: i in 0..=1.
+        let c = lowered("(2*i+1),i->i", &[3], &[&[4], &[3]]);
+        assert_eq!(shape(&c), vec!["for 0..=1"]);
+        // No point at all: nothing but the fill.
+        let c = lowered("(i+5),i->i", &[3], &[&[4], &[3]]);
+        assert_eq!(shape(&c), Vec::<String>::new());
+    }
+
+    #[test]
+    fn several_iterator_guards_sit_inside_their_innermost_loop() {
+        let c = lowered(
+            "b(2*h+i-1)(2*w+j-1)c,ijcd->bhwd",
+            &[1, 4, 4, 2],
+            &[&[1, 8, 8, 3], &[3, 3, 3, 2]],
+        );
+        // h, w, d, then i (guard on h, i), then j (guard on w, j), then c guard-free.
+        assert_eq!(
+            shape(&c),
+            vec![
+                "for 0..=3",
+                "for 0..=3",
+                "for 0..=1",
+                "for 0..=2",
+                "if 1",
+                "for 0..=2",
+                "if 1",
+                "for 0..=2"
+            ]
+        );
+        // A valid convolution needs no guard at all.
+        let c = lowered("(o+k),k->o", &[30], &[&[32], &[3]]);
+        assert_eq!(shape(&c), vec!["for 0..=29", "for 0..=2"]);
+    }
+}

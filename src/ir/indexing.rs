@@ -490,3 +490,33 @@ impl RoutineBindings {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affine_indices_are_signed() {
+        let (a, b) = (Symbol::fresh(), Symbol::fresh());
+        let ix = AxisIndex::affine(&[(a, 2), (b, 1)], -1).unwrap();
+        assert_eq!(ix.to_string(), format!("{a}*2+{b}-1"));
+        let max = |s: Symbol| Some(if s == a { 3 } else { 2 });
+        assert_eq!(ix.range(max), Some((-1, 7)));
+        // A negative constant stays linear (fixed indices are unsigned).
+        assert!(matches!(
+            AxisIndex::affine(&[], -2),
+            Some(AxisIndex::Linear(_))
+        ));
+        assert_eq!(AxisIndex::affine(&[], 2), Some(AxisIndex::Fixed(2)));
+        assert_eq!(
+            AxisIndex::affine(&[(a, 1)], 0),
+            Some(AxisIndex::Iterator(a))
+        );
+        // Substitution keeps the signed offset: a := 1 gives b + 1.
+        let s = ix.substitute(a, AxisIndex::Fixed(1)).unwrap();
+        assert_eq!(s, AxisIndex::affine(&[(b, 1)], 1).unwrap());
+        // Overflowing ranges are None, not a panic.
+        let big = AxisIndex::affine(&[(a, usize::MAX / 2)], i64::MAX).unwrap();
+        assert_eq!(big.range(|_| Some(4)), None);
+    }
+}
