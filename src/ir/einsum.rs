@@ -107,7 +107,14 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 /// number of entries differs from its operand's number of dims; when a letter has two different
 /// extents that are not 1; when a digit is not below its axis's extent; when a static name is
 /// empty, unterminated, or not in `statics`; or when a static index's range exceeds the extent
-/// of the axis it indexes.
+/// of the axis it indexes; when a letter of an affine entry never appears alone on an axis of
+/// extent other than 1 (naming the letter), or an affine entry has more than
+/// [`LinearIndex::MAX_TERMS`](super::indexing::LinearIndex::MAX_TERMS) distinct letters.
+/// [`Error::SpecEntry`] when an affine entry is malformed (naming the term, the position and
+/// the character) or has a number above [`MAX_AFFINE_CONSTANT`].
+///
+/// Affine entries set [`Projections::affine`] (and [`Projections::affine_result`] on the
+/// result): lowering then guards every index that may leave its axis and skips those points.
 pub fn projections(
     spec: &str,
     lhs_dims: &[usize],
