@@ -17,6 +17,19 @@ pub enum Error {
         /// What is wrong with it.
         msg: String,
     },
+    /// An entry of an einsum-style spec term is malformed (e.g. an affine entry such as
+    /// `(2*h+i-1)` with an unexpected character).
+    #[error("bad spec {spec:?}: in term '{term}', at position {pos}: {msg}")]
+    SpecEntry {
+        /// The spec as written.
+        spec: String,
+        /// The term (operand) holding the entry, as written.
+        term: String,
+        /// The position (in characters from 0) of the offending character in the spec.
+        pos: usize,
+        /// What is wrong, naming the character.
+        msg: String,
+    },
     /// Two memory-mode decisions for a node contradict each other.
     #[error("memory mode conflict for tensor {node}: {msg}")]
     MemoryMode {

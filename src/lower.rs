@@ -90,19 +90,27 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
     );
     for (tn, idcs) in all {
         for (axis, (ix, &d)) in idcs.iter().zip(tn.dims()).enumerate() {
-            let ok = match ix {
-                AxisIndex::Fixed(i) => *i < d,
-                AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
-                // `offset + Σ coef·iterator` (a flat view, e.g. a fusion buffer): its largest
-                // value must be in range, and every term must be a product iterator.
-                AxisIndex::Linear(l) => l
-                    .terms()
-                    .iter()
-                    .try_fold(l.offset, |max, (s, c)| {
-                        Some(max + c * extent(s)?.checked_sub(1)?)
-                    })
-                    .is_some_and(|max| max < d),
-            };
+            // Affine entries over product iterators are guarded: their points out of range
+            // are skipped (SPEC 9.3), so they need not stay within the axis.
+            let guarded = p.affine
+                && !matches!(ix, AxisIndex::Fixed(_))
+                && ix.symbols().iter().all(|s| extent(s).is_some());
+            let ok = guarded
+                || match ix {
+                    AxisIndex::Fixed(i) => *i < d,
+                    AxisIndex::Iterator(s) => extent(s).is_none_or(|n| n <= d),
+                    // `offset + Σ coef·iterator` (a flat view, e.g. a fusion buffer): its largest
+                    // value must be in range, and every term must be a product iterator.
+                    AxisIndex::Linear(l) => {
+                        l.offset >= 0
+                            && l.terms()
+                                .iter()
+                                .try_fold(l.offset as usize, |max, (s, c)| {
+                                    max.checked_add(c.checked_mul(extent(s)?.checked_sub(1)?)?)
+                                })
+                                .is_some_and(|max| max < d)
+                    }
+                };
             if !ok {
                 return bad(format!(
                     "index {ix} on axis {axis} of {} (extent {d}) is out of range",
@@ -238,7 +246,7 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             with_snapshot(
                 lhs,
                 snapshot,
-                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v)?,
             )
         }
         Assignments::AccumTernop {
@@ -252,6 +260,8 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             projections,
         } => {
             check_projections(lhs, &[rhs1, rhs2, rhs3], projections)?;
+            // The accumulation may be integer-only (`bit_or` of where-selections).
+            check_integer_only(&[*accum], lhs, &[rhs1, rhs2, rhs3])?;
             let (snapshot, args) =
                 snapshot_aliases(lhs, *initialize_neutral, projections, &[rhs1, rhs2, rhs3])?;
             let p = projections.freshen();
@@ -264,7 +274,7 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             with_snapshot(
                 lhs,
                 snapshot,
-                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v)?,
             )
         }
         Assignments::AccumUnop {
@@ -283,7 +293,7 @@ fn lower_leaf(asgns: &Assignments) -> Result<Llc> {
             with_snapshot(
                 lhs,
                 snapshot,
-                lower_accum(*initialize_neutral, *accum, lhs, &p, v),
+                lower_accum(*initialize_neutral, *accum, lhs, &p, v)?,
             )
         }
         Assignments::Fetch { array, fetch_op } => lower_fetch(array, fetch_op)?,
@@ -346,7 +356,7 @@ fn lower_accum(
     lhs: &Tnode,
     p: &Projections,
     v: Llv,
-) -> Llc {
+) -> Result<Llc> {
     let bijective = p.is_bijective();
     let product: Vec<(Symbol, usize)> = p
         .product_iterators
@@ -354,15 +364,103 @@ fn lower_accum(
         .copied()
         .zip(p.product_space.iter().copied())
         .collect();
-    let body = loops(
-        &product,
-        accum_body(initialize_neutral, bijective, accum, lhs, &p.project_lhs, v),
-    );
-    if initialize_neutral && !bijective {
+    let stmt = accum_body(initialize_neutral, bijective, accum, lhs, &p.project_lhs, v);
+    let body = if p.affine {
+        guarded_loops(p, &product, stmt)?
+    } else {
+        loops(&product, stmt)
+    };
+    Ok(if initialize_neutral && !bijective {
         Llc::Seq(vec![fill_neutral(lhs, accum), body])
     } else {
         body
+    })
+}
+
+/// The loop nest of a statement with affine entries (SPEC 9.3): every point at which an
+/// index of an operand may fall outside its axis is skipped. A guard on one iterator
+/// (`c·s + o`) tightens that loop's bounds exactly; a guard on several becomes an
+/// [`Llc::If`] placed just inside the loop of its innermost iterator, so that it is tested as
+/// far out as possible and the loops inside it stay guard-free.
+fn guarded_loops(p: &Projections, product: &[(Symbol, usize)], stmt: Llc) -> Result<Llc> {
+    let overflow = |ix: &AxisIndex| Error::Spec {
+        spec: p.debug_info.clone(),
+        msg: format!("the affine index {ix} overflows 64-bit integers over the product space"),
+    };
+    let pos = |s: Symbol| product.iter().position(|(x, _)| *x == s);
+    let max = |s: Symbol| pos(s).map(|k| product[k].1 as i64 - 1);
+    let mut bounds: Vec<(i64, i64)> = product.iter().map(|&(_, n)| (0, n as i64 - 1)).collect();
+    // Guards on several iterators, by the position of their innermost iterator.
+    let mut ifs: Vec<Vec<(AxisIndex, usize)>> = vec![vec![]; product.len()];
+    let operands =
+        std::iter::once((&p.project_lhs, &p.lhs_dims)).chain(p.project_rhs.iter().zip(&p.rhs_dims));
+    for (idcs, dims) in operands {
+        for (ix, &d) in idcs.iter().zip(dims) {
+            if matches!(ix, AxisIndex::Fixed(_)) {
+                continue;
+            }
+            let syms = ix.symbols();
+            if syms.iter().any(|s| pos(*s).is_none()) {
+                // A static index: checked when its value is set.
+                continue;
+            }
+            if product.iter().any(|&(_, n)| n == 0) {
+                // No points at all.
+                return Ok(Llc::Noop);
+            }
+            let (lo, hi) = ix.range(max).ok_or_else(|| overflow(ix))?;
+            let d64 = i64::try_from(d).map_err(|_| overflow(ix))?;
+            if lo >= 0 && hi < d64 {
+                continue;
+            }
+            match ix {
+                AxisIndex::Iterator(s) => {
+                    let k = pos(*s).unwrap_or(0);
+                    bounds[k].1 = bounds[k].1.min(d64 - 1);
+                }
+                AxisIndex::Linear(l) if l.terms().len() == 1 => {
+                    let (s, c) = l.terms()[0];
+                    let k = pos(s).unwrap_or(0);
+                    let c = i64::try_from(c).map_err(|_| overflow(ix))?;
+                    let o = l.offset;
+                    // 0 <= c·s + o <= d-1.
+                    let from = -o.div_euclid(c);
+                    let to = (d64 - 1)
+                        .checked_sub(o)
+                        .ok_or_else(|| overflow(ix))?
+                        .div_euclid(c);
+                    bounds[k] = (bounds[k].0.max(from), bounds[k].1.min(to));
+                }
+                _ => {
+                    let k = syms.iter().filter_map(|s| pos(*s)).max().unwrap_or(0);
+                    if !ifs[k].iter().any(|g| g.0 == *ix && g.1 == d) {
+                        ifs[k].push((*ix, d));
+                    }
+                }
+            }
+        }
     }
+    if bounds.iter().any(|(from, to)| from > to) {
+        return Ok(Llc::Noop);
+    }
+    let mut body = stmt;
+    for k in (0..product.len()).rev() {
+        let guards = std::mem::take(&mut ifs[k]);
+        if !guards.is_empty() {
+            body = Llc::If {
+                guards,
+                body: Box::new(body),
+            };
+        }
+        body = Llc::For {
+            index: product[k].0,
+            from: bounds[k].0,
+            to: bounds[k].1,
+            body: Box::new(body),
+            trace_it: true,
+        };
+    }
+    Ok(body)
 }
 
 /// An index per axis: a fresh iterator (added to `product`), or 0 on an axis of extent 1.
@@ -575,4 +673,82 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
             })
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::einsum::projections;
+    use crate::ir::{Bindings, Prec};
+
+    fn lowered(spec: &str, lhs: &[usize], rhs: &[&[usize]]) -> Llc {
+        let y = Tnode::new(&["y"], lhs, Prec::Single).unwrap();
+        let args: Vec<Tnode> = rhs
+            .iter()
+            .enumerate()
+            .map(|(k, d)| Tnode::new(&[&format!("x{k}")], d, Prec::Single).unwrap())
+            .collect();
+        let p = projections(spec, lhs, rhs, &Bindings::empty()).unwrap();
+        let a = Assignments::AccumBinop {
+            initialize_neutral: true,
+            accum: Binop::Add,
+            op: Binop::Mul,
+            lhs: y,
+            rhs1: Buffer::Node(args[0].clone()),
+            rhs2: Buffer::Node(args[1].clone()),
+            projections: p,
+        };
+        lower(&a).unwrap()
+    }
+
+    /// The loops (index, from, to) and guards, outermost first, of the last statement.
+    fn shape(c: &Llc) -> Vec<String> {
+        let mut out = vec![];
+        let last = c.clone().flatten().pop().unwrap();
+        crate::loops::visit_llc(&last, &mut |c| match c {
+            Llc::For { from, to, .. } => out.push(format!("for {from}..={to}")),
+            Llc::If { guards, .. } => out.push(format!("if {}", guards.len())),
+            _ => {}
+        });
+        out
+    }
+
+    #[test]
+    fn one_iterator_guards_tighten_bounds() {
+        // A single-letter entry (i-1) tightens i to 1..=2 (no `if`).
+        let c = lowered("(i-1),i->i", &[3], &[&[8], &[3]]);
+        assert_eq!(shape(&c), vec!["for 1..=2"]);
+        // (2*i+1) below 4: i in 0..=1.
+        let c = lowered("(2*i+1),i->i", &[3], &[&[4], &[3]]);
+        assert_eq!(shape(&c), vec!["for 0..=1"]);
+        // No point at all: nothing but the fill.
+        let c = lowered("(i+5),i->i", &[3], &[&[4], &[3]]);
+        assert_eq!(shape(&c), Vec::<String>::new());
+    }
+
+    #[test]
+    fn several_iterator_guards_sit_inside_their_innermost_loop() {
+        let c = lowered(
+            "b(2*h+i-1)(2*w+j-1)c,ijcd->bhwd",
+            &[1, 4, 4, 2],
+            &[&[1, 8, 8, 3], &[3, 3, 3, 2]],
+        );
+        // h, w, d, then i (guard on h, i), then j (guard on w, j), then c guard-free.
+        assert_eq!(
+            shape(&c),
+            vec![
+                "for 0..=3",
+                "for 0..=3",
+                "for 0..=1",
+                "for 0..=2",
+                "if 1",
+                "for 0..=2",
+                "if 1",
+                "for 0..=2"
+            ]
+        );
+        // A valid convolution needs no guard at all.
+        let c = lowered("(o+k),k->o", &[30], &[&[32], &[3]]);
+        assert_eq!(shape(&c), vec!["for 0..=29", "for 0..=2"]);
+    }
 }

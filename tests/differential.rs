@@ -50,6 +50,9 @@
 //!   (letters only in arguments, and letters on result axes of extent 1), diagonals (a letter
 //!   repeated in one argument term), fixed digit indices on both sides, and static indices
 //!   `{s}` (with a range) on both sides;
+//! - affine entries (SPEC 9.3) on argument and result axes: `(c·L [+ c·M] ± o)` with
+//!   coefficients 1-2 and offsets -2..2 over letters that have an extent, so that some points
+//!   fall outside their axis and are skipped (the model lets a cell get 0..fan_in terms);
 //! - every unary and binary operation of the table, every precision, mixed precisions in one
 //!   program and one assignment; accumulators set/add/sub/mul/max/min with and without
 //!   `initialize_neutral`, bijective and not, full and partial writes;

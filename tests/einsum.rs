@@ -427,7 +427,7 @@ fn random_specs_never_panic() {
         StaticSymbol::new("big", Some(1000)),
     ]);
     // Characters that matter to the grammar, plus a few that do not.
-    let alphabet: Vec<char> = "ijkIJ0129 ,->{}rowb{}é٣\0\t_".chars().collect();
+    let alphabet: Vec<char> = "ijkIJ0129 ,->{}rowb{}é٣\0\t_()+*-".chars().collect();
     for case in 0..600 {
         let spec: String = if case % 2 == 0 {
             // Raw bytes, decoded lossily (so invalid UTF-8 becomes U+FFFD).
@@ -453,6 +453,11 @@ fn random_specs_never_panic() {
                 check_consistent(&p, &lhs, &rhs);
             }
             Ok(Err(Error::Spec { spec: s, msg })) => {
+                assert_eq!(s, spec);
+                assert!(!msg.is_empty());
+            }
+            // A malformed affine entry `( ... )` (SPEC 9.3).
+            Ok(Err(Error::SpecEntry { spec: s, msg, .. })) => {
                 assert_eq!(s, spec);
                 assert!(!msg.is_empty());
             }
@@ -535,6 +540,8 @@ fn check_consistent(p: &Projections, lhs: &[usize], rhs: &[Vec<usize>]) {
         assert_eq!(proj.len(), dims.len());
         for (idx, &dim) in proj.iter().zip(dims) {
             match idx {
+                // Affine entries (SPEC 9.3) are guarded, not bounded by their axis.
+                _ if p.affine => {}
                 AxisIndex::Fixed(f) => assert!(*f < dim),
                 AxisIndex::Iterator(s) => {
                     if let Some(n) = p.product_iterators.iter().position(|x| x == s) {
@@ -549,10 +556,59 @@ fn check_consistent(p: &Projections, lhs: &[usize], rhs: &[Vec<usize>]) {
     // Every product axis is used by some operand, and none has extent 1.
     for (n, s) in p.product_iterators.iter().enumerate() {
         assert_ne!(p.product_space[n], 1);
-        let used = p.project_lhs.contains(&AxisIndex::Iterator(*s))
+        let used = p.project_lhs.iter().any(|ix| ix.coef(*s) != 0)
             || p.project_rhs
                 .iter()
-                .any(|r| r.contains(&AxisIndex::Iterator(*s)));
+                .any(|r| r.iter().any(|ix| ix.coef(*s) != 0));
         assert!(used);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Affine entries (SPEC 9.3)
+
+#[test]
+fn affine_entries_become_linear_indices() {
+    let p = ok(
+        "b(2*h+i-1)(2*w+j-1)c,ijcd->bhwd",
+        &[1, 4, 4, 2],
+        &[&[1, 8, 8, 3], &[3, 3, 3, 2]],
+    );
+    assert!(p.affine && !p.affine_result && !p.is_bijective());
+    // Result letters first (b has extent 1: not iterated), then i, j, c.
+    assert_eq!(p.product_space, vec![4, 4, 2, 3, 3, 3]);
+    let [h, w, d, i, j, c] = p.product_iterators[..] else {
+        panic!("six product axes")
+    };
+    assert_eq!(
+        p.project_lhs,
+        vec![AxisIndex::Fixed(0), it(h), it(w), it(d)]
+    );
+    let x = &p.project_rhs[0];
+    assert_eq!(x[0], AxisIndex::Fixed(0));
+    assert_eq!(x[1], AxisIndex::affine(&[(h, 2), (i, 1)], -1).unwrap());
+    assert_eq!(x[2], AxisIndex::affine(&[(w, 2), (j, 1)], -1).unwrap());
+    assert_eq!(x[3], it(c));
+    assert_eq!(x[1].to_string(), format!("{h}*2+{i}-1"));
+    // `(i)` alone takes its extent from the argument (concatenation).
+    let p = ok("i->(i+4)", &[7], &[&[3]]);
+    assert!(p.affine_result && !p.is_bijective());
+    assert_eq!(p.product_space, vec![3]);
+    let s = p.product_iterators[0];
+    assert_eq!(
+        p.project_lhs,
+        vec![AxisIndex::affine(&[(s, 1)], 4).unwrap()]
+    );
+    let p = ok("i->(i)", &[7], &[&[4]]);
+    assert_eq!(p.product_space, vec![4]);
+    assert_eq!(p.project_lhs, vec![it(p.product_iterators[0])]);
+    // Whitespace inside entries is ignored; repeated letters add up.
+    let p = ok("( 2 * o + k + o - 3 ),k->o", &[5], &[&[9], &[2]]);
+    let [o, k] = p.product_iterators[..] else {
+        panic!("two product axes")
+    };
+    assert_eq!(
+        p.project_rhs[0][0],
+        AxisIndex::affine(&[(o, 3), (k, 1)], -3).unwrap()
+    );
 }

@@ -27,6 +27,10 @@ pub fn nests(c: Llc) -> Llc {
             }
             c
         }
+        Llc::If { guards, body } => Llc::If {
+            guards,
+            body: Box::new(nests(*body)),
+        },
         c => c,
     }
 }
@@ -115,10 +119,14 @@ fn accesses_are_flat(body: &Llc, i: Symbol, j: Symbol, b: usize) -> bool {
                 .count();
         }
     };
-    visit_llc(body, &mut |c| {
-        if let Llc::Set { tn, idcs, .. } | Llc::VStore { tn, idcs, .. } = c {
-            access(Some(tn), idcs)
+    visit_llc(body, &mut |c| match c {
+        Llc::Set { tn, idcs, .. } | Llc::VStore { tn, idcs, .. } => access(Some(tn), idcs),
+        // A guard mentioning `i` or `j` is not a flat access: the nest stays.
+        Llc::If { guards, .. } => {
+            let g: Vec<AxisIndex> = guards.iter().map(|(ix, _)| *ix).collect();
+            access(None, &g)
         }
+        _ => {}
     });
     visit_values(body, &mut |v| match v {
         Llv::Get(tn, idcs) | Llv::GetMergeBuffer(tn, idcs) => access(Some(tn), idcs),

@@ -393,11 +393,11 @@ impl Writer {
     /// The row-major offset of the element `idcs` of an array of dims `dims`.
     fn offset_in(&mut self, dims: &[usize], idcs: &[AxisIndex]) -> String {
         let mut stride = 1usize;
-        let mut constant = 0usize;
+        let mut constant = 0i128;
         let mut terms: Vec<String> = vec![];
         for (k, ix) in idcs.iter().enumerate().rev() {
             match ix {
-                AxisIndex::Fixed(i) => constant += i * stride,
+                AxisIndex::Fixed(i) => constant += *i as i128 * stride as i128,
                 AxisIndex::Iterator(s) => {
                     let n = self.names.symbol(*s);
                     terms.push(if stride == 1 {
@@ -407,7 +407,7 @@ impl Writer {
                     });
                 }
                 AxisIndex::Linear(l) => {
-                    constant += l.offset * stride;
+                    constant += l.offset as i128 * stride as i128;
                     for &(s, c) in l.terms() {
                         let n = self.names.symbol(s);
                         terms.push(if c * stride == 1 {
@@ -595,6 +595,22 @@ impl Writer {
                     out,
                     "{pad}for (int64_t {n} = {from}; {n} <= {to}; ++{n}) {{"
                 );
+                self.stmt(body, indent + 1, out);
+                let _ = writeln!(out, "{pad}}}");
+            }
+            Llc::If { guards, body } => {
+                // `0 <= e < n` as one unsigned comparison; `e` is computed in int64_t, and
+                // lowering checked that its range fits.
+                let conds: Vec<String> = guards
+                    .iter()
+                    .map(|(ix, n)| format!("(uint64_t)({}) < UINT64_C({n})", self.axis_expr(ix)))
+                    .collect();
+                let conds = if conds.is_empty() {
+                    "1".to_string()
+                } else {
+                    conds.join(" && ")
+                };
+                let _ = writeln!(out, "{pad}if ({conds}) {{");
                 self.stmt(body, indent + 1, out);
                 let _ = writeln!(out, "{pad}}}");
             }
@@ -1273,7 +1289,8 @@ fn static_limit(code: &Llc, s: &StaticSymbol) -> Option<usize> {
                 continue;
             }
             let offset = match ix {
-                AxisIndex::Linear(l) => l.offset,
+                // A negative offset only makes the bound looser: 0 is a safe under-estimate.
+                AxisIndex::Linear(l) => usize::try_from(l.offset).unwrap_or(0),
                 _ => 0,
             };
             let bound = if offset >= d {

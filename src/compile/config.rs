@@ -68,8 +68,12 @@ const FLAGS_WITH_ARGUMENT: [&str; 24] = [
 /// Flags that would change what the compiler produces; the compile stage chooses that itself.
 const FORBIDDEN_FLAGS: [&str; 4] = ["-o", "-c", "-S", "-E"];
 
-/// Flags added for GCC (see [`CompilerConfig::from_env`]).
-pub const GCC_WORKAROUND_FLAGS: [&str; 1] = ["-fno-tree-loop-if-convert"];
+/// Flags added for GCC (see [`CompilerConfig::from_env`]). `-fno-loop-interchange`: GCC 12.2
+/// at `-O3` with `--param=max-completely-peel-times=1` interchanges
+/// `for a { for b { o[b*5 + a*5 + s] = t[b]; } }`, whose iterations write the same cells in
+/// an order that matters (an affine result entry `(a+b)` with `set`), and the last write
+/// wins from the wrong iteration (`tests/affine.rs`, `regression_gcc12_loop_interchange`).
+pub const GCC_WORKAROUND_FLAGS: [&str; 2] = ["-fno-tree-loop-if-convert", "-fno-loop-interchange"];
 
 /// Flags always added for GCC, before the user's: at `-O3`, GCC completely peels every loop
 /// with a small constant trip count, which made it spend seconds on the few hundred lines of
@@ -430,7 +434,8 @@ impl CompilerConfig {
         // GCC 12 miscompiles some if-converted, vectorized loops with conditional selects
         // (wrong values, even reads past a buffer; reproductions in tests/differential.rs,
         // `regression_gcc12_vectorizer_wrong_code`), so with GCC those loops are not
-        // if-converted unless ARRAYJIT_GCC_WORKAROUND is off.
+        // if-converted unless ARRAYJIT_GCC_WORKAROUND is off; nor are loops interchanged
+        // (see GCC_WORKAROUND_FLAGS).
         let gcc = is_gcc(&compiler);
         let mut extra_flags: Vec<String> = if workaround_on && gcc {
             GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()

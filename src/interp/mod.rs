@@ -427,6 +427,10 @@ struct Machine<'m> {
 /// A loop iterator in scope during checking: its symbol and its range.
 type Bound = (Symbol, i64, i64);
 
+/// A marker pushed on the bounds while checking the body of a guard ([`Llc::If`]): symbol 0
+/// is never a fresh symbol.
+const GUARD: Symbol = Symbol(0);
+
 impl<'m> Machine<'m> {
     fn new(
         routine: &'m str,
@@ -476,8 +480,13 @@ impl<'m> Machine<'m> {
                 idcs.len()
             )));
         }
+        // Inside a guard (see `check_stmt`), accesses out of range are skipped at run time.
+        let guarded = bound.iter().any(|b| b.0 == GUARD);
         for (axis, (ix, &d)) in idcs.iter().zip(dims).enumerate() {
             let bad = |desc: String| {
+                if guarded {
+                    return Ok(());
+                }
                 Err(Error::Usage(format!(
                     "routine {}: {what} tensor {} out of bounds: {desc} indexes axis {axis}, whose extent is {d}",
                     self.routine,
@@ -506,22 +515,22 @@ impl<'m> Machine<'m> {
                 AxisIndex::Linear(l) => {
                     // The index ranges over offset + Σ coef·[from, to] of its loop iterators
                     // (static indices contribute their value).
-                    let (mut lo, mut hi) = (l.offset as i64, l.offset as i64);
+                    let (mut lo, mut hi) = (l.offset as i128, l.offset as i128);
                     let mut empty = false;
                     for &(s, c) in l.terms() {
-                        let c = c as i64;
+                        let c = c as i128;
                         if let Some(&(_, from, to)) = bound.iter().rev().find(|b| b.0 == s) {
                             empty |= from > to;
-                            lo += c * from;
-                            hi += c * to;
+                            lo += c * from as i128;
+                            hi += c * to as i128;
                         } else if let Some((_, v)) = self.statics.get(&s) {
-                            lo += c * v;
-                            hi += c * v;
+                            lo += c * *v as i128;
+                            hi += c * *v as i128;
                         } else {
                             return Err(self.unbound(s, &format!("{what} tensor {}", tn.name())));
                         }
                     }
-                    if !empty && (lo < 0 || hi >= d as i64) {
+                    if !empty && (lo < 0 || hi >= d as i128) {
                         return bad(format!("linear index {ix} ranging over {lo}..={hi}"));
                     }
                 }
@@ -550,6 +559,21 @@ impl<'m> Machine<'m> {
                 ..
             } => {
                 bound.push((*index, *from, *to));
+                let r = self.check_stmt(body, bound);
+                bound.pop();
+                r
+            }
+            Llc::If { guards, body } => {
+                for (ix, _) in guards {
+                    if let Some(s) = ix
+                        .symbols()
+                        .into_iter()
+                        .find(|s| !bound.iter().any(|b| b.0 == *s) && !self.statics.contains_key(s))
+                    {
+                        return Err(self.unbound(s, "evaluating a guard"));
+                    }
+                }
+                bound.push((GUARD, 1, 0));
                 let r = self.check_stmt(body, bound);
                 bound.pop();
                 r
@@ -664,10 +688,19 @@ impl<'m> Machine<'m> {
         match ix {
             AxisIndex::Fixed(k) => Ok(*k as i64),
             AxisIndex::Iterator(s) => sym(s),
-            AxisIndex::Linear(l) => l
-                .terms()
-                .iter()
-                .try_fold(l.offset as i64, |acc, (s, c)| Ok(acc + *c as i64 * sym(s)?)),
+            AxisIndex::Linear(l) => l.terms().iter().try_fold(l.offset, |acc, (s, c)| {
+                let v = sym(s)?;
+                i64::try_from(*c)
+                    .ok()
+                    .and_then(|c| c.checked_mul(v))
+                    .and_then(|t| acc.checked_add(t))
+                    .ok_or_else(|| {
+                        Error::Usage(format!(
+                            "routine {}: index {ix} overflows when running",
+                            self.routine
+                        ))
+                    })
+            }),
         }
     }
 
@@ -722,6 +755,15 @@ impl<'m> Machine<'m> {
                     None => self.env.remove(index),
                 };
                 r
+            }
+            Llc::If { guards, body } => {
+                for (ix, n) in guards {
+                    let v = self.index(ix)?;
+                    if v < 0 || v as u64 >= *n as u64 {
+                        return Ok(());
+                    }
+                }
+                self.exec(body)
             }
             Llc::ZeroOut(tn) => {
                 self.mem.values_mut(tn)?.fill(0.0);

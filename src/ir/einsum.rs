@@ -7,6 +7,11 @@
 //! - each ASCII letter (`a-z`, `A-Z`) is an iterator;
 //! - a single decimal digit `0-9` is a fixed index into that axis;
 //! - `{name}` is the static index called `name` in the given [`Bindings`];
+//! - `(` terms `)` is an *affine* entry (SPEC 9.3): terms `COEF*LETTER` or `LETTER` joined by
+//!   `+`, optionally followed by `+ N` or `- N`, e.g. `(2*h+i-1)`, `(o+k)`, `(i)`. Every letter
+//!   in it must also appear alone, on an axis of extent other than 1, somewhere in the spec
+//!   (that gives its extent). Points of the product space where an affine entry falls outside
+//!   its axis are skipped (see [`Projections::affine`]);
 //! - whitespace is ignored; any other character is an error.
 //!
 //! Every term has exactly one entry per axis of its operand. A letter's extent comes from the
@@ -43,7 +48,15 @@ enum Entry {
     Letter(char),
     Digit(usize),
     Static(String),
+    /// `offset + Σ coef·letter`, with each letter's position in the spec.
+    Affine {
+        terms: Vec<(usize, char, usize)>,
+        offset: i64,
+    },
 }
+
+/// The largest coefficient or offset an affine entry may have.
+pub const MAX_AFFINE_CONSTANT: u64 = i32::MAX as u64;
 
 /// One parsed term: its text (for messages) and its entries with their character positions.
 #[derive(Debug)]
@@ -94,7 +107,14 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 /// number of entries differs from its operand's number of dims; when a letter has two different
 /// extents that are not 1; when a digit is not below its axis's extent; when a static name is
 /// empty, unterminated, or not in `statics`; or when a static index's range exceeds the extent
-/// of the axis it indexes.
+/// of the axis it indexes; when a letter of an affine entry never appears alone on an axis of
+/// extent other than 1 (naming the letter), or an affine entry has more than
+/// [`LinearIndex::MAX_TERMS`](super::indexing::LinearIndex::MAX_TERMS) distinct letters.
+/// [`Error::SpecEntry`] when an affine entry is malformed (naming the term, the position and
+/// the character) or has a number above [`MAX_AFFINE_CONSTANT`].
+///
+/// Affine entries set [`Projections::affine`] (and [`Projections::affine_result`] on the
+/// result): lowering then guards every index that may leave its axis and skips those points.
 pub fn projections(
     spec: &str,
     lhs_dims: &[usize],
@@ -105,7 +125,7 @@ pub fn projections(
         spec: spec.to_string(),
         msg,
     };
-    let (rhs_terms, lhs_term) = parse(spec).map_err(err)?;
+    let (rhs_terms, lhs_term) = parse(spec)?;
 
     if rhs_terms.len() != rhs_dims.len() {
         return Err(err(format!(
@@ -179,6 +199,7 @@ pub fn projections(
                         )));
                     }
                 }
+                Entry::Affine { .. } => {}
                 Entry::Static(name) => {
                     let s = lookup(statics, name, *pos).map_err(err)?;
                     if let Some(range) = s.range {
@@ -195,13 +216,41 @@ pub fn projections(
         }
     }
 
+    // Every letter of an affine entry needs an extent from a plain entry.
+    let mut affine = false;
+    let mut affine_result = false;
+    for &(operand, term, _) in &operands {
+        for (entry, _) in &term.entries {
+            if let Entry::Affine { terms, .. } = entry {
+                affine = true;
+                affine_result |= operand == Operand::Result;
+                for &(_, c, pos) in terms {
+                    let known = extents.iter().any(|(l, e)| *l == c && e.is_some());
+                    if !known {
+                        return Err(err(format!(
+                            "letter '{c}' of the affine entry at position {pos} (term '{}' of \
+                             {operand}) has no extent: it must also appear alone in some term \
+                             on an axis of extent other than 1",
+                            term.text
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
     // Product space: result letters first, then letters found only in arguments.
     let mut order: Vec<char> = vec![];
     for term in std::iter::once(&lhs_term).chain(&rhs_terms) {
         for (entry, _) in &term.entries {
-            if let Entry::Letter(c) = entry {
-                if !order.contains(c) {
-                    order.push(*c);
+            let letters: Vec<char> = match entry {
+                Entry::Letter(c) => vec![*c],
+                Entry::Affine { terms, .. } => terms.iter().map(|t| t.1).collect(),
+                _ => vec![],
+            };
+            for c in letters {
+                if !order.contains(&c) {
+                    order.push(c);
                 }
             }
         }
@@ -240,6 +289,27 @@ pub fn projections(
                         AxisIndex::Iterator(s)
                     }
                     Entry::Digit(d) => AxisIndex::Fixed(*d),
+                    Entry::Affine { terms, offset } => {
+                        let mut syms = vec![];
+                        for &(coef, c, _) in terms {
+                            let s = symbols
+                                .iter()
+                                .find(|(l, _)| *l == c)
+                                .map(|(_, s)| *s)
+                                .ok_or_else(|| {
+                                    err(format!("internal error: no iterator for letter '{c}'"))
+                                })?;
+                            syms.push((s, coef));
+                        }
+                        AxisIndex::affine(&syms, *offset).ok_or_else(|| {
+                            err(format!(
+                                "the affine entry at position {pos} (term '{}') has more than \
+                                 {} distinct letters",
+                                term.text,
+                                super::indexing::LinearIndex::MAX_TERMS
+                            ))
+                        })?
+                    }
                     Entry::Static(name) => {
                         AxisIndex::Iterator(lookup(statics, name, *pos).map_err(err)?.symbol)
                     }
@@ -263,6 +333,8 @@ pub fn projections(
         project_lhs,
         project_rhs,
         debug_info: spec.to_string(),
+        affine,
+        affine_result,
     })
 }
 
@@ -278,7 +350,212 @@ fn lookup<'a>(
 }
 
 /// Splits a spec into its argument terms and its result term.
-fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
+fn parse(spec: &str) -> Result<(Vec<Term>, Term)> {
+    parse_terms(spec).map_err(|e| match e {
+        ParseError::Msg(msg) => Error::Spec {
+            spec: spec.to_string(),
+            msg,
+        },
+        ParseError::Entry { term, pos, msg } => Error::SpecEntry {
+            spec: spec.to_string(),
+            term,
+            pos,
+            msg,
+        },
+    })
+}
+
+/// A parse error: about the whole spec, or about one entry of a term.
+enum ParseError {
+    Msg(String),
+    Entry {
+        term: String,
+        pos: usize,
+        msg: String,
+    },
+}
+
+impl From<String> for ParseError {
+    fn from(m: String) -> ParseError {
+        ParseError::Msg(m)
+    }
+}
+
+/// Describes a character for messages (`end of spec` past the end).
+fn describe(c: Option<&char>) -> String {
+    match c {
+        Some(c) => format!("{c:?}"),
+        None => "the end of the spec".to_string(),
+    }
+}
+
+/// Parses the affine entry whose `(` is at `open`; returns it and the position of its `)`.
+/// `term` is the text of the term holding it (for messages).
+fn parse_affine(
+    chars: &[char],
+    open: usize,
+    term: &str,
+) -> std::result::Result<(Entry, usize), ParseError> {
+    let fail = |pos: usize, msg: String| ParseError::Entry {
+        term: term.to_string(),
+        pos,
+        msg,
+    };
+    let mut i = open + 1;
+    let skip_ws = |i: &mut usize| {
+        while chars.get(*i).is_some_and(|c| c.is_whitespace()) {
+            *i += 1;
+        }
+    };
+    // Reads a decimal number starting at `*i` (a digit).
+    let number = |i: &mut usize| -> std::result::Result<u64, ParseError> {
+        let start = *i;
+        let mut v: u64 = 0;
+        while let Some(d) = chars.get(*i).and_then(|c| c.to_digit(10)) {
+            v = v
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(u64::from(d)))
+                .filter(|v| *v <= MAX_AFFINE_CONSTANT)
+                .ok_or_else(|| {
+                    fail(
+                        start,
+                        format!(
+                            "the number starting with {:?} at position {start} is too large \
+                             (at most {MAX_AFFINE_CONSTANT})",
+                            chars[start]
+                        ),
+                    )
+                })?;
+            *i += 1;
+        }
+        Ok(v)
+    };
+    let mut terms: Vec<(usize, char, usize)> = vec![];
+    let mut offset: i64 = 0;
+    loop {
+        // A term (or, after '+', a final offset).
+        skip_ws(&mut i);
+        match chars.get(i) {
+            Some(c) if c.is_ascii_alphabetic() => {
+                terms.push((1, *c, i));
+                i += 1;
+            }
+            Some(c) if c.is_ascii_digit() => {
+                let start = i;
+                let n = number(&mut i)?;
+                skip_ws(&mut i);
+                if chars.get(i) == Some(&'*') {
+                    i += 1;
+                    skip_ws(&mut i);
+                    match chars.get(i) {
+                        Some(c) if c.is_ascii_alphabetic() => {
+                            terms.push((n as usize, *c, i));
+                            i += 1;
+                        }
+                        c => {
+                            return Err(fail(
+                                i,
+                                format!(
+                                    "expected a letter after '*' in the affine entry opened at \
+                                     position {open}, found {}",
+                                    describe(c)
+                                ),
+                            ))
+                        }
+                    }
+                } else if terms.is_empty() {
+                    return Err(fail(
+                        start,
+                        format!(
+                            "the affine entry opened at position {open} starts with the number \
+                             {n} without '*' and a letter: it needs at least one letter term"
+                        ),
+                    ));
+                } else {
+                    offset = n as i64;
+                    skip_ws(&mut i);
+                    return match chars.get(i) {
+                        Some(')') => Ok((Entry::Affine { terms, offset }, i)),
+                        c => Err(fail(
+                            i,
+                            format!(
+                                "expected ')' after the offset {n} of the affine entry opened \
+                                 at position {open}, found {}",
+                                describe(c)
+                            ),
+                        )),
+                    };
+                }
+            }
+            c => {
+                return Err(fail(
+                    i,
+                    format!(
+                        "expected a letter or a coefficient in the affine entry opened at \
+                         position {open}, found {}",
+                        describe(c)
+                    ),
+                ))
+            }
+        }
+        // After a term: '+', '-' (final offset) or ')'.
+        skip_ws(&mut i);
+        match chars.get(i) {
+            Some('+') => i += 1,
+            Some(')') => return Ok((Entry::Affine { terms, offset }, i)),
+            Some('-') => {
+                let minus = i;
+                i += 1;
+                skip_ws(&mut i);
+                if !chars.get(i).is_some_and(|c| c.is_ascii_digit()) {
+                    return Err(fail(
+                        i,
+                        format!(
+                            "expected a number after '-' at position {minus} (only the final \
+                             offset may be subtracted), found {}",
+                            describe(chars.get(i))
+                        ),
+                    ));
+                }
+                let n = number(&mut i)?;
+                skip_ws(&mut i);
+                if chars.get(i) == Some(&'*') {
+                    return Err(fail(
+                        i,
+                        format!(
+                            "unexpected '*' at position {i}: coefficients are non-negative, \
+                             only the final offset may follow '-'"
+                        ),
+                    ));
+                }
+                offset = -(n as i64);
+                return match chars.get(i) {
+                    Some(')') => Ok((Entry::Affine { terms, offset }, i)),
+                    c => Err(fail(
+                        i,
+                        format!(
+                            "expected ')' after the offset -{n} of the affine entry opened at \
+                             position {open}, found {}",
+                            describe(c)
+                        ),
+                    )),
+                };
+            }
+            c => {
+                return Err(fail(
+                    i,
+                    format!(
+                        "expected '+', '-' or ')' after a term of the affine entry opened at \
+                         position {open}, found {}",
+                        describe(c)
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+fn parse_terms(spec: &str) -> std::result::Result<(Vec<Term>, Term), ParseError> {
     let chars: Vec<char> = spec.chars().collect();
     let text = |from: usize, to: usize| -> String {
         chars[from..to]
@@ -300,22 +577,34 @@ fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
             c if c.is_ascii_digit() => {
                 entries.push((Entry::Digit((c as u8 - b'0') as usize), i));
             }
+            '(' => {
+                // The text of the term holding the entry, for messages.
+                let end = (i..chars.len())
+                    .find(|&k| {
+                        chars[k] == ',' || (chars[k] == '-' && chars.get(k + 1) == Some(&'>'))
+                    })
+                    .unwrap_or(chars.len());
+                let term = text(term_start, end);
+                let (entry, close) = parse_affine(&chars, i, &term)?;
+                entries.push((entry, i));
+                i = close;
+            }
             '{' => {
                 let close = chars[i + 1..]
                     .iter()
                     .position(|&c| c == '}')
                     .map(|off| i + 1 + off)
-                    .ok_or_else(|| format!("unterminated '{{' at position {i}"))?;
+                    .ok_or_else(|| ParseError::Msg(format!("unterminated '{{' at position {i}")))?;
                 if let Some(off) = chars[i + 1..close].iter().position(|&c| c == '{') {
-                    return Err(format!(
+                    return Err(ParseError::Msg(format!(
                         "unexpected '{{' at position {} inside the static index name opened \
                          at position {i} (missing '}}'?)",
                         i + 1 + off
-                    ));
+                    )));
                 }
                 let name = text(i + 1, close);
                 if name.is_empty() {
-                    return Err(format!("empty static index name '{{}}' at position {i}"));
+                    return Err(format!("empty static index name '{{}}' at position {i}").into());
                 }
                 entries.push((Entry::Static(name), i));
                 i = close;
@@ -325,7 +614,8 @@ fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
                     return Err(format!(
                         "the result (right of '->') must be a single term, found ',' at \
                          position {i}"
-                    ));
+                    )
+                    .into());
                 }
                 rhs_terms.push(Term {
                     text: text(term_start, i),
@@ -337,7 +627,8 @@ fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
                 if let Some(first) = arrow {
                     return Err(format!(
                         "'->' appears more than once (at positions {first} and {i})"
-                    ));
+                    )
+                    .into());
                 }
                 rhs_terms.push(Term {
                     text: text(term_start, i),
@@ -348,21 +639,24 @@ fn parse(spec: &str) -> std::result::Result<(Vec<Term>, Term), String> {
                 term_start = i + 1;
             }
             '-' => {
-                return Err(format!(
-                    "unexpected character '-' at position {i} (expected '->')"
-                ))
+                return Err(
+                    format!("unexpected character '-' at position {i} (expected '->')").into(),
+                )
             }
             c => {
                 return Err(format!(
                     "unexpected character {c:?} at position {i}: expected a letter, a digit, \
-                     '{{name}}', ',' or '->'"
-                ))
+                     '{{name}}', '(affine entry)', ',' or '->'"
+                )
+                .into())
             }
         }
         i += 1;
     }
     if arrow.is_none() {
-        return Err("missing '->' between the arguments and the result".to_string());
+        return Err("missing '->' between the arguments and the result"
+            .to_string()
+            .into());
     }
     let lhs = Term {
         text: text(term_start, chars.len()),

@@ -65,8 +65,9 @@ pub enum AxisIndex {
 pub struct LinearIndex {
     terms: [(Symbol, usize); LinearIndex::MAX_TERMS],
     len: u8,
-    /// The constant part.
-    pub offset: usize,
+    /// The constant part (negative only in affine entries of einsum specs, whose points out
+    /// of range are skipped by guards).
+    pub offset: i64,
 }
 
 impl LinearIndex {
@@ -75,7 +76,7 @@ impl LinearIndex {
 
     /// `offset + Σ coef·symbol`; `None` when there are more than [`Self::MAX_TERMS`] terms.
     /// Terms with coefficient 0 are dropped; repeated symbols are combined.
-    pub fn new(terms: &[(Symbol, usize)], offset: usize) -> Option<LinearIndex> {
+    pub fn new(terms: &[(Symbol, usize)], offset: i64) -> Option<LinearIndex> {
         let mut out = LinearIndex {
             terms: [(Symbol(0), 0); Self::MAX_TERMS],
             len: 0,
@@ -86,7 +87,7 @@ impl LinearIndex {
                 continue;
             }
             if let Some(t) = out.terms[..out.len as usize].iter_mut().find(|t| t.0 == s) {
-                t.1 += c;
+                t.1 = t.1.saturating_add(c);
                 continue;
             }
             if out.len as usize == Self::MAX_TERMS {
@@ -122,12 +123,42 @@ impl AxisIndex {
     /// `offset + Σ coef·symbol` as an index: a fixed position, a plain iterator, or a linear
     /// index. `None` when there are more terms than a linear index holds.
     pub fn linear(terms: &[(Symbol, usize)], offset: usize) -> Option<AxisIndex> {
+        AxisIndex::affine(terms, i64::try_from(offset).ok()?)
+    }
+
+    /// [`AxisIndex::linear`] with a signed offset (an affine entry such as `(2*h+i-1)`). A
+    /// negative constant (no terms) stays a linear index, since a fixed index is unsigned.
+    pub fn affine(terms: &[(Symbol, usize)], offset: i64) -> Option<AxisIndex> {
         let l = LinearIndex::new(terms, offset)?;
         Some(match l.terms() {
-            [] => AxisIndex::Fixed(offset),
+            [] if offset >= 0 => AxisIndex::Fixed(offset as usize),
             [(s, 1)] if offset == 0 => AxisIndex::Iterator(*s),
             _ => AxisIndex::Linear(l),
         })
+    }
+
+    /// The smallest and largest values the index takes when every symbol `s` ranges over
+    /// `0..=max(s)` (`None` when a symbol has no known range, is empty, or on overflow).
+    pub fn range(&self, max: impl Fn(Symbol) -> Option<i64>) -> Option<(i64, i64)> {
+        match self {
+            AxisIndex::Fixed(k) => {
+                let k = i64::try_from(*k).ok()?;
+                Some((k, k))
+            }
+            AxisIndex::Iterator(s) => Some((0, max(*s)?)),
+            AxisIndex::Linear(l) => {
+                l.terms()
+                    .iter()
+                    .try_fold((l.offset, l.offset), |(lo, hi), &(s, c)| {
+                        let m = max(s)?;
+                        if m < 0 {
+                            return None;
+                        }
+                        let c = i64::try_from(c).ok()?;
+                        Some((lo, hi.checked_add(c.checked_mul(m)?)?))
+                    })
+            }
+        }
     }
 
     /// The coefficient with which the index moves when `s` increases by one.
@@ -146,21 +177,26 @@ impl AxisIndex {
         if c == 0 {
             return Some(*self);
         }
-        let (mut terms, mut offset): (Vec<(Symbol, usize)>, usize) = match self {
-            AxisIndex::Fixed(k) => (vec![], *k),
+        let (mut terms, mut offset): (Vec<(Symbol, usize)>, i64) = match self {
+            AxisIndex::Fixed(k) => (vec![], i64::try_from(*k).ok()?),
             AxisIndex::Iterator(x) => (vec![(*x, 1)], 0),
             AxisIndex::Linear(l) => (l.terms().to_vec(), l.offset),
         };
         terms.retain(|t| t.0 != s);
         match by {
-            AxisIndex::Fixed(k) => offset += c * k,
+            AxisIndex::Fixed(k) => {
+                let add = i64::try_from(c.checked_mul(k)?).ok()?;
+                offset = offset.checked_add(add)?;
+            }
             AxisIndex::Iterator(x) => terms.push((x, c)),
             AxisIndex::Linear(l) => {
-                offset += c * l.offset;
-                terms.extend(l.terms().iter().map(|&(x, k)| (x, k * c)));
+                offset = offset.checked_add(i64::try_from(c).ok()?.checked_mul(l.offset)?)?;
+                for &(x, k) in l.terms() {
+                    terms.push((x, k.checked_mul(c)?));
+                }
             }
         }
-        AxisIndex::linear(&terms, offset)
+        AxisIndex::affine(&terms, offset)
     }
 }
 
@@ -170,7 +206,7 @@ impl fmt::Display for AxisIndex {
             AxisIndex::Fixed(i) => write!(f, "{i}"),
             AxisIndex::Iterator(s) => write!(f, "{s}"),
             AxisIndex::Linear(l) => {
-                let mut parts: Vec<String> = l
+                let parts: Vec<String> = l
                     .terms()
                     .iter()
                     .map(|(s, c)| {
@@ -181,10 +217,16 @@ impl fmt::Display for AxisIndex {
                         }
                     })
                     .collect();
-                if l.offset != 0 || parts.is_empty() {
-                    parts.push(l.offset.to_string());
+                let mut out = parts.join("+");
+                if l.offset > 0 || (parts.is_empty() && l.offset == 0) {
+                    if !out.is_empty() {
+                        out.push('+');
+                    }
+                    out += &l.offset.to_string();
+                } else if l.offset < 0 {
+                    out += &l.offset.to_string();
                 }
-                f.write_str(&parts.join("+"))
+                f.write_str(&out)
             }
         }
     }
@@ -207,6 +249,12 @@ pub struct Projections {
     pub project_rhs: Vec<Vec<AxisIndex>>,
     /// Where these projections came from (e.g. the einsum spec), for messages.
     pub debug_info: String,
+    /// Whether some entry is affine (SPEC 9.3): then every index that may fall outside its
+    /// axis is guarded, and the points where one does are skipped (instead of being an error).
+    pub affine: bool,
+    /// Whether the result has an affine entry: the statement is then an accumulation (never
+    /// [bijective](Projections::is_bijective)).
+    pub affine_result: bool,
 }
 
 impl Projections {
@@ -236,15 +284,20 @@ impl Projections {
             project_lhs: idcs.clone(),
             project_rhs: vec![idcs; num_args],
             debug_info: "pointwise".into(),
+            affine: false,
+            affine_result: false,
         }
     }
 
     /// Whether every product iterator appears in `project_lhs` (each result cell is written
-    /// exactly once per run).
+    /// exactly once per run). Never with affine entries: their skipped points may leave
+    /// result cells unwritten, so `initialize_neutral` must fill the result first.
     pub fn is_bijective(&self) -> bool {
-        self.product_iterators
-            .iter()
-            .all(|s| self.project_lhs.contains(&AxisIndex::Iterator(*s)))
+        !self.affine
+            && self
+                .product_iterators
+                .iter()
+                .all(|s| self.project_lhs.contains(&AxisIndex::Iterator(*s)))
     }
 
     /// The same projections with fresh iterator symbols (so that two lowerings of one
@@ -272,7 +325,7 @@ impl Projections {
                     })
                     .collect();
                 // Renaming keeps the number of distinct terms, so this cannot fail.
-                AxisIndex::linear(&terms, l.offset).unwrap_or(*i)
+                AxisIndex::affine(&terms, l.offset).unwrap_or(*i)
             }
             f => *f,
         };
@@ -435,5 +488,35 @@ impl RoutineBindings {
             .iter()
             .map(|(_, c)| c.load(Ordering::SeqCst))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affine_indices_are_signed() {
+        let (a, b) = (Symbol::fresh(), Symbol::fresh());
+        let ix = AxisIndex::affine(&[(a, 2), (b, 1)], -1).unwrap();
+        assert_eq!(ix.to_string(), format!("{a}*2+{b}-1"));
+        let max = |s: Symbol| Some(if s == a { 3 } else { 2 });
+        assert_eq!(ix.range(max), Some((-1, 7)));
+        // A negative constant stays linear (fixed indices are unsigned).
+        assert!(matches!(
+            AxisIndex::affine(&[], -2),
+            Some(AxisIndex::Linear(_))
+        ));
+        assert_eq!(AxisIndex::affine(&[], 2), Some(AxisIndex::Fixed(2)));
+        assert_eq!(
+            AxisIndex::affine(&[(a, 1)], 0),
+            Some(AxisIndex::Iterator(a))
+        );
+        // Substitution keeps the signed offset: a := 1 gives b + 1.
+        let s = ix.substitute(a, AxisIndex::Fixed(1)).unwrap();
+        assert_eq!(s, AxisIndex::affine(&[(b, 1)], 1).unwrap());
+        // Overflowing ranges are None, not a panic.
+        let big = AxisIndex::affine(&[(a, usize::MAX / 2)], i64::MAX).unwrap();
+        assert_eq!(big.range(|_| Some(4)), None);
     }
 }

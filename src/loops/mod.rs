@@ -53,6 +53,15 @@ pub enum Llc {
         /// Whether tracing should walk this loop.
         trace_it: bool,
     },
+    /// `if (0 <= idx < extent for every guard) { body }`: the guards of affine indices
+    /// (SPEC 9.3); the points where one fails are skipped.
+    If {
+        /// Each guard: an index and the exclusive bound it must stay below (and it must not
+        /// be negative).
+        guards: Vec<(AxisIndex, usize)>,
+        /// The guarded statements.
+        body: Box<Llc>,
+    },
     /// Fill a node with zeros.
     ZeroOut(Tnode),
     /// `tn[idcs] = value`.

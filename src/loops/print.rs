@@ -41,6 +41,15 @@ fn write_llc(out: &mut String, c: &Llc, indent: usize) {
             write_llc(out, body, indent + 1);
             let _ = writeln!(out, "{pad}}}");
         }
+        Llc::If { guards, body } => {
+            let conds: Vec<String> = guards
+                .iter()
+                .map(|(ix, n)| format!("0 <= {ix} < {n}"))
+                .collect();
+            let _ = writeln!(out, "{pad}if {} {{", conds.join(" && "));
+            write_llc(out, body, indent + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
         Llc::ZeroOut(tn) => {
             let _ = writeln!(out, "{pad}zero_out {};", tn.name().escape_debug());
         }

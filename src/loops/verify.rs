@@ -99,6 +99,12 @@ impl Verifier {
                 self.bound.pop();
                 r
             }
+            Llc::If { guards, body } => {
+                for (ix, _) in guards {
+                    self.index(ix, "a guard")?;
+                }
+                self.stmt(body)
+            }
             Llc::Set { tn, idcs, value } => {
                 self.access(tn, idcs, "writing")?;
                 self.value(value)

@@ -8,7 +8,7 @@ pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
     f(c);
     match c {
         Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
-        Llc::For { body, .. } => visit_llc(body, f),
+        Llc::For { body, .. } | Llc::If { body, .. } => visit_llc(body, f),
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => stmts_in_value(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => {
             visit_vlv(v, &mut |v| {
@@ -60,7 +60,7 @@ pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
     }
     match c {
         Llc::Seq(v) => v.iter().for_each(|c| visit_values(c, f)),
-        Llc::For { body, .. } => visit_values(body, f),
+        Llc::For { body, .. } | Llc::If { body, .. } => visit_values(body, f),
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => visit_vlv(v, &mut |v| {
             if let Vlv::Splat(_, x) = v {
@@ -153,10 +153,10 @@ pub fn visit_reads(c: &Llc, f: &mut impl FnMut(&Tnode, &[AxisIndex], usize, bool
 
 /// Calls `f` on every index of every access (reads, writes, embedded index values).
 pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
-    visit_llc(c, &mut |c| {
-        if let Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } = c {
-            idcs.iter().for_each(&mut *f)
-        }
+    visit_llc(c, &mut |c| match c {
+        Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } => idcs.iter().for_each(&mut *f),
+        Llc::If { guards, .. } => guards.iter().for_each(|(ix, _)| f(ix)),
+        _ => {}
     });
     visit_values(c, &mut |v| match v {
         Llv::Get(_, idcs) | Llv::GetMergeBuffer(_, idcs) => idcs.iter().for_each(&mut *f),
@@ -260,6 +260,13 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
             to: *to,
             body: Box::new(map_indices(body, f)?),
             trace_it: *trace_it,
+        },
+        Llc::If { guards, body } => Llc::If {
+            guards: guards
+                .iter()
+                .map(|(ix, n)| Some((f(*ix)?, *n)))
+                .collect::<Option<_>>()?,
+            body: Box::new(map_indices(body, f)?),
         },
         Llc::Set {
             tn,

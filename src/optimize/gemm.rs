@@ -251,6 +251,18 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if other_prec(x) || other_prec(y) {
         return None;
     }
+    // Affine reads (convolutions, SPEC 9.3) are declined: `(o+k)` windows are not panels.
+    let mut affine_read = false;
+    for v in [x, y] {
+        visit_value(v, &mut |v| {
+            if let Llv::Get(_, i) | Llv::GetMergeBuffer(_, i) = v {
+                affine_read |= i.iter().any(|ix| matches!(ix, AxisIndex::Linear(_)));
+            }
+        });
+    }
+    if affine_read {
+        return None;
+    }
     if loops.iter().any(|l| l.from != 0 || l.to < 0) {
         return None;
     }
@@ -613,7 +625,7 @@ fn scaled(
         AxisIndex::Iterator(s) => (vec![(s, scale)], 0),
         AxisIndex::Linear(l) => (
             l.terms().iter().map(|&(s, c)| (s, c * scale)).collect(),
-            l.offset * scale,
+            usize::try_from(l.offset).ok()? * scale,
         ),
     };
     all.extend_from_slice(terms);

@@ -42,6 +42,17 @@ pub fn simplify(c: Llc) -> Llc {
                 }
             }
         }
+        Llc::If { guards, body } => {
+            let body = simplify(*body);
+            if body == Llc::Noop {
+                Llc::Noop
+            } else {
+                Llc::If {
+                    guards,
+                    body: Box::new(body),
+                }
+            }
+        }
         Llc::Set { tn, idcs, value } => {
             let value = simplify_value(value, tn.prec());
             Llc::Set { tn, idcs, value }

@@ -105,6 +105,8 @@ struct Tracer<'a> {
     walked: usize,
     /// Statements executed so far.
     points: usize,
+    /// How many guards ([`Llc::If`]) enclose the current statement.
+    guarded: usize,
     nodes: BTreeMap<Tnode, NodeState>,
 }
 
@@ -128,10 +130,9 @@ impl Tracer<'_> {
             .map(|i| match i {
                 AxisIndex::Fixed(k) => *k as i64,
                 AxisIndex::Iterator(s) => value(s),
-                AxisIndex::Linear(l) => l
-                    .terms()
-                    .iter()
-                    .fold(l.offset as i64, |acc, (s, c)| acc + *c as i64 * value(s)),
+                AxisIndex::Linear(l) => l.terms().iter().fold(l.offset, |acc, (s, c)| {
+                    acc.wrapping_add((*c as i64).wrapping_mul(value(s)))
+                }),
             })
             .collect();
         (cell, exact)
@@ -248,6 +249,13 @@ impl Tracer<'_> {
                 self.ranges.remove(index);
                 self.truncated.remove(index);
             }
+            // Both ways: the body's reads count (conservative), its writes count as writes
+            // but never as covering cells (a skipped write leaves the old value).
+            Llc::If { body, .. } => {
+                self.guarded += 1;
+                self.stmt(body);
+                self.guarded -= 1;
+            }
             Llc::ZeroOut(tn) => {
                 self.points += 1;
                 let st = self.nodes.entry(tn.clone()).or_default();
@@ -261,10 +269,13 @@ impl Tracer<'_> {
                 self.points += 1;
                 self.value(value, Some((tn, idcs)));
                 let (cell, _) = self.cell(idcs);
-                let full = self.covers_all_cells(tn, idcs);
+                let guarded = self.guarded > 0;
+                let full = !guarded && self.covers_all_cells(tn, idcs);
                 let st = self.nodes.entry(tn.clone()).or_default();
                 st.fully_written |= full;
-                st.written_cells.insert(cell);
+                if !guarded {
+                    st.written_cells.insert(cell);
+                }
                 st.any_write = true;
                 st.writes += 1;
             }
@@ -291,6 +302,7 @@ pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
         collapsed: vec![],
         walked: 1,
         points: 0,
+        guarded: 0,
         nodes: BTreeMap::new(),
     };
     t.stmt(code);
@@ -326,7 +338,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
     fn collect<'a>(c: &'a Llc, w: &mut HashMap<Tnode, Vec<&'a Llv>>, bad: &mut HashSet<Tnode>) {
         match c {
             Llc::Seq(v) => v.iter().for_each(|c| collect(c, w, bad)),
-            Llc::For { body, .. } => collect(body, w, bad),
+            Llc::For { body, .. } | Llc::If { body, .. } => collect(body, w, bad),
             Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
             Llc::ZeroOut(tn) => w.entry(tn.clone()).or_default().push(&ZERO),
             Llc::SetLocal(..) | Llc::VSet(..) | Llc::VStore { .. } => {}

@@ -51,6 +51,19 @@ fn reads_of(c: &Llc, out: &mut HashSet<Tnode>) {
     });
 }
 
+/// Whether a statement reads `tn` inside a guard ([`Llc::If`], from affine indices).
+fn reads_under_guard(c: &Llc, tn: &Tnode) -> bool {
+    let mut found = false;
+    crate::loops::visit_llc(c, &mut |c| {
+        if let Llc::If { body, .. } = c {
+            let mut r = HashSet::new();
+            reads_of(body, &mut r);
+            found |= r.contains(tn);
+        }
+    });
+    found
+}
+
 /// Checks the shape of a statement writing `tn`; returns the map from written iterators to
 /// axes, or None if the statement cannot be inlined.
 fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
@@ -112,6 +125,8 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                 });
             }
             Llc::ZeroOut(t) if t == tn => {}
+            // Writes under a guard (affine indices) skip points: never inlined.
+            Llc::If { .. } => *ok = false,
             Llc::Set { value, .. } | Llc::SetLocal(_, value) => {
                 // Another node written in the same statement, or tn read outside its writes.
                 let _ = value;
@@ -201,7 +216,9 @@ impl Inliner<'_> {
             }
             Llc::ZeroOut(t) => Llc::ZeroOut(t.clone()),
             // Never inside an inlined computation (see `writer_pattern`).
-            Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => Llc::Noop,
+            Llc::If { .. } | Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => {
+                Llc::Noop
+            }
         }
     }
 
@@ -338,6 +355,10 @@ fn replace_reads(c: Llc, tn: &Tnode, writers: &[(Llc, HashMap<Symbol, usize>)]) 
             value: go_v(value, tn, writers),
         },
         Llc::SetLocal(id, value) => Llc::SetLocal(id, go_v(value, tn, writers)),
+        Llc::If { guards, body } => Llc::If {
+            guards,
+            body: Box::new(replace_reads(*body, tn, writers)),
+        },
         c => c,
     }
 }
@@ -358,6 +379,9 @@ fn inlinable(
             let pat = writer_pattern(s, tn).ok_or("written with indices other than full loops")?;
             writers.push((i, pat));
         } else if r.contains(tn) {
+            if reads_under_guard(s, tn) {
+                return Err("read under a guard (affine indices)");
+            }
             readers.push(i);
         }
     }
@@ -425,6 +449,7 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
                     inner.saturating_mul((to - from + 1).max(0) as u64)
                 }
             }
+            Llc::If { body, .. } => stmt(body, written),
             Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
             Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => 1,
             Llc::Noop | Llc::Comment(_) => 0,

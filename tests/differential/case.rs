@@ -50,6 +50,9 @@ pub struct Shape {
     pub full: bool,
     /// Whether every product iterator indexes the result.
     pub bijective: bool,
+    /// Whether the spec has affine entries (SPEC 9.3): points may be skipped, so a result
+    /// cell gets anywhere from 0 to `fan_in` contributions.
+    pub affine: bool,
 }
 
 #[derive(Clone, Debug)]

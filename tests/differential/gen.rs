@@ -192,6 +192,10 @@ impl Gen {
                     } else {
                         term.push(fresh(&mut letters, None));
                     }
+                } else if self.rng.chance(AFFINE_PCT) && letters.iter().any(|l| l.1.is_some()) {
+                    // An affine entry over letters that already have an extent.
+                    let entry = self.affine_entry(&letters);
+                    term.push_str(&entry);
                 } else {
                     let st: Vec<&(String, usize)> = statics.iter().filter(|s| s.1 <= e).collect();
                     let same: Vec<usize> = (0..letters.len())
@@ -245,12 +249,70 @@ impl Gen {
         }
         self.rng.shuffle(&mut axes);
         axes.truncate(4);
+        // Affine result entries (shifts, transposed convolutions, concatenation) over letters
+        // that have an extent from the arguments.
+        let with_extent: Vec<(char, Option<usize>)> = letters
+            .iter()
+            .copied()
+            .filter(|l| l.1.is_some() && terms.iter().any(|t| t.contains(l.0)))
+            .collect();
+        if !with_extent.is_empty() {
+            for axis in axes.iter_mut() {
+                let letter = axis.0.chars().next().filter(|c| c.is_ascii_alphabetic());
+                let Some(e) = letter
+                    .and_then(|c| with_extent.iter().find(|l| l.0 == c))
+                    .and_then(|l| l.1)
+                else {
+                    continue;
+                };
+                if self.rng.chance(AFFINE_PCT) {
+                    axis.0 = self.affine_entry(&with_extent);
+                    axis.1 = 1 + self.rng.below(e + 2);
+                }
+            }
+        }
         if axes.is_empty() {
             axes.push(("0".into(), 1));
         }
         let lhs_term: String = axes.iter().map(|a| a.0.as_str()).collect();
         let lhs_dims = axes.iter().map(|a| a.1).collect();
         (terms, lhs_term, lhs_dims)
+    }
+
+    /// An affine entry `(c·L + [c·M] ± o)` over letters with an extent: coefficients 1-2,
+    /// offsets -2..2 (so some points fall outside the axis).
+    fn affine_entry(&mut self, letters: &[(char, Option<usize>)]) -> String {
+        let known: Vec<char> = letters
+            .iter()
+            .filter(|l| l.1.is_some())
+            .map(|l| l.0)
+            .collect();
+        let mut parts = vec![];
+        let n = if known.len() > 1 && self.rng.chance(50) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..n {
+            let c = self.rng.pick(&known);
+            parts.push(if self.rng.chance(35) {
+                format!("2*{c}")
+            } else {
+                c.to_string()
+            });
+        }
+        let mut s = format!("({}", parts.join("+"));
+        match self.rng.below(5) as i64 - 2 {
+            0 => {}
+            o if o > 0 => {
+                let _ = write!(s, "+{o}");
+            }
+            o => {
+                let _ = write!(s, "{o}");
+            }
+        }
+        s.push(')');
+        s
     }
 
     pub fn shape_of(&self, spec: &str, lhs_dims: &[usize], arg_dims: &[Vec<usize>]) -> Shape {
@@ -273,13 +335,15 @@ impl Gen {
             .filter(|(s, _)| !in_lhs(**s))
             .map(|(_, n)| *n)
             .product();
-        let full = pr.project_lhs.iter().zip(lhs_dims).all(|(ix, &d)| {
-            d == 1 || matches!(ix, AxisIndex::Iterator(s) if pr.product_iterators.contains(s))
-        });
+        let full = !pr.affine
+            && pr.project_lhs.iter().zip(lhs_dims).all(|(ix, &d)| {
+                d == 1 || matches!(ix, AxisIndex::Iterator(s) if pr.product_iterators.contains(s))
+            });
         Shape {
             fan_in,
             full,
             bijective: pr.is_bijective(),
+            affine: pr.affine,
         }
     }
 
@@ -549,6 +613,9 @@ impl Gen {
 
 /// How many cases in a thousand get a large statement ([`super::big`]): 190, or
 /// `ARRAYJIT_FUZZ_BIG` (0-1000).
+/// How often (in percent) an argument axis or a result axis gets an affine entry.
+const AFFINE_PCT: usize = 10;
+
 pub fn big_share() -> usize {
     static SHARE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *SHARE.get_or_init(|| match std::env::var("ARRAYJIT_FUZZ_BIG") {

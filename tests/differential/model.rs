@@ -653,6 +653,22 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             let neutral = neutral_est(*accum, pr);
             let written = if plain {
                 store(term, pr)?
+            } else if shape.affine {
+                // Skipped points: a cell gets anywhere from 0 to `fan_in` contributions.
+                if shape.fan_in > 64 {
+                    return Err("affine fan-in");
+                }
+                let start = if fills { neutral } else { readable_est(&old)? };
+                let mut all = start;
+                for k in 1..=shape.fan_in {
+                    let e = if fills && neutral.nonfinite {
+                        accumulate(store(term, pr)?, term, k - 1, *accum, pr)?
+                    } else {
+                        accumulate(start, term, k, *accum, pr)?
+                    };
+                    all = all.union(e);
+                }
+                all
             } else if fills && neutral.nonfinite {
                 // max/min from -inf/+inf: the first step yields the term exactly.
                 let first = store(term, pr)?;
