@@ -484,6 +484,16 @@ impl Ndarray {
         self.as_slice::<T>().map(<[T]>::to_vec)
     }
 
+    /// The elements as a mutable slice of their Rust type; [`Error::PrecisionMismatch`] when
+    /// `T` is not this array's element type.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        let actual = self.prec().name().to_string();
+        T::slice_mut(&mut self.data).ok_or_else(|| Error::PrecisionMismatch {
+            expected: T::PREC.name().to_string(),
+            actual,
+        })
+    }
+
     /// All cells as `f64`, row-major.
     pub fn to_f64_vec(&self) -> Vec<f64> {
         (0..self.len()).map(|i| self.get(i)).collect()
@@ -566,6 +576,8 @@ pub trait Element: Copy + private::Sealed {
     const PREC: Prec;
     #[doc(hidden)]
     fn slice(d: &Data) -> Option<&[Self]>;
+    #[doc(hidden)]
+    fn slice_mut(d: &mut Data) -> Option<&mut [Self]>;
 }
 
 mod private {
@@ -578,6 +590,12 @@ macro_rules! element {
         impl Element for $t {
             const PREC: Prec = Prec::$p;
             fn slice(d: &Data) -> Option<&[Self]> {
+                match d {
+                    Data::$v(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn slice_mut(d: &mut Data) -> Option<&mut [Self]> {
                 match d {
                     Data::$v(v) => Some(v),
                     _ => None,

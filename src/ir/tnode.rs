@@ -244,6 +244,40 @@ impl Tnode {
     }
 }
 
+impl Tnode {
+    fn not_hosted(&self) -> Error {
+        Error::Usage(format!("tensor {} is not hosted", self.name()))
+    }
+
+    /// A copy of the host array in its element type (`u8`, `u16`, `i32`, `u32`, `i64`, `u64`,
+    /// `f16`, `f32`, `f64`); [`Error::PrecisionMismatch`] when `T` is not the tensor's element
+    /// type.
+    pub fn host_to_vec<T: crate::ir::ndarray::Element>(&self) -> Result<Vec<T>> {
+        self.with_host(|a| a.to_vec::<T>())
+            .unwrap_or_else(|| Err(self.not_hosted()))
+    }
+
+    /// Overwrites the host array with values of its element type, exactly;
+    /// [`Error::PrecisionMismatch`] when `T` is not its element type, an error when the
+    /// length differs or the tensor is not hosted.
+    pub fn set_host_slice<T: crate::ir::ndarray::Element>(&self, values: &[T]) -> Result<()> {
+        let name = self.name();
+        self.with_host_mut(|a| {
+            let dst = a.as_mut_slice::<T>()?;
+            if dst.len() != values.len() {
+                return Err(Error::Usage(format!(
+                    "tensor {name} has {} elements, {} values given",
+                    dst.len(),
+                    values.len()
+                )));
+            }
+            dst.copy_from_slice(values);
+            Ok(())
+        })
+        .unwrap_or_else(|| Err(self.not_hosted()))
+    }
+}
+
 impl PartialEq for Tnode {
     fn eq(&self, other: &Self) -> bool {
         self.0.id == other.0.id

@@ -7,6 +7,10 @@
 //!
 //! - [`matmul`], [`add_bias`], [`relu`], [`relu_backward`], [`sum`], [`transpose`],
 //!   [`scale`], [`mul`], [`sub`], [`slice()`]: the operations of a forward and backward pass;
+//! - [`unary`], [`binary`], [`reduce`], [`contract`]: any operation of the op table, pointwise
+//!   or with an einsum spec (affine entries included);
+//! - [`conv2d`] and its gradients, [`max_pool2d`] and its gradient, [`softmax_cross_entropy`]
+//!   over integer labels: the layers of a small convolutional network;
 //! - [`merge_add`] (`g = g + merge(g)`, reading the device's merge buffer) and [`sgd_step`]:
 //!   the pieces of data-parallel training;
 //! - [`Mlp`]: a multi-layer perceptron with ReLU hidden layers, its parameters and gradients,
@@ -48,10 +52,15 @@
 //! [`Backend`]: crate::backend::Backend
 
 mod bucket;
+mod layers;
 mod mlp;
 pub mod moons;
 
 pub use bucket::Bucket;
+pub use layers::{
+    binary, contract, conv2d, conv2d_input_grad, conv2d_weight_grad, max_pool2d,
+    max_pool2d_backward, reduce, softmax_cross_entropy, unary, SoftmaxScratch, Window,
+};
 pub use mlp::{Forward, HostMlp, Layer, Mlp};
 
 use crate::error::{Error, Result};
