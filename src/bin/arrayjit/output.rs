@@ -26,7 +26,10 @@ pub fn format_value(prec: Prec, v: f64) -> String {
     match prec {
         p if p.is_integer() => format!("{}", p.round(v) as i128),
         Prec::Half => format_f64(shortest_half(f16_from_f64(v))),
-        Prec::Bfloat16 | Prec::Fp8 => format_f64(shortest_of(prec, v)),
+        // The exact value (shortest as a double): compared as a number or rounded back to
+        // the precision, it is the stored value either way (the shortest digits that merely
+        // round back, such as 60000 for the fp8 57344, would not compare equal as numbers).
+        Prec::Bfloat16 | Prec::Fp8 => format_f64(prec.round(v)),
         Prec::Single => {
             let x = v as f32;
             let a = x.abs();
@@ -38,26 +41,6 @@ pub fn format_value(prec: Prec, v: f64) -> String {
         }
         _ => format_f64(v),
     }
-}
-
-/// The `f64` with the fewest significant decimal digits that converts back to the same value
-/// of `prec` (bfloat16 or fp8).
-fn shortest_of(prec: Prec, v: f64) -> f64 {
-    let exact = prec.round(v);
-    if exact == 0.0 {
-        return exact;
-    }
-    for digits in 1..=17 {
-        let s = format!("{:.*e}", digits - 1, exact);
-        if let Ok(back) = decimal::convert_text(&s, prec) {
-            if back.to_bits() == exact.to_bits() {
-                if let Ok(y) = s.parse::<f64>() {
-                    return y;
-                }
-            }
-        }
-    }
-    exact
 }
 
 fn format_f64(x: f64) -> String {
