@@ -229,7 +229,11 @@ fn example_gather_indices() {
     let c = arrayjit(&["emit-c", f]);
     assert_eq!(c.code, 0, "{}", c.stderr);
     assert!(!c.stdout.contains("99999;"), "{}", c.stdout);
-    assert!(c.stdout.contains("if (i2_u < UINT64_C(100000)) {"), "{}", c.stdout);
+    assert!(
+        c.stdout.contains("if (i2_u < UINT64_C(100000)) {"),
+        "{}",
+        c.stdout
+    );
 }
 
 const TENSORS: &str = r#"

@@ -555,11 +555,7 @@ fn backend_with(compiler: &str) -> arrayjit::backend::CcBackend {
 }
 
 /// Compiles and runs with `compiler`; the outputs and the C source.
-fn compute_with(
-    compiler: &str,
-    asg: &Assignments,
-    outs: &[&Tnode],
-) -> (Vec<Vec<f64>>, String) {
+fn compute_with(compiler: &str, asg: &Assignments, outs: &[&Tnode]) -> (Vec<Vec<f64>>, String) {
     let be = backend_with(compiler);
     let (r, src) = build(&be, "test", &Bindings::empty(), asg).unwrap();
     (run_and_read(&be, &r, outs), src)
