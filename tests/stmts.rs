@@ -749,3 +749,61 @@ fn gather_rows_past_two_to_the_24() {
         .collect();
     assert_eq!(compute(&asg, &Bindings::empty(), &[&y]).0[0], want);
 }
+
+/// The loop IR of a gather: one lookup per index cell (no loop over the table's rows); the
+/// verifier rejects a lookup reading a floating tensor or using its symbol outside its body.
+#[test]
+fn gather_lowers_to_a_lookup() {
+    use arrayjit::loops::{verify, Llc, Llv};
+    let table = input("table", &[7, 2], Prec::Single, &[0.0; 14]);
+    let ids = input("ids", &[1], Prec::Int32, &[3.0]);
+    let y = output("y", &[1, 2], Prec::Single);
+    let asg = Assignments::Gather {
+        lhs: y.clone(),
+        table: table.clone(),
+        index: ids.clone(),
+    };
+    let code = arrayjit::lower::lower(&asg).unwrap();
+    let doc = arrayjit::loops::to_doc(&code);
+    assert!(
+        doc.contains("lookup ") && doc.contains(" = ids[0] if 0 <= "),
+        "{doc}"
+    );
+    assert!(!doc.contains("to 6 {"), "{doc}");
+    assert_eq!(verify(&code), Ok(()));
+    // A single index (dims [1]: no loop around the lookup) of value 3 picks row 3, compiled and interpreted.
+    let tv: Vec<f64> = (0..14).map(f64::from).collect();
+    table.set_host_values(&tv).unwrap();
+    assert_eq!(
+        compute(&asg, &Bindings::empty(), &[&y]).0[0],
+        vec![6.0, 7.0]
+    );
+    y.set_host_values(&[1.0, 1.0]).unwrap();
+    assert_eq!(interpret(&asg, &[&y])[0], vec![6.0, 7.0]);
+
+    let s = Symbol::fresh();
+    let body = Llc::Set {
+        tn: y.clone(),
+        idcs: vec![AxisIndex::Fixed(0), AxisIndex::Fixed(0)],
+        value: Llv::Get(
+            table.clone(),
+            vec![AxisIndex::Iterator(s), AxisIndex::Fixed(0)],
+        ),
+    };
+    let lookup = |tn: &Tnode| Llc::Lookup {
+        symbol: s,
+        tn: tn.clone(),
+        idcs: vec![AxisIndex::Fixed(0)],
+        extent: 7,
+        body: Box::new(body.clone()),
+    };
+    let fscalar = input("f", &[1], Prec::Single, &[0.0]);
+    assert_eq!(
+        verify(&lookup(&fscalar)),
+        Err("an index read from single tensor f".to_string())
+    );
+    let outside = Llc::Seq(vec![lookup(&ids), body.clone()]);
+    assert!(verify(&outside)
+        .unwrap_err()
+        .contains("is used outside its loop"));
+}
