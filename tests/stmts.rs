@@ -807,3 +807,49 @@ fn gather_lowers_to_a_lookup() {
         .unwrap_err()
         .contains("is used outside its loop"));
 }
+
+/// Regression (differential seed 4278): a random fetch read through an affine index
+/// (`t6[a + 2, b]`), inlined into `t8`, which is itself inlined into `o9`: the inliner renames
+/// plain iterators only, so a computation holding a random cell with a linear index stays
+/// materialized (it printed an undeclared iterator in the random value's offset before).
+#[test]
+fn random_fetch_read_through_an_affine_index_inlined_twice() {
+    let b = Bindings::empty();
+    let t6 = temp("t6", &[5, 5], Prec::Half);
+    let x7 = input(
+        "x7",
+        &[3],
+        Prec::Half,
+        &[0.720703125, -1.15234375, -1.466796875],
+    );
+    let t8 = temp("t8", &[3], Prec::Single);
+    let o9 = output("o9", &[3], Prec::Single);
+    let asg = Assignments::seq([
+        Assignments::Fetch {
+            array: t6.clone(),
+            fetch_op: FetchOp::Random { seed: 1 },
+        },
+        binop(
+            &t8,
+            Binop::Arg2,
+            false,
+            Binop::Sub,
+            &x7,
+            &t6,
+            "a,(a+2)b->a",
+            &b,
+        ),
+        unop(&o9, Binop::Arg2, false, Unop::Identity, &t8, "a->a", &b),
+    ]);
+    // `set` keeps the last b (4): o9[a] = x7[a] - t6[a + 2, 4], in float.
+    let xv = x7.host_values().unwrap();
+    let want: Vec<f64> = (0..3)
+        .map(|a| {
+            let r = expected_random(1, ((a + 2) * 5 + 4) as u64, Prec::Half);
+            f64::from(xv[a] as f32 - r as f32)
+        })
+        .collect();
+    assert_eq!(compute(&asg, &b, &[&o9]).0[0], want);
+    o9.set_host_values(&[0.0; 3]).unwrap();
+    assert_eq!(interpret(&asg, &[&o9])[0], want);
+}

@@ -132,6 +132,13 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                         *ok = false
                     }
                     Llv::EmbedIndex(AxisIndex::Linear(_)) => *ok = false,
+                    // Nor those of a random value's cell (an inlined random fetch read
+                    // through an affine index).
+                    Llv::Random { idcs, .. }
+                        if idcs.iter().any(|i| matches!(i, AxisIndex::Linear(_))) =>
+                    {
+                        *ok = false
+                    }
                     _ => {}
                 });
             }
