@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Ternop, Tnode,
+    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode,
 };
 use crate::loops::{Llc, Llv};
 
@@ -527,75 +527,85 @@ fn check_gather(
     Ok(())
 }
 
-/// `lhs[d, r] = table[index[d], r]`: `lhs` is zeroed, then for every row `n` of the table,
-/// `lhs[d, r] = where(index[d] - n, lhs[d, r], table[n, r])`. The selection is exact; the
-/// difference is zero exactly when the index equals `n` (in every compute type: integers
-/// below the table's extent are exact in `float` and `double`, and the integer compute type
-/// wraps modulo 2^64), so an index outside `0 .. N-1` selects nothing and reads nothing
-/// outside the table.
+/// `lhs[d, r] = table[index[d], r]`: `lhs` is zeroed, then for every `d` the index is read
+/// once as an exact integer ([`Llc::Lookup`]) and, when it is inside `0 .. N-1`, row
+/// `index[d]` of the table is copied (converted like an assignment); other rows stay zero.
+/// The work is `|D| · |R|`, whatever `N`; nothing outside the table is ever read.
 fn lower_gather(lhs: &Tnode, table: &Tnode, index: &Tnode) -> Result<Llc> {
     check_gather("gather", lhs, table, lhs, index)?;
-    let mut product = vec![];
-    let d = axis_indices(index.dims(), &mut product);
-    let n = axis_indices(&table.dims()[..1], &mut product);
-    let r = axis_indices(&table.dims()[1..], &mut product);
+    let mut outer = vec![];
+    let d = axis_indices(index.dims(), &mut outer);
+    let mut inner = vec![];
+    let r = axis_indices(&table.dims()[1..], &mut inner);
+    let n = Symbol::fresh();
     let out: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
-    let row: Vec<AxisIndex> = n.iter().chain(&r).copied().collect();
-    let value = Llv::Ternop(
-        Ternop::Where,
-        Box::new(Llv::Binop(
-            Binop::Sub,
-            Box::new(Llv::Get(index.clone(), d.clone())),
-            Box::new(Llv::EmbedIndex(n[0])),
-        )),
-        Box::new(Llv::Get(lhs.clone(), out.clone())),
-        Box::new(Llv::Get(table.clone(), row)),
-    );
-    Ok(Llc::Seq(vec![
-        Llc::ZeroOut(lhs.clone()),
-        loops(
-            &product,
-            Llc::Set {
-                tn: lhs.clone(),
-                idcs: out,
-                value,
-            },
-        ),
-    ]))
-}
-
-/// `lhs[index[d], r] += src[d, r]`: for every `d` (the outer loops, in row-major order), row
-/// `n` and `r`, `lhs[n, r] = where(index[d] - n, lhs[n, r], lhs[n, r] + src[d, r])` (see
-/// [`lower_gather`]): repeated indices add in the order of `d`, out-of-range ones add nothing.
-fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
-    check_gather("scatter_add", lhs, lhs, src, index)?;
-    let mut product = vec![];
-    let d = axis_indices(index.dims(), &mut product);
-    let n = axis_indices(&lhs.dims()[..1], &mut product);
-    let r = axis_indices(&lhs.dims()[1..], &mut product);
-    let from: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
-    let cell: Vec<AxisIndex> = n.iter().chain(&r).copied().collect();
-    let old = || Box::new(Llv::Get(lhs.clone(), cell.clone()));
-    let value = Llv::Ternop(
-        Ternop::Where,
-        Box::new(Llv::Binop(
-            Binop::Sub,
-            Box::new(Llv::Get(index.clone(), d.clone())),
-            Box::new(Llv::EmbedIndex(n[0])),
-        )),
-        old(),
-        Box::new(Llv::Binop(
-            Binop::Add,
-            old(),
-            Box::new(Llv::Get(src.clone(), from)),
-        )),
-    );
-    Ok(loops(
-        &product,
+    let row: Vec<AxisIndex> = std::iter::once(AxisIndex::Iterator(n))
+        .chain(r.iter().copied())
+        .collect();
+    let copy = loops(
+        &inner,
         Llc::Set {
             tn: lhs.clone(),
-            idcs: cell,
-            value,
+            idcs: out,
+            value: Llv::Get(table.clone(), row),
+        },
+    );
+    let extent = table.dims()[0];
+    let mut code = vec![Llc::ZeroOut(lhs.clone())];
+    if extent > 0 {
+        code.push(loops(
+            &outer,
+            Llc::Lookup {
+                symbol: n,
+                tn: index.clone(),
+                idcs: d,
+                extent,
+                body: Box::new(copy),
+            },
+        ));
+    }
+    Ok(Llc::Seq(code))
+}
+
+/// `lhs[index[d], r] += src[d, r]`: for every `d` in row-major order the index is read once
+/// as an exact integer ([`Llc::Lookup`]) and, when it is inside `0 .. N-1`, row `d` of `src`
+/// is added into row `index[d]` of `lhs` (converted like an assignment): repeated indices add
+/// in the order of `d`, out-of-range ones add nothing. The work is `|D| · |R|`.
+fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
+    check_gather("scatter_add", lhs, lhs, src, index)?;
+    let mut outer = vec![];
+    let d = axis_indices(index.dims(), &mut outer);
+    let mut inner = vec![];
+    let r = axis_indices(&lhs.dims()[1..], &mut inner);
+    let n = Symbol::fresh();
+    let from: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
+    let cell: Vec<AxisIndex> = std::iter::once(AxisIndex::Iterator(n))
+        .chain(r.iter().copied())
+        .collect();
+    let add = loops(
+        &inner,
+        Llc::Set {
+            tn: lhs.clone(),
+            idcs: cell.clone(),
+            value: Llv::Binop(
+                Binop::Add,
+                Box::new(Llv::Get(lhs.clone(), cell)),
+                Box::new(Llv::Get(src.clone(), from)),
+            ),
+        },
+    );
+    let extent = lhs.dims()[0];
+    if extent == 0 {
+        return Ok(Llc::Noop);
+    }
+    Ok(loops(
+        &outer,
+        Llc::Lookup {
+            symbol: n,
+            tn: index.clone(),
+            idcs: d,
+            extent,
+            body: Box::new(add),
         },
     ))
 }

@@ -170,6 +170,72 @@ fn example_embedding() {
     assert_eq!(singles(&values(&out, "grad_table")), grad);
 }
 
+/// Runs the CLI with extra environment variables.
+fn arrayjit_env(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("the arrayjit binary runs");
+    Out {
+        code: o.status.code().expect("exited normally"),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[test]
+fn example_gather_indices() {
+    let file = example("gather_indices.json");
+    let out = run_both(&file);
+    // table = range over offsets: row i is [2i, 2i + 1].
+    let ids: [i64; 6] = [99_999, -1, 100_000, 0, 50_000, 99_999];
+    let rows: Vec<f64> = ids
+        .iter()
+        .flat_map(|&i| {
+            (0..2).map(move |c| {
+                if (0..100_000).contains(&i) {
+                    (2 * i + c) as f64
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    assert_eq!(values(&out, "rows"), rows);
+    // 2^64 - 1 (computed as 0 - 1 in uint64) and 2^63 are out of range; 7 is row 7.
+    assert_eq!(values(&out, "rows_huge"), vec![0.0, 0.0]);
+    assert_eq!(values(&out, "rows_top"), vec![0.0, 0.0, 14.0, 15.0]);
+    let labels = [3usize, 3, 4, 0, 65535, 3];
+    let mut grad = vec![-100i64, -100, 0, 0, 0, 0, 1000, 1000];
+    for (d, &l) in labels.iter().enumerate() {
+        if l < 4 {
+            for c in 0..2 {
+                grad[l * 2 + c] += (d * 2 + c) as i64;
+            }
+        }
+    }
+    let grad: Vec<f64> = grad.into_iter().map(|x| x as f64).collect();
+    assert_eq!(values(&out, "grad"), grad);
+    // The same with clang and with bounds checks.
+    let f = file.to_str().unwrap();
+    let compiled = arrayjit(&["run", f]);
+    for env in [("ARRAYJIT_CC", "clang"), ("ARRAYJIT_CHECKED", "1")] {
+        let o = arrayjit_env(&["run", f], &[env]);
+        assert_eq!(o.code, 0, "{env:?}: {}", o.stderr);
+        assert_eq!(o.stdout, compiled.stdout, "{env:?}");
+    }
+    // Each index is read once and one row copied: no loop over the 100000 rows.
+    let c = arrayjit(&["emit-c", f]);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    assert!(!c.stdout.contains("99999;"), "{}", c.stdout);
+    assert!(
+        c.stdout.contains("if (i2_u < UINT64_C(100000)) {"),
+        "{}",
+        c.stdout
+    );
+}
+
 const TENSORS: &str = r#"
     {"name": "t", "dims": [4, 3]},
     {"name": "i", "dims": [2], "prec": "byte"},

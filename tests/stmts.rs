@@ -505,3 +505,351 @@ fn random_operand_of_a_matrix_product() {
         }
     }
 }
+
+/// An index value as a tensor of `prec` holds it (wrapped modulo 2^bits, read signed or
+/// unsigned), computed here independently of the library.
+fn stored_index(prec: Prec, x: i128) -> i128 {
+    let b = x as u64;
+    match prec {
+        Prec::Byte => (b as u8).into(),
+        Prec::Uint16 => (b as u16).into(),
+        Prec::Int32 => (b as u32 as i32).into(),
+        Prec::Uint32 => (b as u32).into(),
+        Prec::Int64 => (b as i64).into(),
+        Prec::Uint64 => b.into(),
+        _ => unreachable!("not an index precision"),
+    }
+}
+
+/// A hosted integer tensor holding exactly `values` (wrapped into `prec`).
+fn int_input(name: &str, prec: Prec, values: &[i128]) -> Tnode {
+    let t = output(name, &[values.len()], prec);
+    t.with_host_mut(|a| {
+        for (i, &v) in values.iter().enumerate() {
+            a.set_int(i, v);
+        }
+    })
+    .unwrap();
+    t
+}
+
+/// The cc backend with `compiler` and, for gcc, UndefinedBehaviorSanitizer aborting on the
+/// first report (so undefined behaviour in the generated code fails the test).
+fn backend_with(compiler: &str) -> arrayjit::backend::CcBackend {
+    let env = arrayjit::compile::CompilerConfig::from_env().unwrap();
+    let extra_flags = if compiler == "gcc" {
+        vec![
+            "-fsanitize=undefined".to_string(),
+            "-fno-sanitize-recover=all".to_string(),
+        ]
+    } else {
+        vec![]
+    };
+    let cfg = arrayjit::compile::CompilerConfig {
+        compiler: compiler.into(),
+        extra_flags,
+        cache_dir: None,
+        ..env
+    };
+    arrayjit::backend::CcBackend::with_config(cfg, arrayjit::optimize::Settings::default())
+}
+
+/// Compiles and runs with `compiler`; the outputs and the C source.
+fn compute_with(compiler: &str, asg: &Assignments, outs: &[&Tnode]) -> (Vec<Vec<f64>>, String) {
+    let be = backend_with(compiler);
+    let (r, src) = build(&be, "test", &Bindings::empty(), asg).unwrap();
+    (run_and_read(&be, &r, outs), src)
+}
+
+/// Index values that are negative, huge (2^63, 2^64 - 1), exactly N, or wrap into range in
+/// narrow precisions; read in every integer precision, by gcc (under UBSan) and clang
+/// compiled code and by the interpreter, against rows picked here.
+#[test]
+fn gather_and_scatter_add_read_exact_integer_indices() {
+    const N: usize = 5;
+    let raw: Vec<i128> = vec![
+        -1,
+        0,
+        4,
+        5, // exactly N
+        3,
+        1 << 63,
+        (1 << 64) - 1,
+        -(1 << 63),
+        (1 << 32) + 1, // 1 in 32-bit precisions
+        (1 << 16) + 2, // 2 in uint16
+        256 + 4,       // 4 in byte
+        (1 << 31) + 3, // negative in int32
+        (1 << 53) + 1,
+        4, // a repeat: scatter_add adds twice
+    ];
+    let tv: Vec<f64> = (0..N * 2).map(|k| k as f64 * 1.25 - 2.0).collect();
+    for prec in [
+        Prec::Byte,
+        Prec::Uint16,
+        Prec::Int32,
+        Prec::Uint32,
+        Prec::Int64,
+        Prec::Uint64,
+    ] {
+        let ids = int_input("ids", prec, &raw);
+        let rows: Vec<Option<usize>> = raw
+            .iter()
+            .map(|&x| {
+                let v = stored_index(prec, x);
+                (0..N as i128).contains(&v).then_some(v as usize)
+            })
+            .collect();
+        let table = input("table", &[N, 2], Prec::Single, &tv);
+        let y = output("y", &[raw.len(), 2], Prec::Single);
+        let gather = Assignments::Gather {
+            lhs: y.clone(),
+            table: table.clone(),
+            index: ids.clone(),
+        };
+        let tv = &tv;
+        let want: Vec<f64> = rows
+            .iter()
+            .flat_map(|r| (0..2).map(move |c| r.map_or(0.0, |r| tv[r * 2 + c])))
+            .collect();
+        for cc in ["gcc", "clang"] {
+            y.set_host_values(&vec![9.0; raw.len() * 2]).unwrap();
+            assert_eq!(compute_with(cc, &gather, &[&y]).0[0], want, "{prec} {cc}");
+        }
+        y.set_host_values(&vec![9.0; raw.len() * 2]).unwrap();
+        assert_eq!(interpret(&gather, &[&y])[0], want, "{prec}");
+
+        // Scatter rows of h back, in f32 arithmetic, in the order of d.
+        let hv: Vec<f64> = (0..raw.len() * 2).map(|k| k as f64 * 0.5 + 0.25).collect();
+        let h = input("h", &[raw.len(), 2], Prec::Single, &hv);
+        let g0: Vec<f64> = (0..N * 2).map(|k| 100.0 * k as f64).collect();
+        let g = input("g", &[N, 2], Prec::Single, &g0);
+        let mut gw: Vec<f32> = g0.iter().map(|&x| x as f32).collect();
+        for (d, r) in rows.iter().enumerate() {
+            if let Some(r) = r {
+                for c in 0..2 {
+                    gw[r * 2 + c] += hv[d * 2 + c] as f32;
+                }
+            }
+        }
+        let gw: Vec<f64> = gw.into_iter().map(f64::from).collect();
+        let scatter = Assignments::ScatterAdd {
+            lhs: g.clone(),
+            src: h.clone(),
+            index: ids.clone(),
+        };
+        for cc in ["gcc", "clang"] {
+            g.set_host_values(&g0).unwrap();
+            assert_eq!(compute_with(cc, &scatter, &[&g]).0[0], gw, "{prec} {cc}");
+        }
+        g.set_host_values(&g0).unwrap();
+        assert_eq!(interpret(&scatter, &[&g])[0], gw, "{prec}");
+    }
+}
+
+/// Scatter-add into an integer table adds exactly (SPEC 9.1: integer arithmetic, no rounding
+/// through a float), repeated indices included.
+#[test]
+fn scatter_add_into_integers_is_exact() {
+    let big = (1i128 << 53) + 1;
+    let g = int_input("g", Prec::Int64, &[big, -big, 7]);
+    let h = int_input("h", Prec::Int64, &[1, 1, 1, -5, 1 << 40]);
+    let ids = int_input("ids", Prec::Uint16, &[0, 0, 0, 1, 3]);
+    let asg = Assignments::ScatterAdd {
+        lhs: g.clone(),
+        src: h.clone(),
+        index: ids.clone(),
+    };
+    let want = vec![big + 3, -big - 5, 7];
+    let be = backend_with("gcc");
+    let (r, _) = build(&be, "test", &Bindings::empty(), &asg).unwrap();
+    r.run().unwrap();
+    assert!(be.to_host(r.context(), &g).unwrap());
+    let got: Vec<i128> = g
+        .with_host(|a| (0..3).map(|i| a.get_int(i).unwrap()).collect())
+        .unwrap();
+    assert_eq!(got, want);
+    g.with_host_mut(|a| {
+        for (i, v) in [big, -big, 7].into_iter().enumerate() {
+            a.set_int(i, v);
+        }
+    })
+    .unwrap();
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asg.nodes());
+    interp::run_assignments(&asg, &[], &mut mem).unwrap();
+    assert_eq!(mem.get_int(&g).unwrap(), want);
+}
+
+/// A table of 100,000 rows: the generated code reads each index once and copies one row (no
+/// loop over the table's rows), and agrees with the interpreter and the rows picked here.
+#[test]
+fn gather_from_a_large_table_does_not_loop_over_its_rows() {
+    const N: usize = 100_000;
+    let tv: Vec<f64> = (0..N * 3).map(|k| k as f64).collect();
+    let table = input("table", &[N, 3], Prec::Single, &tv);
+    let raw = [99_999i128, 0, 100_000, 50_000, -7, 99_999];
+    let ids = int_input("ids", Prec::Int32, &raw);
+    let y = output("y", &[raw.len(), 3], Prec::Single);
+    let asg = Assignments::Gather {
+        lhs: y.clone(),
+        table: table.clone(),
+        index: ids.clone(),
+    };
+    let want: Vec<f64> = raw
+        .iter()
+        .flat_map(|&i| {
+            (0..3).map(move |c| {
+                if (0..N as i128).contains(&i) {
+                    (i as usize * 3 + c) as f64
+                } else {
+                    0.0
+                }
+            })
+        })
+        .collect();
+    let (got, src) = compute(&asg, &Bindings::empty(), &[&y]);
+    assert_eq!(got[0], want);
+    assert!(!src.contains("99999;"), "a loop over the rows:\n{src}");
+    assert!(src.contains("< UINT64_C(100000)"), "{src}");
+    y.set_host_values(&[5.0; 18]).unwrap();
+    assert_eq!(interpret(&asg, &[&y])[0], want);
+}
+
+/// Rows past 2^24 (where a `float` difference `I[d] - n` would no longer be exact): a byte
+/// table of 2^24 + 3 rows, compiled.
+#[test]
+fn gather_rows_past_two_to_the_24() {
+    const N: usize = (1 << 24) + 3;
+    let table = output("table", &[N], Prec::Byte);
+    table
+        .with_host_mut(|a| {
+            for (k, b) in a.as_bytes_mut().iter_mut().enumerate() {
+                *b = (k % 251) as u8;
+            }
+        })
+        .unwrap();
+    let raw = [(1i128 << 24) + 1, 1 << 24, (1 << 24) + 2, (1 << 24) + 3];
+    let ids = int_input("ids", Prec::Int64, &raw);
+    let y = output("y", &[4], Prec::Single);
+    let asg = Assignments::Gather {
+        lhs: y.clone(),
+        table: table.clone(),
+        index: ids.clone(),
+    };
+    let want: Vec<f64> = raw
+        .iter()
+        .map(|&i| {
+            if i < N as i128 {
+                (i as usize % 251) as f64
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    assert_eq!(compute(&asg, &Bindings::empty(), &[&y]).0[0], want);
+}
+
+/// The loop IR of a gather: one lookup per index cell (no loop over the table's rows); the
+/// verifier rejects a lookup reading a floating tensor or using its symbol outside its body.
+#[test]
+fn gather_lowers_to_a_lookup() {
+    use arrayjit::loops::{verify, Llc, Llv};
+    let table = input("table", &[7, 2], Prec::Single, &[0.0; 14]);
+    let ids = input("ids", &[1], Prec::Int32, &[3.0]);
+    let y = output("y", &[1, 2], Prec::Single);
+    let asg = Assignments::Gather {
+        lhs: y.clone(),
+        table: table.clone(),
+        index: ids.clone(),
+    };
+    let code = arrayjit::lower::lower(&asg).unwrap();
+    let doc = arrayjit::loops::to_doc(&code);
+    assert!(
+        doc.contains("lookup ") && doc.contains(" = ids[0] if 0 <= "),
+        "{doc}"
+    );
+    assert!(!doc.contains("to 6 {"), "{doc}");
+    assert_eq!(verify(&code), Ok(()));
+    // A single index (dims [1]: no loop around the lookup) of value 3 picks row 3, compiled and interpreted.
+    let tv: Vec<f64> = (0..14).map(f64::from).collect();
+    table.set_host_values(&tv).unwrap();
+    assert_eq!(
+        compute(&asg, &Bindings::empty(), &[&y]).0[0],
+        vec![6.0, 7.0]
+    );
+    y.set_host_values(&[1.0, 1.0]).unwrap();
+    assert_eq!(interpret(&asg, &[&y])[0], vec![6.0, 7.0]);
+
+    let s = Symbol::fresh();
+    let body = Llc::Set {
+        tn: y.clone(),
+        idcs: vec![AxisIndex::Fixed(0), AxisIndex::Fixed(0)],
+        value: Llv::Get(
+            table.clone(),
+            vec![AxisIndex::Iterator(s), AxisIndex::Fixed(0)],
+        ),
+    };
+    let lookup = |tn: &Tnode| Llc::Lookup {
+        symbol: s,
+        tn: tn.clone(),
+        idcs: vec![AxisIndex::Fixed(0)],
+        extent: 7,
+        body: Box::new(body.clone()),
+    };
+    let fscalar = input("f", &[1], Prec::Single, &[0.0]);
+    assert_eq!(
+        verify(&lookup(&fscalar)),
+        Err("an index read from single tensor f".to_string())
+    );
+    let outside = Llc::Seq(vec![lookup(&ids), body.clone()]);
+    assert!(verify(&outside)
+        .unwrap_err()
+        .contains("is used outside its loop"));
+}
+
+/// Regression (differential seed 4278): a random fetch read through an affine index
+/// (`t6[a + 2, b]`), inlined into `t8`, which is itself inlined into `o9`: the inliner renames
+/// plain iterators only, so a computation holding a random cell with a linear index stays
+/// materialized (it printed an undeclared iterator in the random value's offset before).
+#[test]
+fn random_fetch_read_through_an_affine_index_inlined_twice() {
+    let b = Bindings::empty();
+    let t6 = temp("t6", &[5, 5], Prec::Half);
+    let x7 = input(
+        "x7",
+        &[3],
+        Prec::Half,
+        &[0.720703125, -1.15234375, -1.466796875],
+    );
+    let t8 = temp("t8", &[3], Prec::Single);
+    let o9 = output("o9", &[3], Prec::Single);
+    let asg = Assignments::seq([
+        Assignments::Fetch {
+            array: t6.clone(),
+            fetch_op: FetchOp::Random { seed: 1 },
+        },
+        binop(
+            &t8,
+            Binop::Arg2,
+            false,
+            Binop::Sub,
+            &x7,
+            &t6,
+            "a,(a+2)b->a",
+            &b,
+        ),
+        unop(&o9, Binop::Arg2, false, Unop::Identity, &t8, "a->a", &b),
+    ]);
+    // `set` keeps the last b (4): o9[a] = x7[a] - t6[a + 2, 4], in float.
+    let xv = x7.host_values().unwrap();
+    let want: Vec<f64> = (0..3)
+        .map(|a| {
+            let r = expected_random(1, ((a + 2) * 5 + 4) as u64, Prec::Half);
+            f64::from(xv[a] as f32 - r as f32)
+        })
+        .collect();
+    assert_eq!(compute(&asg, &b, &[&o9]).0[0], want);
+    o9.set_host_values(&[0.0; 3]).unwrap();
+    assert_eq!(interpret(&asg, &[&o9])[0], want);
+}

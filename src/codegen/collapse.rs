@@ -31,6 +31,19 @@ pub fn nests(c: Llc) -> Llc {
             guards,
             body: Box::new(nests(*body)),
         },
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body: Box::new(nests(*body)),
+        },
         c => c,
     }
 }
@@ -120,7 +133,9 @@ fn accesses_are_flat(body: &Llc, i: Symbol, j: Symbol, b: usize) -> bool {
         }
     };
     visit_llc(body, &mut |c| match c {
-        Llc::Set { tn, idcs, .. } | Llc::VStore { tn, idcs, .. } => access(Some(tn), idcs),
+        Llc::Set { tn, idcs, .. } | Llc::VStore { tn, idcs, .. } | Llc::Lookup { tn, idcs, .. } => {
+            access(Some(tn), idcs)
+        }
         // A guard mentioning `i` or `j` is not a flat access: the nest stays.
         Llc::If { guards, .. } => {
             let g: Vec<AxisIndex> = guards.iter().map(|(ix, _)| *ix).collect();

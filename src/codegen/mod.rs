@@ -612,6 +612,35 @@ impl Writer {
                 self.stmt(body, indent + 1, out);
                 let _ = writeln!(out, "{pad}}}");
             }
+            Llc::Lookup {
+                symbol,
+                tn,
+                idcs,
+                extent,
+                body,
+            } => {
+                // The index as an exact integer: converting any integer type to uint64_t is
+                // defined (modulo 2^64), and a negative value becomes 2^64 - |v| >= 2^63,
+                // above every extent; so one unsigned comparison is `0 <= v < extent`, and
+                // the conversion back to int64_t happens only for values below the extent.
+                let saved = std::mem::take(&mut self.checks);
+                self.check_access(tn, idcs, 1);
+                let checks = std::mem::replace(&mut self.checks, saved);
+                let n = self.names.symbol(*symbol);
+                let off = self.offset(tn, idcs);
+                let src = self.names.node(tn);
+                let _ = writeln!(out, "{pad}{{");
+                let inner = format!("{pad}  ");
+                for c in &checks {
+                    let _ = writeln!(out, "{inner}{c}");
+                }
+                let _ = writeln!(out, "{inner}const uint64_t {n}_u = (uint64_t){src}[{off}];");
+                let _ = writeln!(out, "{inner}if ({n}_u < UINT64_C({extent})) {{");
+                let _ = writeln!(out, "{inner}  const int64_t {n} = (int64_t){n}_u;");
+                self.stmt(body, indent + 2, out);
+                let _ = writeln!(out, "{inner}}}");
+                let _ = writeln!(out, "{pad}}}");
+            }
             Llc::ZeroOut(tn) => {
                 let n = self.names.node(tn);
                 let _ = writeln!(out, "{pad}memset({n}, 0, {});", tn.size_in_bytes());

@@ -578,6 +578,28 @@ impl<'m> Machine<'m> {
                 bound.pop();
                 r
             }
+            Llc::Lookup {
+                symbol,
+                tn,
+                idcs,
+                extent,
+                body,
+            } => {
+                self.check_index(tn, "reading an index from", idcs, bound)?;
+                if !tn.prec().is_integer() {
+                    return Err(Error::Usage(format!(
+                        "routine {}: an index read from {} tensor {}",
+                        self.routine,
+                        tn.prec(),
+                        tn.name()
+                    )));
+                }
+                // The body runs only for values in 0..extent.
+                bound.push((*symbol, 0, *extent as i64 - 1));
+                let r = self.check_stmt(body, bound);
+                bound.pop();
+                r
+            }
             Llc::ZeroOut(_) => Ok(()),
             Llc::Set { tn, idcs, value } => {
                 self.check_index(tn, "writing", idcs, bound)?;
@@ -764,6 +786,32 @@ impl<'m> Machine<'m> {
                     }
                 }
                 self.exec(body)
+            }
+            Llc::Lookup {
+                symbol,
+                tn,
+                idcs,
+                extent,
+                body,
+            } => {
+                // The exact integer value of the cell (wrapped into its precision).
+                let off = self.offset(tn, idcs)?;
+                let x = self.mem.values_mut(tn)?[off];
+                let bits = match self.mem.ints.get(tn) {
+                    Some(v) => v[off],
+                    None => int_bits_of_f64(x),
+                };
+                let v = tn.prec().wrap_int(bits);
+                if v < 0 || v >= *extent as i128 {
+                    return Ok(());
+                }
+                let prev = self.env.insert(*symbol, v as i64);
+                let r = self.exec(body);
+                match prev {
+                    Some(p) => self.env.insert(*symbol, p),
+                    None => self.env.remove(symbol),
+                };
+                r
             }
             Llc::ZeroOut(tn) => {
                 self.mem.values_mut(tn)?.fill(0.0);

@@ -62,6 +62,23 @@ pub enum Llc {
         /// The guarded statements.
         body: Box<Llc>,
     },
+    /// A row index read from data (gather and scatter-add, SPEC 9.4): reads the integer
+    /// `tn[idcs]` exactly (any integer precision, signed or unsigned); when its value `v`
+    /// satisfies `0 <= v < extent`, runs `body` with `symbol` bound to `v` (an index in
+    /// `0..extent`, used like a loop iterator); otherwise does nothing. So the body's
+    /// accesses through `symbol` stay in bounds for every value the data can hold.
+    Lookup {
+        /// The symbol bound to the value read (fresh, used only in `body`).
+        symbol: Symbol,
+        /// The integer tensor the value is read from.
+        tn: Tnode,
+        /// The cell read.
+        idcs: Vec<AxisIndex>,
+        /// The exclusive bound the value must stay below.
+        extent: usize,
+        /// The statements run when the value is in range.
+        body: Box<Llc>,
+    },
     /// Fill a node with zeros.
     ZeroOut(Tnode),
     /// `tn[idcs] = value`.

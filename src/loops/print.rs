@@ -50,6 +50,22 @@ fn write_llc(out: &mut String, c: &Llc, indent: usize) {
             write_llc(out, body, indent + 1);
             let _ = writeln!(out, "{pad}}}");
         }
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => {
+            let _ = writeln!(
+                out,
+                "{pad}lookup {symbol} = {}[{}] if 0 <= {symbol} < {extent} {{",
+                tn.name().escape_debug(),
+                idcs_doc(idcs)
+            );
+            write_llc(out, body, indent + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
         Llc::ZeroOut(tn) => {
             let _ = writeln!(out, "{pad}zero_out {};", tn.name().escape_debug());
         }

@@ -9,7 +9,8 @@
 //!   axes;
 //! - vector loads and stores are of the tensor's own precision, and every vector variable
 //!   read is assigned somewhere;
-//! - a loop's bounds are not inverted beyond an empty range.
+//! - a loop's bounds are not inverted beyond an empty range;
+//! - a lookup ([`Llc::Lookup`]) reads an integer tensor, its symbol is used only in its body.
 
 use super::{Llc, Llv, Vlv};
 use crate::ir::{AxisIndex, Symbol, Tnode};
@@ -19,7 +20,7 @@ use std::collections::HashSet;
 pub fn verify(code: &Llc) -> Result<(), String> {
     let mut loop_syms = HashSet::new();
     super::visit_llc(code, &mut |c| {
-        if let Llc::For { index, .. } = c {
+        if let Llc::For { index, .. } | Llc::Lookup { symbol: index, .. } = c {
             loop_syms.insert(*index);
         }
     });
@@ -104,6 +105,34 @@ impl Verifier {
                     self.index(ix, "a guard")?;
                 }
                 self.stmt(body)
+            }
+            Llc::Lookup {
+                symbol,
+                tn,
+                idcs,
+                extent,
+                body,
+            } => {
+                self.access(tn, idcs, "reading an index from")?;
+                if !tn.prec().is_integer() {
+                    return Err(format!(
+                        "an index read from {} tensor {}",
+                        tn.prec(),
+                        tn.name()
+                    ));
+                }
+                if *extent == 0 {
+                    return Err(format!("an index read from {} with extent 0", tn.name()));
+                }
+                if self.bound.contains(symbol) {
+                    return Err(format!(
+                        "lookup binding {symbol} nested in a loop over {symbol}"
+                    ));
+                }
+                self.bound.push(*symbol);
+                let r = self.stmt(body);
+                self.bound.pop();
+                r
             }
             Llc::Set { tn, idcs, value } => {
                 self.access(tn, idcs, "writing")?;

@@ -8,7 +8,9 @@ pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
     f(c);
     match c {
         Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
-        Llc::For { body, .. } | Llc::If { body, .. } => visit_llc(body, f),
+        Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => {
+            visit_llc(body, f)
+        }
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => stmts_in_value(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => {
             visit_vlv(v, &mut |v| {
@@ -60,7 +62,9 @@ pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
     }
     match c {
         Llc::Seq(v) => v.iter().for_each(|c| visit_values(c, f)),
-        Llc::For { body, .. } | Llc::If { body, .. } => visit_values(body, f),
+        Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => {
+            visit_values(body, f)
+        }
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => visit_vlv(v, &mut |v| {
             if let Vlv::Splat(_, x) = v {
@@ -137,8 +141,14 @@ pub fn visit_vectors(c: &Llc, f: &mut impl FnMut(&Vlv)) {
 }
 
 /// Calls `f(node, indices, lanes)` on every read of a tensor: scalar reads (1 lane), reads of
-/// the merge buffer (with `merge` true) and vector loads.
+/// the merge buffer (with `merge` true), vector loads and the index reads of
+/// [`Llc::Lookup`] (1 lane).
 pub fn visit_reads(c: &Llc, f: &mut impl FnMut(&Tnode, &[AxisIndex], usize, bool)) {
+    visit_llc(c, &mut |c| {
+        if let Llc::Lookup { tn, idcs, .. } = c {
+            f(tn, idcs, 1, false)
+        }
+    });
     visit_values(c, &mut |v| match v {
         Llv::Get(tn, idcs) => f(tn, idcs, 1, false),
         Llv::GetMergeBuffer(tn, idcs) => f(tn, idcs, 1, true),
@@ -154,7 +164,9 @@ pub fn visit_reads(c: &Llc, f: &mut impl FnMut(&Tnode, &[AxisIndex], usize, bool
 /// Calls `f` on every index of every access (reads, writes, embedded index values).
 pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
     visit_llc(c, &mut |c| match c {
-        Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } => idcs.iter().for_each(&mut *f),
+        Llc::Set { idcs, .. } | Llc::VStore { idcs, .. } | Llc::Lookup { idcs, .. } => {
+            idcs.iter().for_each(&mut *f)
+        }
         Llc::If { guards, .. } => guards.iter().for_each(|(ix, _)| f(ix)),
         _ => {}
     });
@@ -266,6 +278,19 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
                 .iter()
                 .map(|(ix, n)| Some((f(*ix)?, *n)))
                 .collect::<Option<_>>()?,
+            body: Box::new(map_indices(body, f)?),
+        },
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs: i,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol: *symbol,
+            tn: tn.clone(),
+            idcs: idcs(i, f)?,
+            extent: *extent,
             body: Box::new(map_indices(body, f)?),
         },
         Llc::Set {

@@ -228,7 +228,9 @@ fn merge_node(code: &Llc) -> Result<Option<Tnode>> {
 fn mentions(code: &Llc, tn: &Tnode) -> bool {
     let mut hit = false;
     visit_llc(code, &mut |c| match c {
-        Llc::Set { tn: t, .. } | Llc::ZeroOut(t) if t == tn => hit = true,
+        Llc::Set { tn: t, .. } | Llc::ZeroOut(t) | Llc::Lookup { tn: t, .. } if t == tn => {
+            hit = true
+        }
         _ => {}
     });
     visit_values(code, &mut |v| {

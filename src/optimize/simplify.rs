@@ -53,6 +53,26 @@ pub fn simplify(c: Llc) -> Llc {
                 }
             }
         }
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => {
+            let body = simplify(*body);
+            if body == Llc::Noop {
+                Llc::Noop
+            } else {
+                Llc::Lookup {
+                    symbol,
+                    tn,
+                    idcs,
+                    extent,
+                    body: Box::new(body),
+                }
+            }
+        }
         Llc::Set { tn, idcs, value } => {
             let value = simplify_value(value, tn.prec());
             Llc::Set { tn, idcs, value }

@@ -256,6 +256,15 @@ impl Tracer<'_> {
                 self.stmt(body);
                 self.guarded -= 1;
             }
+            // The index is read here; the body runs for some unknown row (its symbol has no
+            // value: its accesses are inexact) or not at all, like a guard's.
+            Llc::Lookup { tn, idcs, body, .. } => {
+                self.points += 1;
+                self.read(tn, idcs, None);
+                self.guarded += 1;
+                self.stmt(body);
+                self.guarded -= 1;
+            }
             Llc::ZeroOut(tn) => {
                 self.points += 1;
                 let st = self.nodes.entry(tn.clone()).or_default();
@@ -339,6 +348,12 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
         match c {
             Llc::Seq(v) => v.iter().for_each(|c| collect(c, w, bad)),
             Llc::For { body, .. } | Llc::If { body, .. } => collect(body, w, bad),
+            // Written only for some data: never a constant expression.
+            Llc::Lookup { body, .. } => {
+                let mut inner = HashMap::new();
+                collect(body, &mut inner, bad);
+                bad.extend(inner.into_keys());
+            }
             Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
             Llc::ZeroOut(tn) => w.entry(tn.clone()).or_default().push(&ZERO),
             Llc::SetLocal(..) | Llc::VSet(..) | Llc::VStore { .. } => {}

@@ -42,23 +42,34 @@ fn writes_of(c: &Llc, out: &mut HashSet<Tnode>) {
     });
 }
 
-/// Nodes read by a statement (own arrays only).
+/// Nodes read by a statement (own arrays only), the index reads of lookups included.
 fn reads_of(c: &Llc, out: &mut HashSet<Tnode>) {
     crate::loops::visit_values(c, &mut |v| {
         if let Llv::Get(tn, _) = v {
             out.insert(tn.clone());
         }
     });
+    crate::loops::visit_llc(c, &mut |c| {
+        if let Llc::Lookup { tn, .. } = c {
+            out.insert(tn.clone());
+        }
+    });
 }
 
-/// Whether a statement reads `tn` inside a guard ([`Llc::If`], from affine indices).
+/// Whether a statement reads `tn` inside a guard ([`Llc::If`], from affine indices) or a
+/// lookup ([`Llc::Lookup`], from gather and scatter-add), or reads its index in a lookup:
+/// such nodes stay materialized (an inlined computation is only ever substituted into
+/// values, and a row chosen by data is not a pattern the tracer can count visits of).
 fn reads_under_guard(c: &Llc, tn: &Tnode) -> bool {
     let mut found = false;
     crate::loops::visit_llc(c, &mut |c| {
-        if let Llc::If { body, .. } = c {
+        if let Llc::If { body, .. } | Llc::Lookup { body, .. } = c {
             let mut r = HashSet::new();
             reads_of(body, &mut r);
             found |= r.contains(tn);
+        }
+        if let Llc::Lookup { tn: index, .. } = c {
+            found |= index == tn;
         }
     });
     found
@@ -121,12 +132,20 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                         *ok = false
                     }
                     Llv::EmbedIndex(AxisIndex::Linear(_)) => *ok = false,
+                    // Nor those of a random value's cell (an inlined random fetch read
+                    // through an affine index).
+                    Llv::Random { idcs, .. }
+                        if idcs.iter().any(|i| matches!(i, AxisIndex::Linear(_))) =>
+                    {
+                        *ok = false
+                    }
                     _ => {}
                 });
             }
             Llc::ZeroOut(t) if t == tn => {}
-            // Writes under a guard (affine indices) skip points: never inlined.
-            Llc::If { .. } => *ok = false,
+            // Writes under a guard (affine indices) or a lookup (gather, scatter-add) skip
+            // points: never inlined.
+            Llc::If { .. } | Llc::Lookup { .. } => *ok = false,
             Llc::Set { value, .. } | Llc::SetLocal(_, value) => {
                 // Another node written in the same statement, or tn read outside its writes.
                 let _ = value;
@@ -216,9 +235,12 @@ impl Inliner<'_> {
             }
             Llc::ZeroOut(t) => Llc::ZeroOut(t.clone()),
             // Never inside an inlined computation (see `writer_pattern`).
-            Llc::If { .. } | Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => {
-                Llc::Noop
-            }
+            Llc::If { .. }
+            | Llc::Lookup { .. }
+            | Llc::Noop
+            | Llc::Comment(_)
+            | Llc::VSet(..)
+            | Llc::VStore { .. } => Llc::Noop,
         }
     }
 
@@ -359,6 +381,19 @@ fn replace_reads(c: Llc, tn: &Tnode, writers: &[(Llc, HashMap<Symbol, usize>)]) 
             guards,
             body: Box::new(replace_reads(*body, tn, writers)),
         },
+        Llc::Lookup {
+            symbol,
+            tn: index,
+            idcs,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol,
+            tn: index,
+            idcs,
+            extent,
+            body: Box::new(replace_reads(*body, tn, writers)),
+        },
         c => c,
     }
 }
@@ -380,7 +415,7 @@ fn inlinable(
             writers.push((i, pat));
         } else if r.contains(tn) {
             if reads_under_guard(s, tn) {
-                return Err("read under a guard (affine indices)");
+                return Err("read under a guard (affine indices) or by a gather/scatter-add");
             }
             readers.push(i);
         }
@@ -449,7 +484,7 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
                     inner.saturating_mul((to - from + 1).max(0) as u64)
                 }
             }
-            Llc::If { body, .. } => stmt(body, written),
+            Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
             Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
             Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => 1,
             Llc::Noop | Llc::Comment(_) => 0,

@@ -568,8 +568,9 @@ impl Gen {
 }
 
 impl Gen {
-    /// A gather from a readable table (or a scatter-add into a readable result) by a new byte
-    /// index input holding in-range and out-of-range rows (up to 255).
+    /// A gather from a readable table (or a scatter-add into a readable result) by a new index
+    /// input of an integer precision holding in-range and out-of-range rows (up to 255,
+    /// negative, ±2^63).
     pub fn gen_gather(&mut self) -> bool {
         let n0 = self.p.tensors.len();
         let table = self.pick_arg();
@@ -578,14 +579,28 @@ impl Gen {
         let mut idims = self.random_dims();
         idims.truncate(2);
         let cells: usize = idims.iter().product();
+        // Any integer precision; signed ones also get negative and huge indices.
+        const PRECS: [Prec; 6] = [
+            Prec::Byte,
+            Prec::Uint16,
+            Prec::Int32,
+            Prec::Uint32,
+            Prec::Int64,
+            Prec::Uint64,
+        ];
+        let prec = PRECS[self.rng.below(PRECS.len())];
+        let signed = matches!(prec, Prec::Int32 | Prec::Int64);
         let ids: Vec<f64> = (0..cells)
             .map(|_| match self.rng.below(10) {
                 0 => 255.0,
                 1 => (n + self.rng.below(3)) as f64,
+                2 if signed => -1.0 - self.rng.below(3) as f64,
+                3 if prec == Prec::Int64 => -9_223_372_036_854_775_808.0,
+                3 if prec == Prec::Uint64 => 9_223_372_036_854_775_808.0,
                 _ => self.rng.below(n) as f64,
             })
             .collect();
-        let index = self.new_tensor(Kind::Input, idims.clone(), Prec::Byte, ids);
+        let index = self.new_tensor(Kind::Input, idims.clone(), prec, ids);
         let rows: Vec<usize> = idims.iter().chain(&tdims[1..]).copied().collect();
         let stmt = if self.rng.chance(60) {
             let lhs = self.new_result(rows);
