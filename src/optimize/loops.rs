@@ -301,6 +301,24 @@ fn interchange(c: Llc) -> Llc {
         return rebuild_guarded(loops, guards, body);
     }
     let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
+    // Legal only if distinct values of the written loops write distinct cells: each index of
+    // the cell depends on at most one loop, and each loop on at most one index. An affine
+    // result entry such as `(a+b)` writes one cell from several points, whose order (which
+    // write is last, with `set`) the interchange would change.
+    let loop_syms: Vec<Symbol> = loops.iter().map(|l| l.index).collect();
+    let per_index = |ix: &AxisIndex| {
+        ix.symbols()
+            .into_iter()
+            .filter(|s| loop_syms.contains(s) && ix.coef(*s) != 0)
+            .count()
+    };
+    let injective = idcs.iter().all(|ix| per_index(ix) <= 1)
+        && loop_syms
+            .iter()
+            .all(|&s| idcs.iter().filter(|ix| ix.coef(s) != 0).count() <= 1);
+    if !injective {
+        return rebuild_guarded(loops, guards, body);
+    }
     let innermost = loops.len() - 1;
     let mut best = innermost;
     let mut best_score = score(loops[innermost].index, (tn, idcs), &rs);
