@@ -568,3 +568,29 @@ fn nests_writing_one_cell_from_several_points_keep_their_order() {
     arrayjit::interp::run_assignments(&a, &[], &mut mem).unwrap();
     assert_same_bits(mem.get(&y).unwrap(), &want, "interpreter");
 }
+
+#[test]
+fn example_depthwise_convolution_through_the_cli() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/programs/depthwise_conv.json"
+    );
+    let xv: Vec<f64> = (0..48).map(f64::from).collect();
+    let wv: Vec<f64> = (0..27).map(|k| f64::from((k * 5) % 7 - 3)).collect();
+    let want = depthwise_ref(&xv, [4, 4, 3], &wv);
+    for args in [vec!["run", path], vec!["run", "--interpret", path]] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+            .args(&args)
+            .output()
+            .expect("the arrayjit binary runs");
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+        let got: Vec<f64> = out["y"]["values"]
+            .as_array()
+            .expect("y printed")
+            .iter()
+            .map(|v| v.as_f64().expect("a number"))
+            .collect();
+        assert_eq!(got, want, "{args:?}");
+    }
+}
