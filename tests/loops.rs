@@ -326,7 +326,9 @@ fn innermost_loop(code: &Llc) -> Option<(i64, bool)> {
             Llc::Seq(v) => v.iter().for_each(|c| go(c, out)),
             Llc::If { body, .. } => go(body, out),
             Llc::For { to, body, .. } => {
-                if matches!(&**body, Llc::Set { .. }) || matches!(&**body, Llc::If { body, .. } if matches!(&**body, Llc::Set { .. })) {
+                if matches!(&**body, Llc::Set { .. })
+                    || matches!(&**body, Llc::If { body, .. } if matches!(&**body, Llc::Set { .. }))
+                {
                     *out = Some((*to + 1, has_if(body)));
                 } else {
                     go(body, out);
@@ -424,7 +426,11 @@ fn max_number(a: f64, b: f64) -> f64 {
     }
     if a == b {
         // Only zeros of different signs differ: +0 wins.
-        return if a.is_sign_negative() && b.is_sign_negative() { a } else { a.abs() };
+        return if a.is_sign_negative() && b.is_sign_negative() {
+            a
+        } else {
+            a.abs()
+        };
     }
     if a > b {
         a
@@ -556,7 +562,16 @@ fn nests_writing_one_cell_from_several_points_keep_their_order() {
     let x = input("x", &[nb, na], Prec::Single, &xv);
     let t = input("t", &[nb], Prec::Single, &[0.0; 3]);
     let y = output("y", &[na + nb - 1], Prec::Single);
-    let a = binop(&y, Binop::Arg2, false, Binop::Arg1, &x, &t, "ba,b->(a+b)", &bd);
+    let a = binop(
+        &y,
+        Binop::Arg2,
+        false,
+        Binop::Arg1,
+        &x,
+        &t,
+        "ba,b->(a+b)",
+        &bd,
+    );
     let o = optimize("set", lower(&a).unwrap(), &Settings::default()).unwrap();
     // Loops a (to 3) then b (to 2), as lowered.
     assert_eq!(loop_order(&o.code), vec![na as i64 - 1, nb as i64 - 1]);
