@@ -563,7 +563,16 @@ fn nests_writing_one_cell_from_several_points_keep_their_order() {
         let x = input("x", &[nb, na], Prec::Single, &xv);
         let t = input("t", &[nb], Prec::Single, &[0.0; 3]);
         let y = output("y", &[na + nb - 1], Prec::Single);
-        let a = binop(&y, Binop::Arg2, false, Binop::Arg1, &x, &t, "ba,b->(a+b)", &bd);
+        let a = binop(
+            &y,
+            Binop::Arg2,
+            false,
+            Binop::Arg1,
+            &x,
+            &t,
+            "ba,b->(a+b)",
+            &bd,
+        );
         (a, y)
     };
     // Compiled (optimizer on and off, checked) and interpreted. GCC 12.2 reordered these
@@ -571,7 +580,11 @@ fn nests_writing_one_cell_from_several_points_keep_their_order() {
     // each store through a non-one-to-one index.
     let (code, src) = check_four_ways(&make, &want);
     // Loops a (to 3) then b (to 2), as lowered.
-    assert_eq!(loop_order(&code), vec![na as i64 - 1, nb as i64 - 1], "{src}");
+    assert_eq!(
+        loop_order(&code),
+        vec![na as i64 - 1, nb as i64 - 1],
+        "{src}"
+    );
     assert!(src.contains("__asm__ __volatile__"), "{src}");
 }
 
