@@ -263,3 +263,353 @@ fn contractions_are_tiled_into_panels_bit_identically() {
     assert_eq!(order, vec![1, 2, 39, 127]);
     assert_eq!(plain, tiled, "tiling must not change any bit");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interchange through the guards of affine indices: depthwise convolution and pooling
+
+/// Compares two results cell by cell, bitwise as single-precision values (so a NaN must be
+/// a NaN and the sign of a zero counts).
+fn assert_same_bits(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        let same = (g.is_nan() && w.is_nan()) || (*g as f32).to_bits() == (*w as f32).to_bits();
+        assert!(same, "{what}: cell {k}: got {g:?}, want {w:?}");
+    }
+}
+
+/// Runs `make`'s assignments compiled (optimizer on, optimizer off, bounds-checked) and
+/// interpreted, checks the single output against `want` bitwise, and returns the optimized
+/// loop code and C source.
+fn check_four_ways(make: &dyn Fn() -> (Assignments, Tnode), want: &[f64]) -> (Llc, String) {
+    use arrayjit::backend::CcBackend;
+    use arrayjit::interp::{self, Memory};
+    let b = Bindings::empty();
+    let off = Settings {
+        enabled: false,
+        ..Settings::default()
+    };
+    let backends = [
+        ("optimized", CcBackend::new()),
+        ("optimizer off", CcBackend::with_settings(off)),
+        ("checked", CcBackend::new().with_checked(true)),
+    ];
+    let mut src = String::new();
+    for (what, backend) in &backends {
+        let (asgns, out) = make();
+        let (r, s) = build(backend, "pool", &b, &asgns).unwrap();
+        let got = run_and_read(backend, &r, &[&out]).remove(0);
+        assert_same_bits(&got, want, &format!("{what}; source:\n{s}"));
+        if src.is_empty() {
+            src = s;
+        }
+    }
+    let (asgns, out) = make();
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asgns.nodes());
+    interp::run_assignments(&asgns, &[], &mut mem).unwrap();
+    assert_same_bits(mem.get(&out).unwrap(), want, "interpreter");
+    let (asgns, _) = make();
+    let o = optimize("pool", lower(&asgns).unwrap(), &Settings::default()).unwrap();
+    (o.code, src)
+}
+
+/// The innermost loop of the (last) nest that stores into a node: its extent and whether
+/// any guard sits inside it.
+fn innermost_loop(code: &Llc) -> Option<(i64, bool)> {
+    fn has_if(c: &Llc) -> bool {
+        let mut hit = false;
+        arrayjit::loops::visit_llc(c, &mut |c| hit |= matches!(c, Llc::If { .. }));
+        hit
+    }
+    fn go(c: &Llc, out: &mut Option<(i64, bool)>) {
+        match c {
+            Llc::Seq(v) => v.iter().for_each(|c| go(c, out)),
+            Llc::If { body, .. } => go(body, out),
+            Llc::For { to, body, .. } => {
+                if matches!(&**body, Llc::Set { .. })
+                    || matches!(&**body, Llc::If { body, .. } if matches!(&**body, Llc::Set { .. }))
+                {
+                    *out = Some((*to + 1, has_if(body)));
+                } else {
+                    go(body, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = None;
+    go(code, &mut out);
+    out
+}
+
+/// Whether the C source has a `for` loop of extent `n` whose body is a single store (no `if`,
+/// no nested loop): the guard-free contiguous loop the C compiler vectorizes.
+fn c_has_plain_inner_loop(src: &str, n: i64) -> bool {
+    let lines: Vec<&str> = src.lines().map(str::trim).collect();
+    lines.windows(3).any(|w| {
+        w[0].starts_with("for (")
+            && w[0].contains(&format!("<= {};", n - 1))
+            && w[1].contains("] = ")
+            && !w[1].starts_with("if")
+            && w[2] == "}"
+    })
+}
+
+/// NHWC depthwise convolution `b(h+i-1)(v+j-1)c,ijc->bhvc` (3×3, padding 1), written from
+/// the SPEC's definition: points outside the input are skipped.
+fn depthwise_ref(x: &[f64], [hh, ww, cc]: [usize; 3], w: &[f64]) -> Vec<f64> {
+    let mut y = vec![0.0; hh * ww * cc];
+    for h in 0..hh {
+        for v in 0..ww {
+            for c in 0..cc {
+                let mut acc = 0.0;
+                for i in 0..3 {
+                    for j in 0..3 {
+                        let (r, s) = (h as i64 + i as i64 - 1, v as i64 + j as i64 - 1);
+                        if r < 0 || s < 0 || r >= hh as i64 || s >= ww as i64 {
+                            continue;
+                        }
+                        let (r, s) = (r as usize, s as usize);
+                        acc += x[(r * ww + s) * cc + c] * w[(i * 3 + j) * cc + c];
+                    }
+                }
+                y[(h * ww + v) * cc + c] = acc;
+            }
+        }
+    }
+    y
+}
+
+#[test]
+fn depthwise_convolution_runs_the_channel_loop_innermost_outside_the_guards() {
+    for (prec, (hh, ww, cc)) in [
+        (Prec::Single, (7, 6, 20)),
+        (Prec::Double, (5, 5, 9)),
+        (Prec::Single, (4, 3, 1)),
+    ] {
+        // Small integers: every sum is exact, whatever the compiler contracts or reorders.
+        let xv: Vec<f64> = values(hh * ww * cc, 3).iter().map(|v| v.round()).collect();
+        let wv: Vec<f64> = values(9 * cc, 4).iter().map(|v| v.round()).collect();
+        let make = || {
+            let b = Bindings::empty();
+            let x = input("x", &[1, hh, ww, cc], prec, &xv);
+            let w = input("w", &[3, 3, cc], prec, &wv);
+            let y = output("y", &[1, hh, ww, cc], prec);
+            let a = binop(
+                &y,
+                Binop::Add,
+                true,
+                Binop::Mul,
+                &x,
+                &w,
+                "b(h+i-1)(v+j-1)c,ijc->bhvc",
+                &b,
+            );
+            (a, y)
+        };
+        let (code, src) = check_four_ways(&make, &depthwise_ref(&xv, [hh, ww, cc], &wv));
+        if cc > 1 {
+            // b-h-v-i-j-c: the channel loop is innermost, with no guard inside it.
+            assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
+            assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+        }
+    }
+}
+
+/// IEEE maximumNumber with +0 above -0 (SPEC's `max`), written independently.
+fn max_number(a: f64, b: f64) -> f64 {
+    if a.is_nan() {
+        return b;
+    }
+    if b.is_nan() {
+        return a;
+    }
+    if a == b {
+        // Only zeros of different signs differ: +0 wins.
+        return if a.is_sign_negative() && b.is_sign_negative() {
+            a
+        } else {
+            a.abs()
+        };
+    }
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+#[test]
+fn padded_max_pool_with_nan_and_signed_zeros_keeps_its_values() {
+    // 3×3 window, stride 1, padding 1, over an NHWC tensor with NaNs and zeros of both signs;
+    // one window is all NaN (-inf, the neutral), some hold only -0 and +0 (+0) or only -0 and
+    // NaN (-0).
+    let (hh, ww, cc) = (5, 6, 10);
+    let mut xv: Vec<f64> = values(hh * ww * cc, 5);
+    for (k, v) in xv.iter_mut().enumerate() {
+        match k % 7 {
+            0 => *v = f64::NAN,
+            1 => *v = -0.0,
+            2 => *v = 0.0,
+            _ => {}
+        }
+    }
+    // Channel 3: only -0 and NaN (an all-NaN window at the top-left corner); channel 4: only
+    // zeros of both signs.
+    for h in 0..hh {
+        for v in 0..ww {
+            let at = (h * ww + v) * cc;
+            xv[at + 3] = if h < 2 && v < 2 { f64::NAN } else { -0.0 };
+            xv[at + 4] = if (h + v) % 3 == 0 { 0.0 } else { -0.0 };
+        }
+    }
+    let mut want = vec![f64::NEG_INFINITY; hh * ww * cc];
+    for h in 0..hh {
+        for v in 0..ww {
+            for c in 0..cc {
+                let cell = &mut want[(h * ww + v) * cc + c];
+                for i in 0..3 {
+                    for j in 0..3 {
+                        let (r, s) = (h as i64 + i - 1, v as i64 + j - 1);
+                        if r < 0 || s < 0 || r >= hh as i64 || s >= ww as i64 {
+                            continue;
+                        }
+                        *cell = max_number(*cell, xv[(r as usize * ww + s as usize) * cc + c]);
+                    }
+                }
+            }
+        }
+    }
+    // NaNs are ignored: the all-NaN corner window of channel 3 keeps the neutral -inf.
+    assert_eq!(want[3], f64::NEG_INFINITY);
+    assert!(want.iter().any(|v| *v == 0.0 && v.is_sign_negative()));
+    let make = || {
+        let b = Bindings::empty();
+        let x = input("x", &[1, hh, ww, cc], Prec::Single, &xv);
+        let k = input("k", &[3, 3], Prec::Single, &[0.0; 9]);
+        let y = output("y", &[1, hh, ww, cc], Prec::Single);
+        let a = binop(
+            &y,
+            Binop::Max,
+            true,
+            Binop::Arg1,
+            &x,
+            &k,
+            "b(h+i-1)(v+j-1)c,ij->bhvc",
+            &b,
+        );
+        (a, y)
+    };
+    let (code, src) = check_four_ways(&make, &want);
+    assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
+    assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+}
+
+#[test]
+fn strided_max_pool_runs_the_channel_loop_innermost() {
+    let (hh, ww, cc) = (6, 8, 12);
+    let xv = values(hh * ww * cc, 6);
+    let mut want = vec![f64::NEG_INFINITY; hh / 2 * (ww / 2) * cc];
+    for h in 0..hh / 2 {
+        for v in 0..ww / 2 {
+            for c in 0..cc {
+                let cell = &mut want[(h * (ww / 2) + v) * cc + c];
+                for i in 0..2 {
+                    for j in 0..2 {
+                        *cell = max_number(*cell, xv[((2 * h + i) * ww + 2 * v + j) * cc + c]);
+                    }
+                }
+            }
+        }
+    }
+    let make = || {
+        let b = Bindings::empty();
+        let x = input("x", &[1, hh, ww, cc], Prec::Single, &xv);
+        let k = input("k", &[2, 2], Prec::Single, &[0.0; 4]);
+        let y = output("y", &[1, hh / 2, ww / 2, cc], Prec::Single);
+        let a = binop(
+            &y,
+            Binop::Max,
+            true,
+            Binop::Arg1,
+            &x,
+            &k,
+            "b(2*h+i)(2*v+j)c,ij->bhvc",
+            &b,
+        );
+        (a, y)
+    };
+    let (code, src) = check_four_ways(&make, &want);
+    assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
+    assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+}
+
+#[test]
+fn nests_writing_one_cell_from_several_points_keep_their_order() {
+    // `(a+b)` on the result with `set`: the last point in the lowered order (a outer, b
+    // inner) wins. x is read at [b, a], so moving a innermost would make x contiguous (and
+    // the interchange's score prefers it); the interchange must not, since it would change
+    // which point writes last.
+    let (na, nb) = (4, 3);
+    let xv = values(na * nb, 7);
+    let mut want = vec![0.0; na + nb - 1];
+    for a in 0..na {
+        for b in 0..nb {
+            want[a + b] = xv[b * na + a];
+        }
+    }
+    let make = || {
+        let bd = Bindings::empty();
+        let x = input("x", &[nb, na], Prec::Single, &xv);
+        let t = input("t", &[nb], Prec::Single, &[0.0; 3]);
+        let y = output("y", &[na + nb - 1], Prec::Single);
+        let a = binop(
+            &y,
+            Binop::Arg2,
+            false,
+            Binop::Arg1,
+            &x,
+            &t,
+            "ba,b->(a+b)",
+            &bd,
+        );
+        (a, y)
+    };
+    // Compiled (optimizer on and off, checked) and interpreted. GCC 12.2 reordered these
+    // stores (an earlier point's write won) until the C writer put a compiler barrier after
+    // each store through a non-one-to-one index.
+    let (code, src) = check_four_ways(&make, &want);
+    // Loops a (to 3) then b (to 2), as lowered.
+    assert_eq!(
+        loop_order(&code),
+        vec![na as i64 - 1, nb as i64 - 1],
+        "{src}"
+    );
+    assert!(src.contains("__asm__ __volatile__"), "{src}");
+}
+
+#[test]
+fn example_depthwise_convolution_through_the_cli() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/programs/depthwise_conv.json"
+    );
+    let xv: Vec<f64> = (0..48).map(f64::from).collect();
+    let wv: Vec<f64> = (0..27).map(|k| f64::from((k * 5) % 7 - 3)).collect();
+    let want = depthwise_ref(&xv, [4, 4, 3], &wv);
+    for args in [vec!["run", path], vec!["run", "--interpret", path]] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+            .args(&args)
+            .output()
+            .expect("the arrayjit binary runs");
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
+        let got: Vec<f64> = out["y"]["values"]
+            .as_array()
+            .expect("y printed")
+            .iter()
+            .map(|v| v.as_f64().expect("a number"))
+            .collect();
+        assert_eq!(got, want, "{args:?}");
+    }
+}

@@ -654,7 +654,15 @@ impl Writer {
                 let checks = std::mem::replace(&mut self.checks, saved);
                 let off = self.offset(tn, idcs);
                 let n = self.names.node(tn);
-                let line = format!("{n}[{off}] = {};", store(tn.prec(), cm.compute, e));
+                let mut line = format!("{n}[{off}] = {};", store(tn.prec(), cm.compute, e));
+                if overwrites_shared_cells(tn, idcs, value) {
+                    // GCC 12.2 (at -O2 and -O3, restrict-qualified pointers) reorders the
+                    // stores of `for a { for b { y[a+b] = x[b*A+a] } }`, so that an earlier
+                    // point's write wins; a compiler barrier after each store keeps them in
+                    // program order. Only overwrites through a non-one-to-one affine index
+                    // (several points write one cell, the last one wins) need it.
+                    line.push_str(" __asm__ __volatile__(\"\" ::: \"memory\");");
+                }
                 self.emit_checked(out, &pad, &pre, &checks, &line);
                 if self.trace_dir.is_some() {
                     let line = self.trace_line(tn, idcs, &n, &off);
@@ -1335,4 +1343,20 @@ fn static_limit(code: &Llc, s: &StaticSymbol) -> Option<usize> {
     });
     crate::loops::visit_reads(code, &mut |tn, idcs, _, _| tighten(tn, idcs));
     limit
+}
+
+/// Whether a store overwrites (does not accumulate into) a cell that several iterations may
+/// write: an index depending on two symbols (an affine result entry such as `(a+b)`), and a
+/// value that does not read the written cell.
+fn overwrites_shared_cells(tn: &Tnode, idcs: &[AxisIndex], value: &Llv) -> bool {
+    if idcs.iter().all(|ix| ix.symbols().len() < 2) {
+        return false;
+    }
+    let mut accumulates = false;
+    crate::loops::visit_value(value, &mut |v| {
+        if let Llv::Get(t, i) = v {
+            accumulates |= t == tn && i.as_slice() == idcs;
+        }
+    });
+    !accumulates
 }

@@ -177,10 +177,14 @@ fn reads(v: &Llv, out: &mut Vec<(Tnode, Vec<AxisIndex>)>) {
 /// The stride, in elements, with which an access moves when `s` increases by one.
 fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
     let dims = tn.dims();
-    let mut total = 0;
+    // Saturating: an affine index may carry a huge coefficient (its points are then skipped
+    // by guards); a saturated stride just counts as strided.
+    let mut total: usize = 0;
     for (k, ix) in idcs.iter().enumerate() {
-        let axis = dims[k + 1..].iter().product::<usize>();
-        total += axis * ix.coef(s);
+        let axis = dims[k + 1..]
+            .iter()
+            .fold(1usize, |a, &d| a.saturating_mul(d));
+        total = total.saturating_add(axis.saturating_mul(ix.coef(s)));
     }
     total
 }
@@ -194,22 +198,127 @@ fn score(s: Symbol, lhs: (&Tnode, &[AxisIndex]), reads: &[(Tnode, Vec<AxisIndex>
     2 * one(lhs.0, lhs.1) + reads.iter().map(|(t, i)| one(t, i)).sum::<i64>()
 }
 
+/// One guard of an affine index (see [`Llc::If`]): the index and its exclusive bound.
+type Guard = (AxisIndex, usize);
+
+/// Splits a nest of loops and guards (`Llc::If` with its body) into its loops, its guards,
+/// and its innermost statement. Each guard is a pure condition on the iterators it mentions,
+/// so it may sit anywhere inside the loops of those iterators: `for a { if g(a) { for b
+/// { s } } }` runs the same points as `for a { for b { if g(a) { s } } }`.
+fn guarded_nest(c: Llc) -> (Vec<Loop>, Vec<Guard>, Llc) {
+    let mut loops = vec![];
+    let mut guards = vec![];
+    let mut c = c;
+    loop {
+        match c {
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                trace_it,
+            } => {
+                loops.push(Loop {
+                    index,
+                    from,
+                    to,
+                    trace_it,
+                });
+                c = *body;
+            }
+            Llc::If { guards: g, body } => {
+                guards.extend(g);
+                c = *body;
+            }
+            other => return (loops, guards, other),
+        }
+    }
+}
+
+/// Rebuilds a nest from its loops (outermost first) and guards: each guard goes just inside
+/// the innermost loop whose iterator it mentions (outside every loop if it mentions none),
+/// the guards placed at one level joined in one `Llc::If` in their original order. So the
+/// guards of the reduction letters of a convolution moved outside the contiguous result
+/// loop are tested once per row, not once per element.
+fn rebuild_guarded(loops: Vec<Loop>, guards: Vec<Guard>, body: Llc) -> Llc {
+    // The level of each guard: how many loops enclose it.
+    let level = |g: &Guard| {
+        let syms = g.0.symbols();
+        loops
+            .iter()
+            .rposition(|l| syms.contains(&l.index))
+            .map_or(0, |p| p + 1)
+    };
+    let mut at: Vec<Vec<Guard>> = vec![vec![]; loops.len() + 1];
+    for g in guards {
+        let k = level(&g);
+        at[k].push(g);
+    }
+    let wrap = |body: Llc, guards: Vec<Guard>| {
+        if guards.is_empty() {
+            body
+        } else {
+            Llc::If {
+                guards,
+                body: Box::new(body),
+            }
+        }
+    };
+    let mut c = wrap(body, at.pop().unwrap_or_default());
+    for l in loops.into_iter().rev() {
+        c = Llc::For {
+            index: l.index,
+            from: l.from,
+            to: l.to,
+            body: Box::new(c),
+            trace_it: l.trace_it,
+        };
+        c = wrap(c, at.pop().unwrap_or_default());
+    }
+    c
+}
+
+/// Loop interchange for locality (see the module documentation), through the guards of
+/// affine indices: a nest of loops and guards around one store is reordered like a perfect
+/// nest, then each guard is placed just inside the innermost loop it depends on
+/// ([`rebuild_guarded`]). The guards decide which points run, not their order, so the
+/// legality argument is the perfect nest's: every cell sees the same updates in the same
+/// order (a depthwise convolution `b(h+i-1)(v+j-1)c,ijc->bhvc` becomes b-h-v-i-j-c: the
+/// guards test `h+i-1` and `v+j-1` outside the contiguous channel loop, which vectorizes).
 fn interchange(c: Llc) -> Llc {
-    let (mut loops, body) = perfect_nest(c);
+    let (mut loops, guards, body) = guarded_nest(c);
     let Llc::Set { tn, idcs, value } = &body else {
-        // Not a perfect nest around one store: leave it.
-        return rebuild(loops, body);
+        // Not a nest around one store: leave it.
+        return rebuild_guarded(loops, guards, body);
     };
     if loops.len() < 2 {
-        return rebuild(loops, body);
+        return rebuild_guarded(loops, guards, body);
     }
     let mut rs = vec![];
     reads(value, &mut rs);
     // Legal only if the node is read at the written cell alone.
     if rs.iter().any(|(t, i)| t == tn && i != idcs) {
-        return rebuild(loops, body);
+        return rebuild_guarded(loops, guards, body);
     }
     let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
+    // Legal only if distinct values of the written loops write distinct cells: each index of
+    // the cell depends on at most one loop, and each loop on at most one index. An affine
+    // result entry such as `(a+b)` writes one cell from several points, whose order (which
+    // write is last, with `set`) the interchange would change.
+    let loop_syms: Vec<Symbol> = loops.iter().map(|l| l.index).collect();
+    let per_index = |ix: &AxisIndex| {
+        ix.symbols()
+            .into_iter()
+            .filter(|s| loop_syms.contains(s) && ix.coef(*s) != 0)
+            .count()
+    };
+    let injective = idcs.iter().all(|ix| per_index(ix) <= 1)
+        && loop_syms
+            .iter()
+            .all(|&s| idcs.iter().filter(|ix| ix.coef(s) != 0).count() <= 1);
+    if !injective {
+        return rebuild_guarded(loops, guards, body);
+    }
     let innermost = loops.len() - 1;
     let mut best = innermost;
     let mut best_score = score(loops[innermost].index, (tn, idcs), &rs);
@@ -229,7 +338,7 @@ fn interchange(c: Llc) -> Llc {
         let l = loops.remove(best);
         loops.push(l);
     }
-    rebuild(loops, body)
+    rebuild_guarded(loops, guards, body)
 }
 
 /// Replaces iterator `j` by `by` in every index of a value (including inside local scopes);
