@@ -562,11 +562,9 @@ impl Writer {
                 let off = self.offset_in(dims, idcs);
                 let w = format!("aj_threefry_word({seed}ULL, (uint64_t)({off}))");
                 match crate::ir::random::float_format(*prec) {
-                    Some((mant, emin)) => Self::convert(
-                        "double",
-                        cm,
-                        format!("aj_rand_unit({w}, {mant}, {emin})"),
-                    ),
+                    Some((mant, emin)) => {
+                        Self::convert("double", cm, format!("aj_rand_unit({w}, {mant}, {emin})"))
+                    }
                     // Integer precisions get the word itself (stored by wrapping).
                     None if cm.compute.is_integer() => format!("((uint64_t){w})"),
                     None => Self::convert("double", cm, format!("(double){w}")),

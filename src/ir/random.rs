@@ -71,12 +71,7 @@ pub fn float_format(prec: Prec) -> Option<(u32, i32)> {
     }
     // Exhaustive on purpose: a new floating precision must say how it rounds down.
     match prec {
-        Prec::Byte
-        | Prec::Uint16
-        | Prec::Int32
-        | Prec::Uint32
-        | Prec::Int64
-        | Prec::Uint64 => None,
+        Prec::Byte | Prec::Uint16 | Prec::Int32 | Prec::Uint32 | Prec::Int64 | Prec::Uint64 => None,
         Prec::Fp8 => Some((3, -14)),
         Prec::Bfloat16 => Some((8, -126)),
         Prec::Half => Some((11, -14)),

@@ -712,9 +712,7 @@ fn build(
             for (count, run) in &runs {
                 let code = g.run(run, blk, mode)?;
                 out.push(match (count, run.base) {
-                    (Some(count), Base::Block(jc)) => {
-                        Llc::for_loop(jc, 0, *count as i64 - 1, code)
-                    }
+                    (Some(count), Base::Block(jc)) => Llc::for_loop(jc, 0, *count as i64 - 1, code),
                     _ => code,
                 });
             }
