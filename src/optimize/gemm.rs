@@ -40,6 +40,27 @@
 //! about two thirds of the L1 cache (the blocks balanced over `k`), and `NCP` so that the
 //! packed panels of one column block fill about half the L2.
 //!
+//! **Convolutions** (affine reads, SPEC 9.3) qualify too: packing substitutes the iterators
+//! into any index, so `x[b, h+i-1, v+j-1, c] * w[i, j, c, d]` is packed like a product with
+//! rows `v`, columns `d` and reduction `c` (`b`, `h`, `i`, `j` are outer loops; any loop order
+//! is legal for a `+=` of products). Its guards (points out of range are *skipped*, not read
+//! as zero) are kept exact without packing a single skipped point:
+//! - guards that mention neither the rows, the columns nor the reduction (`h+i-1`) go around
+//!   the kernel, inside the outer loops;
+//! - a guard mentioning the rows (`v+j-1`) may mention outer iterators only: those (`j`) are
+//!   unrolled, one kernel per value (at most [`MAX_SPECIALIZED`]), each over exactly the rows
+//!   where its guards hold (an affine guard holds on a contiguous range of rows). The kernels
+//!   share the packed buffers;
+//! - a guard mentioning the columns or the reduction declines the rewrite.
+//!
+//! So no skipped point's operand is ever multiplied, and a weight holding an infinity or a NaN
+//! next to the padding gives exactly what the scalar nest gives (packing zeros for skipped
+//! points would turn `0 · ∞` into NaN).
+//!
+//! Operands of any float precision qualify (bfloat16 and fp8 are converted exactly while
+//! packing by the runtime's integer code, `aj_bf2f`, `aj_fp82f`; half by `aj_h2f`), and bytes;
+//! wide integer operands are left to the scalar code.
+//!
 //! The sum over `k` is reassociated (each `KC` block is summed in a register, then added to
 //! `c`), as every BLAS does; results change only in the last bits. Only single- and
 //! double-precision results are rewritten: half and byte results round at every step, which a
@@ -699,6 +720,39 @@ fn build(
             format!(", guarded, {} specialized row ranges", specs.len())
         }
     ))];
+    // When the whole of `y` is packed at once (one reduction block, one run of panels) and
+    // some outer loops do not move `y` (the output rows `h` of a convolution, the batch of
+    // `bij,jk->bik`), those loops go inside: `y` is packed once per iteration of the others
+    // and reused by all of theirs.
+    let (inner, outer): (Vec<&Loop>, Vec<&Loop>) =
+        con.outer.iter().partition(|l| !mentions(&con.y, l.index));
+    let whole_y = k == b.kc && matches!(runs(n, &b).as_slice(), [(None, _)]);
+    if whole_y && !zero_fill_folded && !inner.is_empty() {
+        for spec in specs {
+            let g = Gen {
+                con: spec,
+                b,
+                bufs: bufs.clone(),
+            };
+            let [(None, run)] = runs(n, &b)[..] else {
+                return None;
+            };
+            let blk = Block {
+                kb: AxisIndex::Fixed(0),
+                len: k,
+            };
+            let mut body = g.row_panels(&run, blk, Mode::Accumulate)?;
+            if !spec.guards.is_empty() {
+                body = Llc::If {
+                    guards: spec.guards.clone(),
+                    body: Box::new(body),
+                };
+            }
+            stmts.push(g.pack_b(&run, blk)?);
+            stmts.push(wrap(&inner, body));
+        }
+        return Some(wrap(&outer, Llc::Seq(stmts)));
+    }
     for spec in specs {
         let g = Gen {
             con: spec,
@@ -765,17 +819,19 @@ fn build(
             }
         });
     }
-    let mut code = Llc::Seq(stmts);
-    for l in con.outer.iter().rev() {
-        code = Llc::For {
-            index: l.index,
-            from: l.from,
-            to: l.to,
-            body: Box::new(code),
-            trace_it: l.trace_it,
-        };
-    }
-    Some(code)
+    let outer: Vec<&Loop> = con.outer.iter().collect();
+    Some(wrap(&outer, Llc::Seq(stmts)))
+}
+
+/// `code` inside `loops` (the first outermost).
+fn wrap(loops: &[&Loop], code: Llc) -> Llc {
+    loops.iter().rev().fold(code, |code, l| Llc::For {
+        index: l.index,
+        from: l.from,
+        to: l.to,
+        body: Box::new(code),
+        trace_it: l.trace_it,
+    })
 }
 
 /// `ix * scale + Σ terms + offset` as an index.
@@ -802,8 +858,16 @@ impl Gen<'_> {
     /// into `bp` (which stays in L2), then for every row panel its rows of `x` are packed into
     /// `ap` (which stays in L1) and multiplied by every panel of the run.
     fn run(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
+        Some(Llc::Seq(vec![
+            self.pack_b(run, blk)?,
+            self.row_panels(run, blk, mode)?,
+        ]))
+    }
+
+    /// The row panels of one reduction block over one run whose panels are packed in `bp`.
+    fn row_panels(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
         let (b, m) = (&self.b, self.con.m.1);
-        let mut out = vec![self.pack_b(run, blk)?];
+        let mut out = vec![];
         let (full_m, edge_m) = (m / b.mr, m % b.mr);
         if full_m > 0 {
             let ir = Symbol::fresh();
