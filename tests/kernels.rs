@@ -555,6 +555,9 @@ fn conv_ref(
     y
 }
 
+/// A convolution: spec, dims of `x`, `w`, `y`, and (stride, padding).
+type ConvCase = (&'static str, [usize; 4], [usize; 4], [usize; 4], (i64, i64));
+
 /// Equal values, NaN equal to NaN.
 fn same(got: &[f64], want: &[f64]) -> Option<usize> {
     assert_eq!(got.len(), want.len());
@@ -579,7 +582,7 @@ fn convolutions_use_the_kernels_exactly() {
         l2_bytes: 2 << 20,
         intrinsics: false,
     };
-    let cases: [(&str, [usize; 4], [usize; 4], [usize; 4], (i64, i64)); 4] = [
+    let cases: [ConvCase; 4] = [
         (
             "b(h+i-1)(v+j-1)c,ijcd->bhvd",
             [1, 5, 21, 40],
