@@ -582,7 +582,16 @@ fn convolutions_use_the_kernels_exactly() {
         l2_bytes: 2 << 20,
         intrinsics: false,
     };
-    let cases: [ConvCase; 4] = [
+    let cases: [ConvCase; 5] = [
+        // Padding 3 on the low side only: every row range starts past 0, the first output
+        // row meets no input row at all.
+        (
+            "b(h+i-3)(v+j-3)c,ijcd->bhvd",
+            [1, 5, 21, 40],
+            [3, 3, 40, 45],
+            [1, 5, 21, 45],
+            (1, 3),
+        ),
         (
             "b(h+i-1)(v+j-1)c,ijcd->bhvd",
             [1, 5, 21, 40],
