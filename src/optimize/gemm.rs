@@ -48,10 +48,14 @@
 //! - guards that mention neither the rows, the columns nor the reduction (`h+i-1`) go around
 //!   the kernel, inside the outer loops;
 //! - a guard mentioning the rows (`v+j-1`) may mention outer iterators only: those (`j`) are
-//!   unrolled, one kernel per value (at most [`MAX_SPECIALIZED`]), each over exactly the rows
+//!   unrolled, one kernel per value (at most 32), each over exactly the rows
 //!   where its guards hold (an affine guard holds on a contiguous range of rows). The kernels
 //!   share the packed buffers;
 //! - a guard mentioning the columns or the reduction declines the rewrite.
+//!
+//! When the whole of `y` is packed at once (one reduction block, one run of panels), the outer
+//! loops that do not move `y` (a convolution's output rows, a batch over `x` only) are moved
+//! inside: `y` (one tap of the weights) is packed once and reused by all their iterations.
 //!
 //! So no skipped point's operand is ever multiplied, and a weight holding an infinity or a NaN
 //! next to the padding gives exactly what the scalar nest gives (packing zeros for skipped
