@@ -155,6 +155,44 @@ fn example_conv2d_stride_2_padding_1() {
     check_example("conv2d.json", "y", &want);
 }
 
+/// `conv2d_kernel.json`: a 3×3 convolution with padding 1 (stride 1), large enough to run
+/// through the GEMM kernels (the emitted C says so); doubles of `range` inputs sum exactly.
+#[test]
+fn example_conv2d_through_the_kernels() {
+    let (xd, wd) = ([1usize, 4, 20, 40], [3usize, 3, 40, 48]);
+    let (x, w) = (range(xd.iter().product()), range(wd.iter().product()));
+    let mut want = vec![0.0; 4 * 20 * 48];
+    for h in 0..4i64 {
+        for v in 0..20i64 {
+            for d in 0..48 {
+                let mut acc = 0.0;
+                for i in 0..3i64 {
+                    for j in 0..3i64 {
+                        let (r, q) = (h + i - 1, v + j - 1);
+                        if !(0..4).contains(&r) || !(0..20).contains(&q) {
+                            continue;
+                        }
+                        for c in 0..40 {
+                            acc += x[((r * 20 + q) * 40) as usize + c]
+                                * w[(((i * 3 + j) * 40) as usize + c) * 48 + d];
+                        }
+                    }
+                }
+                want[((h * 20 + v) * 48) as usize + d] = acc;
+            }
+        }
+    }
+    check_example("conv2d_kernel.json", "y", &want);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs/conv2d_kernel.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .arg("emit-c")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let c = String::from_utf8_lossy(&o.stdout);
+    assert!(c.contains("GEMM kernel for y"), "{c}");
+}
+
 #[test]
 fn example_maxpool() {
     let want = maxpool_ref(&maxpool_values(), [1, 6, 6, 2]);

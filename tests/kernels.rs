@@ -450,3 +450,241 @@ fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
         }
     }
 }
+
+/// Narrow-float operands (bfloat16, fp8) are converted exactly while packing (by the
+/// runtime's integer code, `aj_bf2f` / `aj_fp82f`) and computed in float: the product through
+/// the kernel, compiled and interpreted, equals the one computed here from the rounded inputs.
+#[test]
+fn bfloat16_and_fp8_operands_use_the_kernels() {
+    let backend = CcBackend::new();
+    backend.initialize(Config::default());
+    let target = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 48 << 10,
+        l2_bytes: 2 << 20,
+        intrinsics: false,
+    };
+    for (c, xp, yp, conv) in [
+        (
+            case("ij,jk->ik", &[33, 40], &[40, 35], &[33, 35]),
+            Prec::Bfloat16,
+            Prec::Bfloat16,
+            "aj_bf2f(",
+        ),
+        (
+            case("ij,kj->ik", &[37, 41], &[50, 41], &[37, 50]),
+            Prec::Bfloat16,
+            Prec::Single,
+            "aj_bf2f(",
+        ),
+        (
+            case("ij,jk->ik", &[34, 39], &[39, 36], &[34, 36]),
+            Prec::Fp8,
+            Prec::Bfloat16,
+            "aj_fp82f(",
+        ),
+    ] {
+        let want = expected(&c, xp, yp, true);
+        let (asg, [x, y, out]) = prog_for(&c, xp, yp, Prec::Single, true);
+        let (r, src) = build(&backend, "narrow", &Bindings::empty(), &asg).unwrap();
+        assert!(
+            src.contains("GEMM kernel") && src.contains(conv),
+            "{} {xp}/{yp}: {src}",
+            c.spec
+        );
+        assert_eq!(run_and_read(&backend, &r, &[&out])[0], want, "{xp}/{yp}");
+        let settings = Settings {
+            target: Some(target),
+            ..Settings::default()
+        };
+        let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
+        assert!(arrayjit::loops::to_doc(&o.code).contains("fma("));
+        let mut mem = Memory::new();
+        mem.load_from_hosts([&x, &y, &out]);
+        interp::run_optimized(&o, &[], &mut mem).unwrap();
+        assert_eq!(
+            mem.get(&out).unwrap(),
+            want.as_slice(),
+            "{xp}/{yp} interpreted"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolutions (affine indices, SPEC 9.3) through the kernels
+
+/// A 2-D NHWC convolution `y[b,h,v,d] = Σ x[b, s·h+i-p, s·v+j-p, c] · w[i,j,c,d]` computed
+/// here from the SPEC's definition: a point whose row or column falls outside `x` is skipped
+/// (its weight is never multiplied, even when it is infinite or NaN).
+fn conv_ref(
+    x: &[f64],
+    xd: [usize; 4],
+    w: &[f64],
+    wd: [usize; 4],
+    yd: [usize; 4],
+    (s, p): (i64, i64),
+) -> Vec<f64> {
+    let mut y = vec![0.0; yd.iter().product()];
+    for b in 0..yd[0] {
+        for h in 0..yd[1] {
+            for v in 0..yd[2] {
+                for d in 0..yd[3] {
+                    let mut acc = 0.0;
+                    for i in 0..wd[0] {
+                        for j in 0..wd[1] {
+                            let r = s * h as i64 + i as i64 - p;
+                            let q = s * v as i64 + j as i64 - p;
+                            if r < 0 || r >= xd[1] as i64 || q < 0 || q >= xd[2] as i64 {
+                                continue;
+                            }
+                            let (r, q) = (r as usize, q as usize);
+                            for c in 0..wd[2] {
+                                acc += x[((b * xd[1] + r) * xd[2] + q) * xd[3] + c]
+                                    * w[((i * wd[1] + j) * wd[2] + c) * wd[3] + d];
+                            }
+                        }
+                    }
+                    y[((b * yd[1] + h) * yd[2] + v) * yd[3] + d] = acc;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// A convolution: spec, dims of `x`, `w`, `y`, and (stride, padding).
+type ConvCase = (&'static str, [usize; 4], [usize; 4], [usize; 4], (i64, i64));
+
+/// Equal values, NaN equal to NaN.
+fn same(got: &[f64], want: &[f64]) -> Option<usize> {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .position(|(g, w)| !(g == w || (g.is_nan() && w.is_nan())))
+}
+
+/// Convolutions with padding (single-letter-free guards `(h+i-1)`), stride 2 and a 5×5
+/// window, in shapes that are multiples of no tile, with weights holding infinities and NaNs
+/// that only padded points meet for some outputs: through the kernel (the C says so), compiled
+/// and interpreted on the optimized code, they equal the reference, in which those points are
+/// skipped (packing zeros for them would give NaN: 0·∞).
+#[test]
+fn convolutions_use_the_kernels_exactly() {
+    let target = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        l1d_bytes: 48 << 10,
+        l2_bytes: 2 << 20,
+        intrinsics: false,
+    };
+    let cases: [ConvCase; 5] = [
+        // Padding 3 on the low side only: every row range starts past 0, the first output
+        // row meets no input row at all.
+        (
+            "b(h+i-3)(v+j-3)c,ijcd->bhvd",
+            [1, 5, 21, 40],
+            [3, 3, 40, 45],
+            [1, 5, 21, 45],
+            (1, 3),
+        ),
+        (
+            "b(h+i-1)(v+j-1)c,ijcd->bhvd",
+            [1, 5, 21, 40],
+            [3, 3, 40, 45],
+            [1, 5, 21, 45],
+            (1, 1),
+        ),
+        (
+            "b(2*h+i-1)(2*v+j-1)c,ijcd->bhvd",
+            [1, 9, 41, 40],
+            [3, 3, 40, 45],
+            [1, 5, 21, 45],
+            (2, 1),
+        ),
+        (
+            "b(h+i-2)(v+j-2)c,ijcd->bhvd",
+            [2, 4, 26, 33],
+            [5, 5, 33, 40],
+            [2, 4, 26, 40],
+            (1, 2),
+        ),
+        // No padding: the guards are all narrowed into loop bounds.
+        (
+            "b(h+i)(v+j)c,ijcd->bhvd",
+            [1, 6, 30, 37],
+            [3, 3, 37, 34],
+            [1, 4, 28, 34],
+            (1, 0),
+        ),
+    ];
+    for (spec, xd, wd, yd, sp) in cases {
+        let xv = values(xd.iter().product(), 1);
+        let mut wv = values(wd.iter().product(), 2);
+        let at = |i: usize, j: usize, c: usize, d: usize| ((i * wd[1] + j) * wd[2] + c) * wd[3] + d;
+        for inf_too in [false, true] {
+            if inf_too {
+                // Tap (0, 0) is padding for the first row and column, tap (last, last) for
+                // the last ones (with padding).
+                wv[at(0, 0, 3, 5)] = f64::INFINITY;
+                wv[at(0, 0, 4, 6)] = f64::NAN;
+                wv[at(wd[0] - 1, wd[1] - 1, 7, 9)] = f64::NEG_INFINITY;
+                wv[at(0, wd[1] - 1, 1, 2)] = f64::NAN;
+            }
+            let want = conv_ref(&xv, xd, &wv, wd, yd, sp);
+            let make = || {
+                let x = input("x", &xd, Prec::Single, &xv);
+                let w = input("w", &wd, Prec::Single, &wv);
+                let y = output("y", &yd, Prec::Single);
+                let b = Bindings::empty();
+                let asg = Assignments::AccumBinop {
+                    initialize_neutral: true,
+                    accum: Binop::Add,
+                    op: Binop::Mul,
+                    lhs: y.clone(),
+                    rhs1: Buffer::Node(x.clone()),
+                    rhs2: Buffer::Node(w.clone()),
+                    projections: projections(spec, &yd, &[&xd, &wd], &b).unwrap(),
+                };
+                (asg, [x, w, y])
+            };
+            let (asg, [_, _, y]) = make();
+            let (got, src) = compute(&asg, &Bindings::empty(), &[&y]);
+            assert!(src.contains("GEMM kernel"), "{spec}: no kernel\n{src}");
+            if sp.1 > 0 {
+                assert!(src.contains("specialized row ranges"), "{spec}\n{src}");
+            }
+            let bad = same(&got[0], &want);
+            assert!(
+                bad.is_none(),
+                "{spec} inf {inf_too}: cell {bad:?}: {:?} vs {:?}",
+                bad.map(|i| got[0][i]),
+                bad.map(|i| want[i])
+            );
+            if inf_too {
+                // Some outputs are finite only because the infinite taps were skipped.
+                assert!(want.iter().any(|v| v.is_finite()) && want.iter().any(|v| v.is_nan()));
+            }
+            let (asg, [x, w, y]) = make();
+            let settings = Settings {
+                target: Some(target),
+                ..Settings::default()
+            };
+            let o =
+                optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
+            assert!(arrayjit::loops::to_doc(&o.code).contains("fma("), "{spec}");
+            let mut mem = Memory::new();
+            mem.load_from_hosts([&x, &w, &y]);
+            interp::run_optimized(&o, &[], &mut mem).unwrap();
+            let got = mem.get(&y).unwrap();
+            assert!(
+                same(got, &want).is_none(),
+                "{spec} inf {inf_too} interpreted"
+            );
+        }
+    }
+}

@@ -40,6 +40,31 @@
 //! about two thirds of the L1 cache (the blocks balanced over `k`), and `NCP` so that the
 //! packed panels of one column block fill about half the L2.
 //!
+//! **Convolutions** (affine reads, SPEC 9.3) qualify too: packing substitutes the iterators
+//! into any index, so `x[b, h+i-1, v+j-1, c] * w[i, j, c, d]` is packed like a product with
+//! rows `v`, columns `d` and reduction `c` (`b`, `h`, `i`, `j` are outer loops; any loop order
+//! is legal for a `+=` of products). Its guards (points out of range are *skipped*, not read
+//! as zero) are kept exact without packing a single skipped point:
+//! - guards that mention neither the rows, the columns nor the reduction (`h+i-1`) go around
+//!   the kernel, inside the outer loops;
+//! - a guard mentioning the rows (`v+j-1`) may mention outer iterators only: those (`j`) are
+//!   unrolled, one kernel per value (at most 32), each over exactly the rows
+//!   where its guards hold (an affine guard holds on a contiguous range of rows). The kernels
+//!   share the packed buffers;
+//! - a guard mentioning the columns or the reduction declines the rewrite.
+//!
+//! When the whole of `y` is packed at once (one reduction block, one run of panels), the outer
+//! loops that do not move `y` (a convolution's output rows, a batch over `x` only) are moved
+//! inside: `y` (one tap of the weights) is packed once and reused by all their iterations.
+//!
+//! So no skipped point's operand is ever multiplied, and a weight holding an infinity or a NaN
+//! next to the padding gives exactly what the scalar nest gives (packing zeros for skipped
+//! points would turn `0 · ∞` into NaN).
+//!
+//! Operands of any float precision qualify (bfloat16 and fp8 are converted exactly while
+//! packing by the runtime's integer code, `aj_bf2f`, `aj_fp82f`; half by `aj_h2f`), and bytes;
+//! wide integer operands are left to the scalar code.
+//!
 //! The sum over `k` is reassociated (each `KC` block is summed in a register, then added to
 //! `c`), as every BLAS does; results change only in the last bits. Only single- and
 //! double-precision results are rewritten: half and byte results round at every step, which a
@@ -79,6 +104,15 @@ struct Contraction {
     m: (Symbol, usize),
     n: (Symbol, usize),
     k: (Symbol, usize),
+    /// The first row: the rows are `m_from .. m_from + m.1`.
+    m_from: usize,
+    /// The guards of affine indices (SPEC 9.3) the nest's points must pass; none of them
+    /// mentions the column or the reduction iterator. In a specialized contraction (see
+    /// [`specialize`]) none mentions the row iterator either: they go around the kernel.
+    guards: Vec<(AxisIndex, usize)>,
+    /// The outer loops whose iterators appear in a guard with the row iterator: they are
+    /// unrolled into one specialized kernel per value, each over the rows where the guard holds.
+    unroll: Vec<Loop>,
 }
 
 /// A contraction rewritten as a GEMM kernel.
@@ -113,9 +147,16 @@ pub fn rewrite(
     if w < 2 || n < w || m < 2 || k < 4 || m.saturating_mul(n).saturating_mul(k) < MIN_WORK {
         return Err(nest);
     }
-    let fold = zero_filled == Some(&con.c) && writes_every_cell(&con);
+    let Some(specs) = specialize(&con) else {
+        return Err(nest);
+    };
+    let fold = zero_filled == Some(&con.c)
+        && con.guards.is_empty()
+        && con.unroll.is_empty()
+        && con.m_from == 0
+        && writes_every_cell(&con);
     let (mut locals, mut written_first) = (vec![], vec![]);
-    match build(&con, target, &mut locals, &mut written_first, fold) {
+    match build(&con, &specs, target, &mut locals, &mut written_first, fold) {
         Some(code) => Ok(Kernel {
             code,
             locals,
@@ -157,26 +198,38 @@ fn writes_every_cell(con: &Contraction) -> bool {
     outer_in_c && axes_covered
 }
 
-fn perfect_nest(c: &Llc) -> (Vec<Loop>, &Llc) {
-    let mut loops = vec![];
+/// The loops of a nest (through guards), its guards and its innermost statement.
+type Nest<'a> = (Vec<Loop>, Vec<(AxisIndex, usize)>, &'a Llc);
+
+fn perfect_nest(c: &Llc) -> Nest<'_> {
+    let (mut loops, mut guards) = (vec![], vec![]);
     let mut c = c;
-    while let Llc::For {
-        index,
-        from,
-        to,
-        body,
-        trace_it,
-    } = c
-    {
-        loops.push(Loop {
-            index: *index,
-            from: *from,
-            to: *to,
-            trace_it: *trace_it,
-        });
-        c = body;
+    loop {
+        match c {
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                trace_it,
+            } => {
+                loops.push(Loop {
+                    index: *index,
+                    from: *from,
+                    to: *to,
+                    trace_it: *trace_it,
+                });
+                c = body;
+            }
+            // A guard depends only on loop iterators: holding it just inside the loop of its
+            // innermost letter or around the statement is the same.
+            Llc::If { guards: g, body } => {
+                guards.extend(g.iter().copied());
+                c = body;
+            }
+            _ => return (loops, guards, c),
+        }
     }
-    (loops, c)
 }
 
 /// Whether a value mentions `s` in any index.
@@ -196,7 +249,7 @@ fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
 }
 
 fn match_contraction(nest: &Llc) -> Option<Contraction> {
-    let (loops, body) = perfect_nest(nest);
+    let (loops, guards, body) = perfect_nest(nest);
     let Llc::Set {
         tn: c,
         idcs: pc,
@@ -234,15 +287,21 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if reads_c(x) || reads_c(y) {
         return None;
     }
-    // Operands of the precisions of SPEC 9.1 (wide integers, bfloat16, fp8) are left to the
-    // scalar code: the packing converts only bytes, halves, singles and doubles.
+    // Operands of the wide integer precisions are left to the scalar code: the packing
+    // converts bytes, halves, bfloat16, fp8, singles and doubles (the narrow floats exactly,
+    // by the runtime's integer code, `aj_bf2f` and the like).
     let other_prec = |v: &Llv| {
         let mut hit = false;
         visit_value(v, &mut |v| {
             if let Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) = v {
                 hit |= !matches!(
                     t.prec(),
-                    Prec::Byte | Prec::Half | Prec::Single | Prec::Double
+                    Prec::Byte
+                        | Prec::Half
+                        | Prec::Bfloat16
+                        | Prec::Fp8
+                        | Prec::Single
+                        | Prec::Double
                 );
             }
         });
@@ -251,19 +310,9 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     if other_prec(x) || other_prec(y) {
         return None;
     }
-    // Affine reads (convolutions, SPEC 9.3) are declined: `(o+k)` windows are not panels.
-    let mut affine_read = false;
-    for v in [x, y] {
-        visit_value(v, &mut |v| {
-            if let Llv::Get(_, i) | Llv::GetMergeBuffer(_, i) = v {
-                affine_read |= i.iter().any(|ix| matches!(ix, AxisIndex::Linear(_)));
-            }
-        });
-    }
-    if affine_read {
-        return None;
-    }
-    if loops.iter().any(|l| l.from != 0 || l.to < 0) {
+    // Affine reads (convolutions, SPEC 9.3) are packed like any other: packing substitutes
+    // the iterators into their indices. Their guards are handled below.
+    if loops.iter().any(|l| l.to < l.from) {
         return None;
     }
     let in_c = |s: Symbol| pc.iter().any(|ix| ix.coef(s) != 0);
@@ -296,7 +345,7 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
         if s == col.index {
             continue;
         }
-        if ic && ix && !iy && best_m.is_none_or(|b| extent(l) > extent(b)) {
+        if ic && ix && !iy && best_m.is_none_or(|b| extent(l) >= extent(b)) {
             best_m = Some(l);
         }
         if !ic && ix && iy && best_k.is_none_or(|b| extent(l) > extent(b)) {
@@ -304,16 +353,46 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
         }
     }
     let (mr, kr) = (best_m?, best_k?);
+    // The packed panels start at column and step 0.
+    if col.from != 0 || kr.from != 0 {
+        return None;
+    }
+    // Guards may not involve the columns or the reduction (a panel would mix skipped and
+    // computed points); the outer iterators appearing in a guard with the rows are unrolled.
+    let mut unrolled: Vec<Symbol> = vec![];
+    for (ix, _) in &guards {
+        if ix.coef(col.index) != 0 || ix.coef(kr.index) != 0 {
+            return None;
+        }
+        if ix.coef(mr.index) != 0 {
+            for s in ix.symbols() {
+                if s != mr.index && !unrolled.contains(&s) {
+                    unrolled.push(s);
+                }
+            }
+        }
+    }
+    let copy = |l: &Loop| Loop {
+        index: l.index,
+        from: l.from,
+        to: l.to,
+        trace_it: l.trace_it,
+    };
     let outer = loops
         .iter()
         .filter(|l| ![mr.index, col.index, kr.index].contains(&l.index))
-        .map(|l| Loop {
-            index: l.index,
-            from: l.from,
-            to: l.to,
-            trace_it: l.trace_it,
-        })
+        .filter(|l| !unrolled.contains(&l.index))
+        .map(copy)
         .collect();
+    let unroll: Vec<Loop> = loops
+        .iter()
+        .filter(|l| unrolled.contains(&l.index))
+        .map(copy)
+        .collect();
+    // A guard's letters are all loop iterators of the nest.
+    if unroll.len() != unrolled.len() {
+        return None;
+    }
     Some(Contraction {
         outer,
         c: c.clone(),
@@ -323,7 +402,86 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
         m: (mr.index, extent(mr)),
         n: (col.index, extent(col)),
         k: (kr.index, extent(kr)),
+        m_from: usize::try_from(mr.from).ok()?,
+        guards,
+        unroll,
     })
+}
+
+/// The most specialized kernels one contraction unrolls into.
+const MAX_SPECIALIZED: usize = 32;
+
+/// Splits a contraction whose guards involve the rows into one contraction per value of the
+/// unrolled outer iterators ([`Contraction::unroll`]), each over exactly the rows where its
+/// guards hold (a contiguous range, the guards being affine in the row); those left without
+/// rows are dropped. The other guards stay, with the unrolled values substituted (dropped
+/// when they hold, the whole contraction dropped when one fails). `None` when there would be
+/// more than [`MAX_SPECIALIZED`] of them.
+fn specialize(con: &Contraction) -> Option<Vec<Contraction>> {
+    let count = con.unroll.iter().try_fold(1usize, |acc, l| {
+        acc.checked_mul(usize::try_from(l.to - l.from + 1).ok()?)
+    })?;
+    if count > MAX_SPECIALIZED {
+        return None;
+    }
+    let mut out = vec![];
+    for combo in 0..count {
+        // The values of the unrolled iterators, the last one varying fastest.
+        let mut rest = combo;
+        let mut subs: Vec<(Symbol, AxisIndex)> = vec![];
+        for l in con.unroll.iter().rev() {
+            let e = (l.to - l.from + 1) as usize;
+            let v = usize::try_from(l.from).ok()? + rest % e;
+            rest /= e;
+            subs.push((l.index, AxisIndex::Fixed(v)));
+        }
+        let m = con.m.0;
+        let (mut lo, mut hi) = (con.m_from as i64, (con.m_from + con.m.1) as i64 - 1);
+        let mut guards = vec![];
+        let mut holds = true;
+        for (ix, d) in &con.guards {
+            let ix = subst_idcs(&[*ix], &subs)?[0];
+            let d = i64::try_from(*d).ok()?;
+            let (a, o) = match ix {
+                AxisIndex::Fixed(f) => (0, i64::try_from(f).ok()?),
+                AxisIndex::Iterator(_) => (ix.coef(m), 0),
+                AxisIndex::Linear(l) => (l.coef(m), l.offset),
+            };
+            if a == 0 {
+                if ix.symbols().is_empty() {
+                    holds &= (0..d).contains(&o);
+                } else {
+                    guards.push((ix, d as usize));
+                }
+                continue;
+            }
+            // Only the row is left: 0 <= a·m + o <= d - 1.
+            if ix.symbols().len() != 1 {
+                return None;
+            }
+            let a = i64::try_from(a).ok()?;
+            // m >= ceil(-o / a) = -floor(o / a).
+            lo = lo.max(o.div_euclid(a).checked_neg()?);
+            hi = hi.min((d - 1).checked_sub(o)?.div_euclid(a));
+        }
+        if !holds || lo > hi {
+            continue;
+        }
+        out.push(Contraction {
+            outer: vec![],
+            c: con.c.clone(),
+            pc: con.pc.clone(),
+            x: subst(&con.x, &subs)?,
+            y: subst(&con.y, &subs)?,
+            m: (m, (hi - lo + 1) as usize),
+            n: con.n,
+            k: con.k,
+            m_from: lo as usize,
+            guards,
+            unroll: vec![],
+        });
+    }
+    Some(out)
 }
 
 /// `Σ coef·symbol + offset` as an index.
@@ -371,6 +529,7 @@ fn vreg(ty: VType) -> VReg {
 }
 
 /// The blocking of one contraction.
+#[derive(Clone, Copy)]
 struct Blocking {
     ty: VType,
     /// Vectors per tile row, and columns per tile (`nv · lanes`).
@@ -433,6 +592,7 @@ enum Mode {
 }
 
 /// The packed buffers and tile buffer of one kernel.
+#[derive(Clone)]
 struct Buffers {
     ap: Tnode,
     bp: Tnode,
@@ -480,21 +640,11 @@ struct Gen<'a> {
     bufs: Buffers,
 }
 
-/// Builds the kernel for a matched contraction. With `zero_fill_folded`, `c` was not zeroed
-/// before: the first reduction block stores instead of accumulating.
-fn build(
-    con: &Contraction,
-    target: &VectorTarget,
-    locals: &mut Vec<Tnode>,
-    written_first: &mut Vec<Tnode>,
-    zero_fill_folded: bool,
-) -> Option<Llc> {
-    let b = blocking(con, target);
-    let prec = con.c.prec();
-    let (m, n, k) = (con.m.1, con.n.1, con.k.1);
+/// The runs of column panels of `n` columns: column blocks of `ncp` whole panels while the
+/// columns do not fit one (with how many blocks), then the rest.
+fn runs(n: usize, b: &Blocking) -> Vec<(Option<usize>, Run)> {
     let (full_n, edge_n) = (n / b.nr, n % b.nr);
     let np = n.div_ceil(b.nr);
-    // Column blocks of `ncp` whole panels while the columns do not fit one, then the rest.
     let (blocks, rest_start) = if np > b.ncp {
         (full_n / b.ncp, (full_n / b.ncp) * b.ncp)
     } else {
@@ -521,7 +671,25 @@ fn build(
             },
         ));
     }
-    let run_panels = runs
+    runs
+}
+
+/// Builds the kernel for a matched contraction: the outer loops of `con` around the kernels
+/// of its specializations `specs` (see [`specialize`]; each in an `if` of its remaining
+/// guards), which share the packed buffers. With `zero_fill_folded`, `c` was not zeroed
+/// before: the first reduction block stores instead of accumulating.
+fn build(
+    con: &Contraction,
+    specs: &[Contraction],
+    target: &VectorTarget,
+    locals: &mut Vec<Tnode>,
+    written_first: &mut Vec<Tnode>,
+    zero_fill_folded: bool,
+) -> Option<Llc> {
+    let b = blocking(con, target);
+    let prec = con.c.prec();
+    let (m, n, k) = (con.m.1, con.n.1, con.k.1);
+    let run_panels = runs(n, &b)
         .iter()
         .map(|(_, r)| r.full + usize::from(r.edge > 0))
         .max()?;
@@ -543,74 +711,131 @@ fn build(
     // Every element of these that is read is written before in each call: no zeroing needed.
     written_first.extend([bufs.ap.clone(), bufs.bp.clone(), bufs.tile.clone()]);
     let mut stmts = vec![Llc::Comment(format!(
-        "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes), kc {}, column blocks of {} panels",
+        "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes), kc {}, column blocks of {} panels{}",
         con.c.name(),
         b.mr,
         b.nr,
         b.ty.lanes,
         b.kc,
-        b.ncp
-    ))];
-    let g = Gen { con, b, bufs };
-    let (kc, full_kb, rest_k) = (g.b.kc, k / g.b.kc, k % g.b.kc);
-    let block = |blk: Block, mode: Mode| -> Option<Llc> {
-        let mut out = vec![];
-        for (count, run) in &runs {
-            let code = g.run(run, blk, mode)?;
-            out.push(match (count, run.base) {
-                (Some(count), Base::Block(jc)) => Llc::for_loop(jc, 0, *count as i64 - 1, code),
-                _ => code,
-            });
+        b.ncp,
+        if con.unroll.is_empty() && con.guards.is_empty() {
+            String::new()
+        } else {
+            format!(", guarded, {} specialized row ranges", specs.len())
         }
-        Some(Llc::Seq(out))
-    };
-    // `kc ≤ k`, so there is at least one whole block.
-    let mut first = 0;
-    if zero_fill_folded {
-        stmts.push(block(
-            Block {
+    ))];
+    // When the whole of `y` is packed at once (one reduction block, one run of panels) and
+    // some outer loops do not move `y` (the output rows `h` of a convolution, the batch of
+    // `bij,jk->bik`), those loops go inside: `y` is packed once per iteration of the others
+    // and reused by all of theirs.
+    let (inner, outer): (Vec<&Loop>, Vec<&Loop>) =
+        con.outer.iter().partition(|l| !mentions(&con.y, l.index));
+    let whole_y = k == b.kc && matches!(runs(n, &b).as_slice(), [(None, _)]);
+    if whole_y && !zero_fill_folded && !inner.is_empty() {
+        for spec in specs {
+            let g = Gen {
+                con: spec,
+                b,
+                bufs: bufs.clone(),
+            };
+            let [(None, run)] = runs(n, &b)[..] else {
+                return None;
+            };
+            let blk = Block {
                 kb: AxisIndex::Fixed(0),
-                len: kc,
-            },
-            Mode::Store,
-        )?);
-        first = 1;
+                len: k,
+            };
+            let mut body = g.row_panels(&run, blk, Mode::Accumulate)?;
+            if !spec.guards.is_empty() {
+                body = Llc::If {
+                    guards: spec.guards.clone(),
+                    body: Box::new(body),
+                };
+            }
+            stmts.push(g.pack_b(&run, blk)?);
+            stmts.push(wrap(&inner, body));
+        }
+        return Some(wrap(&outer, Llc::Seq(stmts)));
     }
-    if full_kb > first {
-        let kb = Symbol::fresh();
-        stmts.push(Llc::for_loop(
-            kb,
-            first as i64,
-            full_kb as i64 - 1,
-            block(
+    for spec in specs {
+        let g = Gen {
+            con: spec,
+            b,
+            bufs: bufs.clone(),
+        };
+        let runs = runs(n, &b);
+        let (kc, full_kb, rest_k) = (g.b.kc, k / g.b.kc, k % g.b.kc);
+        let block = |blk: Block, mode: Mode| -> Option<Llc> {
+            let mut out = vec![];
+            for (count, run) in &runs {
+                let code = g.run(run, blk, mode)?;
+                out.push(match (count, run.base) {
+                    (Some(count), Base::Block(jc)) => Llc::for_loop(jc, 0, *count as i64 - 1, code),
+                    _ => code,
+                });
+            }
+            Some(Llc::Seq(out))
+        };
+        let mut code = vec![];
+        // `kc ≤ k`, so there is at least one whole block.
+        let mut first = 0;
+        if zero_fill_folded {
+            code.push(block(
                 Block {
-                    kb: AxisIndex::Iterator(kb),
+                    kb: AxisIndex::Fixed(0),
                     len: kc,
                 },
+                Mode::Store,
+            )?);
+            first = 1;
+        }
+        if full_kb > first {
+            let kb = Symbol::fresh();
+            code.push(Llc::for_loop(
+                kb,
+                first as i64,
+                full_kb as i64 - 1,
+                block(
+                    Block {
+                        kb: AxisIndex::Iterator(kb),
+                        len: kc,
+                    },
+                    Mode::Accumulate,
+                )?,
+            ));
+        }
+        if rest_k > 0 {
+            code.push(block(
+                Block {
+                    kb: AxisIndex::Fixed(full_kb),
+                    len: rest_k,
+                },
                 Mode::Accumulate,
-            )?,
-        ));
+            )?);
+        }
+        let code = Llc::Seq(code);
+        stmts.push(if spec.guards.is_empty() {
+            code
+        } else {
+            Llc::If {
+                guards: spec.guards.clone(),
+                body: Box::new(code),
+            }
+        });
     }
-    if rest_k > 0 {
-        stmts.push(block(
-            Block {
-                kb: AxisIndex::Fixed(full_kb),
-                len: rest_k,
-            },
-            Mode::Accumulate,
-        )?);
-    }
-    let mut code = Llc::Seq(stmts);
-    for l in con.outer.iter().rev() {
-        code = Llc::For {
-            index: l.index,
-            from: l.from,
-            to: l.to,
-            body: Box::new(code),
-            trace_it: l.trace_it,
-        };
-    }
-    Some(code)
+    let outer: Vec<&Loop> = con.outer.iter().collect();
+    Some(wrap(&outer, Llc::Seq(stmts)))
+}
+
+/// `code` inside `loops` (the first outermost).
+fn wrap(loops: &[&Loop], code: Llc) -> Llc {
+    loops.iter().rev().fold(code, |code, l| Llc::For {
+        index: l.index,
+        from: l.from,
+        to: l.to,
+        body: Box::new(code),
+        trace_it: l.trace_it,
+    })
 }
 
 /// `ix * scale + Σ terms + offset` as an index.
@@ -637,8 +862,16 @@ impl Gen<'_> {
     /// into `bp` (which stays in L2), then for every row panel its rows of `x` are packed into
     /// `ap` (which stays in L1) and multiplied by every panel of the run.
     fn run(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
+        Some(Llc::Seq(vec![
+            self.pack_b(run, blk)?,
+            self.row_panels(run, blk, mode)?,
+        ]))
+    }
+
+    /// The row panels of one reduction block over one run whose panels are packed in `bp`.
+    fn row_panels(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
         let (b, m) = (&self.b, self.con.m.1);
-        let mut out = vec![self.pack_b(run, blk)?];
+        let mut out = vec![];
         let (full_m, edge_m) = (m / b.mr, m % b.mr);
         if full_m > 0 {
             let ir = Symbol::fresh();
@@ -668,7 +901,7 @@ impl Gen<'_> {
         let value = subst(
             &con.x,
             &[
-                (con.m.0, scaled(ir, b.mr, &[(r, 1)], 0)?),
+                (con.m.0, scaled(ir, b.mr, &[(r, 1)], con.m_from)?),
                 (con.k.0, scaled(blk.kb, b.kc, &[(kx, 1)], 0)?),
             ],
         )?;
@@ -973,7 +1206,10 @@ impl Gen<'_> {
         if cols == b.nr {
             for (row, accs) in acc.iter().enumerate() {
                 for (v, &r) in accs.iter().enumerate() {
-                    let idcs = cell(scaled(ir, b.mr, &[], row)?, scaled(jg, b.nr, &[], v * w)?)?;
+                    let idcs = cell(
+                        scaled(ir, b.mr, &[], con.m_from + row)?,
+                        scaled(jg, b.nr, &[], v * w)?,
+                    )?;
                     stmts.push(Llc::VStore {
                         tn: con.c.clone(),
                         idcs: idcs.clone(),
@@ -994,7 +1230,7 @@ impl Gen<'_> {
             }
             let (rr, cc) = (Symbol::fresh(), Symbol::fresh());
             let idcs = cell(
-                scaled(ir, b.mr, &[(rr, 1)], 0)?,
+                scaled(ir, b.mr, &[(rr, 1)], con.m_from)?,
                 scaled(jg, b.nr, &[(cc, 1)], 0)?,
             )?;
             let t = Llv::Get(
