@@ -39,6 +39,10 @@ impl Op {
             Op::Tern(t) => t.name(),
         }
     }
+    /// Whether the operation is defined on integer statements only (SPEC 9.2).
+    pub fn integer_only(self) -> bool {
+        matches!(self, Op::Bin(b) if b.is_integer_only())
+    }
 }
 
 /// What an assignment's projections do to its result.
