@@ -51,6 +51,8 @@ pub struct Gen {
     pub written: Vec<bool>,
     pub read: Vec<bool>,
     pub last: Option<usize>,
+    /// An integer-heavy case: most new tensors get an integer precision.
+    pub int_bias: bool,
 }
 
 pub const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
@@ -104,6 +106,16 @@ impl Gen {
     }
 
     pub fn random_prec(&mut self) -> Prec {
+        if self.int_bias && self.rng.chance(75) {
+            return self.rng.pick(&[
+                Prec::Byte,
+                Prec::Uint16,
+                Prec::Int32,
+                Prec::Uint32,
+                Prec::Int64,
+                Prec::Uint64,
+            ]);
+        }
         if self.rng.chance(40) {
             // SPEC 9.1's integer and narrow-float precisions.
             return self.rng.pick(&[
@@ -505,6 +517,22 @@ impl Gen {
             Unop::ALL.iter().map(|&u| Op::Un(u)).collect()
         };
         self.rng.shuffle(&mut ops);
+        let t = &self.p.tensors;
+        let int_stmt = t[lhs].prec.is_integer() && args.iter().all(|&i| t[i].prec.is_integer());
+        if int_stmt {
+            // Integer statements try the operations whose integer semantics is special first
+            // (bit operations and shifts, div and mod by zero, pow, comparisons) half of the
+            // time.
+            if self.rng.chance(50) {
+                ops.sort_by_key(|op| match op {
+                    Op::Bin(b) if b.is_integer_only() => 0,
+                    Op::Bin(Binop::Div | Binop::Mod | Binop::ToPowOf | Binop::Sub) => 1,
+                    _ => 2,
+                });
+            }
+        } else {
+            ops.retain(|op| !op.integer_only());
+        }
         let mut accums = [
             Binop::Arg2,
             Binop::Arg2,
@@ -737,7 +765,9 @@ pub fn generate(seed: u64) -> Program {
         written: vec![],
         read: vec![],
         last: None,
+        int_bias: false,
     };
+    g.int_bias = g.rng.chance(30);
     let n_statics = g.rng.pick(&[0, 0, 1, 1, 2]);
     for k in 0..n_statics {
         let range = 1 + g.rng.below(5);
