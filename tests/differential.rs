@@ -378,6 +378,78 @@ fn differential_programs_round_trip_through_program_files() {
     assert!(with_statics && with_non_finite);
 }
 
+/// Deliberate misuse: the generated statements with a floating result or argument, their
+/// operation replaced by a bitwise or shift operation, must fail with
+/// [`arrayjit::Error::IntegerOnlyOp`] (naming the operation and a floating tensor) both when
+/// compiled and when interpreted, before any code runs.
+#[test]
+fn differential_integer_only_ops_on_floating_statements_are_errors() {
+    let mut checked = 0;
+    for seed in 3000..3400u64 {
+        let p = generate(seed);
+        let Some(k) = p.stmts.iter().position(|s| match s {
+            Stmt::Accum { lhs, args, op, .. } => {
+                matches!(op, case::Op::Bin(_))
+                    && std::iter::once(lhs)
+                        .chain(args)
+                        .any(|&i| !p.tensors[i].prec.is_integer())
+            }
+            _ => false,
+        }) else {
+            continue;
+        };
+        let mut bad = p.clone();
+        let ops = [
+            Binop::BitAnd,
+            Binop::BitOr,
+            Binop::BitXor,
+            Binop::Shl,
+            Binop::Shr,
+        ];
+        let want_op = ops[(seed % 5) as usize];
+        if let Stmt::Accum { op, .. } = &mut bad.stmts[k] {
+            *op = case::Op::Bin(want_op);
+        }
+        bad.stmts.truncate(k + 1);
+        let floating: Vec<&str> = {
+            let Stmt::Accum { lhs, args, .. } = &bad.stmts[k] else {
+                unreachable!()
+            };
+            std::iter::once(lhs)
+                .chain(args)
+                .filter(|&&i| !bad.tensors[i].prec.is_integer())
+                .map(|&i| bad.tensors[i].name.as_str())
+                .collect()
+        };
+        let msg_ok = |m: &str| {
+            m.contains(&format!("operation {} needs integer precisions, but tensor ", want_op.name()))
+                && floating.iter().any(|t| m.contains(&format!("tensor {t} is ")))
+        };
+        let e = run_interp(&bad, &instantiate(&bad)).map(|_| ()).unwrap_err();
+        assert!(msg_ok(&e), "seed {seed}: interpreter: {e}");
+        let inst = instantiate(&bad);
+        let backend = CcBackend::new();
+        backend.initialize(arrayjit::backend::Config::default());
+        let e = backend
+            .compile(true, None, &Bindings(inst.statics.clone()), &inst.asgns)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                arrayjit::Error::InRoutine { source, .. }
+                    if matches!(**source, arrayjit::Error::IntegerOnlyOp { .. })
+            ) && msg_ok(&e.to_string()),
+            "seed {seed}: compile: {e:?}"
+        );
+        checked += 1;
+        if checked == 12 {
+            break;
+        }
+    }
+    assert_eq!(checked, 12);
+}
+
 // ------------------------------------------------------------------------------------------
 // Regressions: minimal reproductions of bugs the differential test found. The three library
 // bugs are fixed (commit 7ee7cee); while they were open, these tests were ignored and the
@@ -709,4 +781,38 @@ fn regression_gcc12_unaligned_stack_array() {
     for line in locals {
         assert!(line.contains("__attribute__((aligned(64)))"), "{line}");
     }
+}
+
+/// Bug: a random fetch inlined into a reader that reads it through an affine index.
+#[test]
+fn regression_random_fetch_inlined_through_affine_index() {
+    use common::*;
+    let s0 = StaticSymbol::new("s0", Some(3));
+    let b = Bindings(vec![s0.clone()]);
+    let t = temp("t", &[3, 5, 3, 1], Prec::Byte);
+    let xv: Vec<f64> = (0..20).map(|i| ((i * 37) % 256) as f64).collect();
+    let x = input("x", &[4, 5], Prec::Byte, &xv);
+    let t2 = temp("t2", &[1], Prec::Half);
+    let out = output("out", &[1], Prec::Bfloat16);
+    let asgns = Assignments::seq([
+        Assignments::Fetch {
+            array: t.clone(),
+            fetch_op: arrayjit::ir::FetchOp::Random { seed: 3735928559 },
+        },
+        binop(&t2, Binop::Arg2, true, Binop::Le, &t, &x, "{s0}a(2*a+1)b,bc->0", &b),
+        unop(&out, Binop::Arg2, false, Unop::Identity, &t2, "a->a", &b),
+    ]);
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asgns.nodes());
+    interp::run_assignments(&asgns, &[(s0.clone(), 2)], &mut mem).unwrap();
+    let want = vec![mem.get(&out).unwrap().to_vec()];
+    let backend = CcBackend::with_settings(Settings {
+        max_visits: MANY_VISITS,
+        ..Settings::default()
+    });
+    let (r, src) = common::build(&backend, "random_affine", &b, &asgns)
+        .unwrap_or_else(|e| panic!("compiling failed: {e}"));
+    r.bindings().set("s0", 2).unwrap();
+    let got = common::run_and_read(&backend, &r, &[&out]);
+    assert_eq!(got, want, "{src}");
 }

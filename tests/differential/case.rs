@@ -224,7 +224,18 @@ pub fn to_json(p: &Program) -> String {
             t.prec.name()
         );
         if t.kind == Kind::Input {
-            let v: Vec<String> = t.init.iter().map(|&v| json_num(v)).collect();
+            // Integers as JSON integers, with every digit (2^63 - 1024 stays exact).
+            let v: Vec<String> = t
+                .init
+                .iter()
+                .map(|&v| {
+                    if t.prec.is_integer() && v.is_finite() {
+                        format!("{}", v as i128)
+                    } else {
+                        json_num(v)
+                    }
+                })
+                .collect();
             let _ = write!(s, ", \"init\": {{\"values\": [{}]}}", v.join(", "));
         }
         s.push('}');
