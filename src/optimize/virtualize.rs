@@ -121,6 +121,13 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                         *ok = false
                     }
                     Llv::EmbedIndex(AxisIndex::Linear(_)) => *ok = false,
+                    // A random value at a linear index (a random fetch inlined into a
+                    // reader with an affine entry): its counter would keep the old names.
+                    Llv::Random { idcs, .. }
+                        if idcs.iter().any(|i| matches!(i, AxisIndex::Linear(_))) =>
+                    {
+                        *ok = false
+                    }
                     _ => {}
                 });
             }
