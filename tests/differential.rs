@@ -820,3 +820,33 @@ fn regression_random_fetch_inlined_through_affine_index() {
     let got = common::run_and_read(&backend, &r, &[&out]);
     assert_eq!(got, want, "{src}");
 }
+
+/// Bug (fixed): loop interchange (`optimize/loops.rs`) treated every loop that appears in the
+/// written index as selecting the cell, including the loops of an affine result entry
+/// `(a+b)`, which write one cell at several points. It moved such a loop inward, changing
+/// the order of the accumulation steps of a cell; with a byte result, stored (truncated)
+/// after every step, the values changed (254 vs 253). Found by the differential test
+/// (seed 1420954373, `max_visits` 64, which inlines `t1` and makes its loop the one to
+/// move).
+#[test]
+fn regression_byte_accumulation_of_inlined_fp8() {
+    use common::*;
+    let b = Bindings::empty();
+    let x0 = input("x0", &[2, 1, 4], Prec::Single, &[1.0, 1.625, 3.0, 1.875, 0.625, 2.125, 0.875, 1.875]);
+    let x5 = input("x5", &[4], Prec::Fp8, &[-1.75, 0.02734375, -0.01953125, 0.375]);
+    let t1 = temp("t1", &[2], Prec::Fp8);
+    let o9 = output("o9", &[6, 5], Prec::Byte);
+    let asgns = Assignments::seq([
+        unop(&t1, Binop::Arg2, true, Unop::Trunc, &x0, "aab->a", &b),
+        binop(&o9, Binop::Add, false, Binop::Sub, &x5, &t1, "a,b->(a+b)1", &b),
+    ]);
+    let want = interpret(&asgns, &[&o9]);
+    let backend = CcBackend::with_settings(Settings {
+        max_visits: MANY_VISITS,
+        ..Settings::default()
+    });
+    let (r, src) = common::build(&backend, "byte_fp8", &b, &asgns)
+        .unwrap_or_else(|e| panic!("compiling failed: {e}"));
+    let got = common::run_and_read(&backend, &r, &[&o9]);
+    assert_eq!(got, want, "{src}");
+}
