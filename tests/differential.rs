@@ -53,9 +53,29 @@
 //! - affine entries (SPEC 9.3) on argument and result axes: `(c·L [+ c·M] ± o)` with
 //!   coefficients 1-2 and offsets -2..2 over letters that have an extent, so that some points
 //!   fall outside their axis and are skipped (the model lets a cell get 0..fan_in terms);
-//! - every unary and binary operation of the table, every precision, mixed precisions in one
-//!   program and one assignment; accumulators set/add/sub/mul/max/min with and without
-//!   `initialize_neutral`, bijective and not, full and partial writes;
+//! - every unary, binary and ternary operation of the table and every precision of SPEC 9.1
+//!   (byte, uint16, int32, uint32, int64, uint64, fp8, half, bfloat16, single, double), mixed
+//!   precisions in one program and one assignment (integer results with floating arguments
+//!   compute in double, floating results with integer arguments convert them); accumulators
+//!   set/add/sub/mul/max/min with and without `initialize_neutral` (integer neutral elements:
+//!   the type's minimum/maximum for max/min), bijective and not, full and partial writes;
+//! - integer programs (SPEC 9.1, 9.2): 30% of the cases are integer-heavy (most new tensors
+//!   get an integer precision); integer inputs hold small values (-3..8: divisors and mods by
+//!   zero, negative exponents, shift counts) or edge values (0, ±1, the type's minimum and
+//!   maximum — for 64 bits the largest `f64` in range, 2^63 - 1024 and 2^64 - 2048 — values
+//!   around ±2^31, 2^32, 2^53 and 2^62, shift counts 7-65 around the widths), and integer
+//!   statements try the bitwise operations and shifts, div, mod, pow and sub first half of
+//!   the time, so they overflow, wrap, divide by zero and shift by the width or more. The
+//!   bitwise operations and shifts appear only on integer statements;
+//!   [`differential_integer_only_ops_on_floating_statements_are_errors`] checks the misuse
+//!   (generated statements with a floating result or argument given one of them fail with
+//!   `Error::IntegerOnlyOp` naming the operation and a floating tensor, compiled and
+//!   interpreted);
+//! - bfloat16 and fp8 values around their rounding ties (k/16 in [1, 4), 1 + k/256,
+//!   1 + k/512 in single and double, k·2^-17 around the fp8 subnormals), overflowing
+//!   constants (57344, its tie 61440 to inf, -65536, 1e5, 3.4e38) and NaN/±inf constants into
+//!   outputs of every precision (integers store 0); index tensors of gathers and scatters of
+//!   every integer precision, with negative rows for the signed ones;
 //! - chains of assignments through intermediate nodes that are not hosted (so the optimizer
 //!   inlines many of them), in-place updates, accumulation into hosted inputs;
 //! - fetches: constants (exact, inexact, and ±inf/NaN into outputs), slices by a static index,
@@ -130,6 +150,21 @@
 //!   exact bounds of the sum plus the rounding each step may add ([`model::accumulate`]),
 //!   not a relative margin per step, which would compound over thousands of terms.
 //! - NaN matches only NaN, infinities only equal infinities.
+//! - Integer statements (integer result and arguments) compute exactly in 64-bit integers:
+//!   their values are identical on both sides whatever they are (the model bounds them by
+//!   interval arithmetic while nothing wraps, by the type's range otherwise), except for the
+//!   functions of reals (`exp`, `sqrt`, `sigmoid`, ...), which compute in double (libm) and
+//!   truncate: those get the double error model and ±1 after the store, in a small domain.
+//!   64-bit integer results are compared exactly: the outputs carry every cell's value
+//!   modulo 2^32 besides its `f64` rounding (see `run::Outputs`).
+//! - Storing into bfloat16 and fp8 rounds identical values identically (exact comparison);
+//!   values that may differ get one unit of the narrow format. The operations without a
+//!   derivative bound — comparisons, `and`/`or`/`not`, `mod` (fmod), `trunc`/`floor`/`ceil`,
+//!   the gates and `where`'s condition — are generated only on arguments whose values are
+//!   identical on both sides, so their results are compared exactly; `satur01` and `abs`
+//!   propagate errors unchanged; `exp2`, `log2`, `rsqrt` and `sigmoid` get tolerances like
+//!   `exp` and `log`. Integer arguments of floating statements are exact where they fit the
+//!   compute type and one unit of it otherwise.
 
 #[path = "differential/big.rs"]
 mod big;
