@@ -457,10 +457,16 @@ fn differential_integer_only_ops_on_floating_statements_are_errors() {
                 .collect()
         };
         let msg_ok = |m: &str| {
-            m.contains(&format!("operation {} needs integer precisions, but tensor ", want_op.name()))
-                && floating.iter().any(|t| m.contains(&format!("tensor {t} is ")))
+            m.contains(&format!(
+                "operation {} needs integer precisions, but tensor ",
+                want_op.name()
+            )) && floating
+                .iter()
+                .any(|t| m.contains(&format!("tensor {t} is ")))
         };
-        let e = run_interp(&bad, &instantiate(&bad)).map(|_| ()).unwrap_err();
+        let e = run_interp(&bad, &instantiate(&bad))
+            .map(|_| ())
+            .unwrap_err();
         assert!(msg_ok(&e), "seed {seed}: interpreter: {e}");
         let inst = instantiate(&bad);
         let backend = CcBackend::new();
@@ -838,7 +844,16 @@ fn regression_random_fetch_inlined_through_affine_index() {
             array: t.clone(),
             fetch_op: arrayjit::ir::FetchOp::Random { seed: 3735928559 },
         },
-        binop(&t2, Binop::Arg2, true, Binop::Le, &t, &x, "{s0}a(2*a+1)b,bc->0", &b),
+        binop(
+            &t2,
+            Binop::Arg2,
+            true,
+            Binop::Le,
+            &t,
+            &x,
+            "{s0}a(2*a+1)b,bc->0",
+            &b,
+        ),
         unop(&out, Binop::Arg2, false, Unop::Identity, &t2, "a->a", &b),
     ]);
     let mut mem = Memory::new();
@@ -867,13 +882,32 @@ fn regression_random_fetch_inlined_through_affine_index() {
 fn regression_byte_accumulation_of_inlined_fp8() {
     use common::*;
     let b = Bindings::empty();
-    let x0 = input("x0", &[2, 1, 4], Prec::Single, &[1.0, 1.625, 3.0, 1.875, 0.625, 2.125, 0.875, 1.875]);
-    let x5 = input("x5", &[4], Prec::Fp8, &[-1.75, 0.02734375, -0.01953125, 0.375]);
+    let x0 = input(
+        "x0",
+        &[2, 1, 4],
+        Prec::Single,
+        &[1.0, 1.625, 3.0, 1.875, 0.625, 2.125, 0.875, 1.875],
+    );
+    let x5 = input(
+        "x5",
+        &[4],
+        Prec::Fp8,
+        &[-1.75, 0.02734375, -0.01953125, 0.375],
+    );
     let t1 = temp("t1", &[2], Prec::Fp8);
     let o9 = output("o9", &[6, 5], Prec::Byte);
     let asgns = Assignments::seq([
         unop(&t1, Binop::Arg2, true, Unop::Trunc, &x0, "aab->a", &b),
-        binop(&o9, Binop::Add, false, Binop::Sub, &x5, &t1, "a,b->(a+b)1", &b),
+        binop(
+            &o9,
+            Binop::Add,
+            false,
+            Binop::Sub,
+            &x5,
+            &t1,
+            "a,b->(a+b)1",
+            &b,
+        ),
     ]);
     let want = interpret(&asgns, &[&o9]);
     let backend = CcBackend::with_settings(Settings {

@@ -213,7 +213,7 @@ fn interchange(c: Llc) -> Llc {
     // only in linear indices (an affine result entry such as `(a+b)`) may write the same cell
     // at several of its values, so it is a reduction loop whose order matters (integer
     // stores truncate at every step).
-    let written = |s: Symbol| idcs.iter().any(|ix| *ix == AxisIndex::Iterator(s));
+    let written = |s: Symbol| idcs.contains(&AxisIndex::Iterator(s));
     let innermost = loops.len() - 1;
     let mut best = innermost;
     let mut best_score = score(loops[innermost].index, (tn, idcs), &rs);
@@ -421,7 +421,7 @@ fn tile_contraction(c: Llc) -> Llc {
     let mut rs = vec![];
     reads(value, &mut rs);
     // As in `interchange`: only plain indices of the written cell select it.
-    let written = |s: Symbol| idcs.iter().any(|ix| *ix == AxisIndex::Iterator(s));
+    let written = |s: Symbol| idcs.contains(&AxisIndex::Iterator(s));
     let Some(inner) = loops.last() else {
         return rebuild(loops, body);
     };

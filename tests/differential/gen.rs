@@ -169,7 +169,9 @@ impl Gen {
             6 => two(32) + self.rng.pick(&[-1.0, 0.0, 1.0]),
             7 => two(53) + self.rng.pick(&[-1.0, 0.0, 2.0]),
             8 => -two(31) + self.rng.pick(&[-1.0, 0.0, 1.0]),
-            9 => self.rng.pick(&[7.0, 8.0, 15.0, 16.0, 31.0, 32.0, 33.0, 63.0, 64.0, 65.0]),
+            9 => self
+                .rng
+                .pick(&[7.0, 8.0, 15.0, 16.0, 31.0, 32.0, 33.0, 63.0, 64.0, 65.0]),
             10 => -(self.rng.below(5) as f64),
             _ => two(62) * self.rng.pick(&[-2.0, -1.0, 1.0, 1.5]),
         };
@@ -184,7 +186,7 @@ impl Gen {
                     (Prec::Byte, 0 | 1) => self.rng.below(10) as f64,
                     (Prec::Byte, _) => self.rng.below(256) as f64,
                     // Integers: small values (divisors, shift counts) or edge values.
-                    (p, 0 | 1 | 2) if p.is_integer() => self.rng.below(12) as f64 - 3.0,
+                    (p, 0..=2) if p.is_integer() => self.rng.below(12) as f64 - 3.0,
                     (p, _) if p.is_integer() => self.int_edge(p),
                     (_, 0) => (self.rng.below(49) as f64 - 24.0) / 8.0,
                     (_, 1) => (2 + self.rng.below(23)) as f64 / 8.0,
