@@ -919,3 +919,44 @@ fn regression_byte_accumulation_of_inlined_fp8() {
     let got = common::run_and_read(&backend, &r, &[&o9]);
     assert_eq!(got, want, "{src}");
 }
+
+/// The example program `examples/programs/affine_byte_accumulation.json` (the program of
+/// `regression_byte_accumulation_of_inlined_fp8`, run twice by the CLI): its values, computed
+/// here step by step in the order of SPEC 9.3 (row-major over the product space `a, b`),
+/// truncating and wrapping into a byte after every step.
+#[test]
+fn example_affine_byte_accumulation() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/programs/affine_byte_accumulation.json"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .args(["run", file])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<f64> = v["o9"]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    // t1[a] = trunc(x0[a, 0, 3]) (the last point of the `set` reduction over b).
+    let t1 = [2.5f64.trunc(), 3.75f64.trunc()];
+    let x5 = [-1.75, 0.02734375, -0.01953125, 0.375];
+    let mut want = vec![0.0f64; 30];
+    for _run in 0..2 {
+        for (a, &xa) in x5.iter().enumerate() {
+            for (b, &tb) in t1.iter().enumerate() {
+                let cell = (a + b) * 5 + 1;
+                want[cell] = (want[cell] + (xa - tb)).trunc().rem_euclid(256.0);
+            }
+        }
+    }
+    assert_eq!(got, want);
+}
