@@ -743,6 +743,9 @@ pub fn accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Che
 /// `n` accumulation steps of an integer statement (integer result and arguments): exact in
 /// 64-bit integers, wrapped at every store.
 pub fn int_accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check<Est> {
+    if n > 0 && (start.grid.is_none() || term.grid.is_none()) {
+        return Err("integer accumulation of values that may differ");
+    }
     let mut acc = start;
     for _ in 0..n.min(256) {
         let next = store(int_op_est(Op::Bin(accum), &[acc, term], p), p)?;
@@ -910,6 +913,9 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
         Stmt::Scatter { src, index, .. } if pr.is_integer() && t[*src].prec.is_integer() => {
             let a = readable_est(&ests[*src])?;
             let old = readable_est(&ests[lhs])?;
+            if a.grid.is_none() || old.grid.is_none() {
+                return Err("integer scatter of values that may differ");
+            }
             let n = t[*index].dims.iter().product::<usize>();
             int_accumulate(old, a, n, Binop::Add, pr)?.union(old)
         }
@@ -955,6 +961,11 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
                     readable_est(&ests[i]).map(|e| if int_stmt { e } else { read(e, t[i].prec, c) })
                 })
                 .collect::<Check<Vec<Est>>>()?;
+            if exact_int && a.iter().any(|e| e.grid.is_none()) {
+                // Exact integer arithmetic on values that may already differ (from a function
+                // of reals): bit operations, wrapping and comparisons would amplify it.
+                return Err("integer statement on values that may differ");
+            }
             let term = match op {
                 _ if exact_int => int_op_est(*op, &a, pr),
                 Op::Un(u) if int_stmt => {
