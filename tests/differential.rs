@@ -53,9 +53,29 @@
 //! - affine entries (SPEC 9.3) on argument and result axes: `(c·L [+ c·M] ± o)` with
 //!   coefficients 1-2 and offsets -2..2 over letters that have an extent, so that some points
 //!   fall outside their axis and are skipped (the model lets a cell get 0..fan_in terms);
-//! - every unary and binary operation of the table, every precision, mixed precisions in one
-//!   program and one assignment; accumulators set/add/sub/mul/max/min with and without
-//!   `initialize_neutral`, bijective and not, full and partial writes;
+//! - every unary, binary and ternary operation of the table and every precision of SPEC 9.1
+//!   (byte, uint16, int32, uint32, int64, uint64, fp8, half, bfloat16, single, double), mixed
+//!   precisions in one program and one assignment (integer results with floating arguments
+//!   compute in double, floating results with integer arguments convert them); accumulators
+//!   set/add/sub/mul/max/min with and without `initialize_neutral` (integer neutral elements:
+//!   the type's minimum/maximum for max/min), bijective and not, full and partial writes;
+//! - integer programs (SPEC 9.1, 9.2): 30% of the cases are integer-heavy (most new tensors
+//!   get an integer precision); integer inputs hold small values (-3..8: divisors and mods by
+//!   zero, negative exponents, shift counts) or edge values (0, ±1, the type's minimum and
+//!   maximum — for 64 bits the largest `f64` in range, 2^63 - 1024 and 2^64 - 2048 — values
+//!   around ±2^31, 2^32, 2^53 and 2^62, shift counts 7-65 around the widths), and integer
+//!   statements try the bitwise operations and shifts, div, mod, pow and sub first half of
+//!   the time, so they overflow, wrap, divide by zero and shift by the width or more. The
+//!   bitwise operations and shifts appear only on integer statements;
+//!   [`differential_integer_only_ops_on_floating_statements_are_errors`] checks the misuse
+//!   (generated statements with a floating result or argument given one of them fail with
+//!   `Error::IntegerOnlyOp` naming the operation and a floating tensor, compiled and
+//!   interpreted);
+//! - bfloat16 and fp8 values around their rounding ties (k/16 in [1, 4), 1 + k/256,
+//!   1 + k/512 in single and double, k·2^-17 around the fp8 subnormals), overflowing
+//!   constants (57344, its tie 61440 to inf, -65536, 1e5, 3.4e38) and NaN/±inf constants into
+//!   outputs of every precision (integers store 0); index tensors of gathers and scatters of
+//!   every integer precision, with negative rows for the signed ones;
 //! - chains of assignments through intermediate nodes that are not hosted (so the optimizer
 //!   inlines many of them), in-place updates, accumulation into hosted inputs;
 //! - fetches: constants (exact, inexact, and ±inf/NaN into outputs), slices by a static index,
@@ -130,6 +150,21 @@
 //!   exact bounds of the sum plus the rounding each step may add ([`model::accumulate`]),
 //!   not a relative margin per step, which would compound over thousands of terms.
 //! - NaN matches only NaN, infinities only equal infinities.
+//! - Integer statements (integer result and arguments) compute exactly in 64-bit integers:
+//!   their values are identical on both sides whatever they are (the model bounds them by
+//!   interval arithmetic while nothing wraps, by the type's range otherwise), except for the
+//!   functions of reals (`exp`, `sqrt`, `sigmoid`, ...), which compute in double (libm) and
+//!   truncate: those get the double error model and ±1 after the store, in a small domain.
+//!   64-bit integer results are compared exactly: the outputs carry every cell's value
+//!   modulo 2^32 besides its `f64` rounding (see `run::Outputs`).
+//! - Storing into bfloat16 and fp8 rounds identical values identically (exact comparison);
+//!   values that may differ get one unit of the narrow format. The operations without a
+//!   derivative bound — comparisons, `and`/`or`/`not`, `mod` (fmod), `trunc`/`floor`/`ceil`,
+//!   the gates and `where`'s condition — are generated only on arguments whose values are
+//!   identical on both sides, so their results are compared exactly; `satur01` and `abs`
+//!   propagate errors unchanged; `exp2`, `log2`, `rsqrt` and `sigmoid` get tolerances like
+//!   `exp` and `log`. Integer arguments of floating statements are exact where they fit the
+//!   compute type and one unit of it otherwise.
 
 #[path = "differential/big.rs"]
 mod big;
@@ -376,6 +411,84 @@ fn differential_programs_round_trip_through_program_files() {
         }
     }
     assert!(with_statics && with_non_finite);
+}
+
+/// Deliberate misuse: the generated statements with a floating result or argument, their
+/// operation replaced by a bitwise or shift operation, must fail with
+/// [`arrayjit::Error::IntegerOnlyOp`] (naming the operation and a floating tensor) both when
+/// compiled and when interpreted, before any code runs.
+#[test]
+fn differential_integer_only_ops_on_floating_statements_are_errors() {
+    let mut checked = 0;
+    for seed in 3000..3400u64 {
+        let p = generate(seed);
+        let Some(k) = p.stmts.iter().position(|s| match s {
+            Stmt::Accum { lhs, args, op, .. } => {
+                matches!(op, case::Op::Bin(_))
+                    && std::iter::once(lhs)
+                        .chain(args)
+                        .any(|&i| !p.tensors[i].prec.is_integer())
+            }
+            _ => false,
+        }) else {
+            continue;
+        };
+        let mut bad = p.clone();
+        let ops = [
+            Binop::BitAnd,
+            Binop::BitOr,
+            Binop::BitXor,
+            Binop::Shl,
+            Binop::Shr,
+        ];
+        let want_op = ops[(seed % 5) as usize];
+        if let Stmt::Accum { op, .. } = &mut bad.stmts[k] {
+            *op = case::Op::Bin(want_op);
+        }
+        bad.stmts.truncate(k + 1);
+        let floating: Vec<&str> = {
+            let Stmt::Accum { lhs, args, .. } = &bad.stmts[k] else {
+                unreachable!()
+            };
+            std::iter::once(lhs)
+                .chain(args)
+                .filter(|&&i| !bad.tensors[i].prec.is_integer())
+                .map(|&i| bad.tensors[i].name.as_str())
+                .collect()
+        };
+        let msg_ok = |m: &str| {
+            m.contains(&format!(
+                "operation {} needs integer precisions, but tensor ",
+                want_op.name()
+            )) && floating
+                .iter()
+                .any(|t| m.contains(&format!("tensor {t} is ")))
+        };
+        let e = run_interp(&bad, &instantiate(&bad))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(msg_ok(&e), "seed {seed}: interpreter: {e}");
+        let inst = instantiate(&bad);
+        let backend = CcBackend::new();
+        backend.initialize(arrayjit::backend::Config::default());
+        let e = backend
+            .compile(true, None, &Bindings(inst.statics.clone()), &inst.asgns)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                arrayjit::Error::InRoutine { source, .. }
+                    if matches!(**source, arrayjit::Error::IntegerOnlyOp { .. })
+            ) && msg_ok(&e.to_string()),
+            "seed {seed}: compile: {e:?}"
+        );
+        checked += 1;
+        if checked == 12 {
+            break;
+        }
+    }
+    assert_eq!(checked, 12);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -709,4 +822,141 @@ fn regression_gcc12_unaligned_stack_array() {
     for line in locals {
         assert!(line.contains("__attribute__((aligned(64)))"), "{line}");
     }
+}
+
+/// Bug (fixed): a random fetch read through an affine entry (`t[{s0}, a, 2a+1, b]`) is inlined
+/// into its reader, and the reader into the next one: the inliner renames the loops of the
+/// reader but not the terms of the random value's linear counter index, so the C reads an
+/// undeclared iterator ("'i5' undeclared"). Found by the differential test (seed 2420954277,
+/// `max_visits` 64). Such computations now stay materialized, like reads of linear indices.
+#[test]
+fn regression_random_fetch_inlined_through_affine_index() {
+    use common::*;
+    let s0 = StaticSymbol::new("s0", Some(3));
+    let b = Bindings(vec![s0.clone()]);
+    let t = temp("t", &[3, 5, 3, 1], Prec::Byte);
+    let xv: Vec<f64> = (0..20).map(|i| ((i * 37) % 256) as f64).collect();
+    let x = input("x", &[4, 5], Prec::Byte, &xv);
+    let t2 = temp("t2", &[1], Prec::Half);
+    let out = output("out", &[1], Prec::Bfloat16);
+    let asgns = Assignments::seq([
+        Assignments::Fetch {
+            array: t.clone(),
+            fetch_op: arrayjit::ir::FetchOp::Random { seed: 3735928559 },
+        },
+        binop(
+            &t2,
+            Binop::Arg2,
+            true,
+            Binop::Le,
+            &t,
+            &x,
+            "{s0}a(2*a+1)b,bc->0",
+            &b,
+        ),
+        unop(&out, Binop::Arg2, false, Unop::Identity, &t2, "a->a", &b),
+    ]);
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asgns.nodes());
+    interp::run_assignments(&asgns, &[(s0.clone(), 2)], &mut mem).unwrap();
+    let want = vec![mem.get(&out).unwrap().to_vec()];
+    let backend = CcBackend::with_settings(Settings {
+        max_visits: MANY_VISITS,
+        ..Settings::default()
+    });
+    let (r, src) = common::build(&backend, "random_affine", &b, &asgns)
+        .unwrap_or_else(|e| panic!("compiling failed: {e}"));
+    r.bindings().set("s0", 2).unwrap();
+    let got = common::run_and_read(&backend, &r, &[&out]);
+    assert_eq!(got, want, "{src}");
+}
+
+/// Bug (fixed): loop interchange (`optimize/loops.rs`) treated every loop that appears in the
+/// written index as selecting the cell, including the loops of an affine result entry
+/// `(a+b)`, which write one cell at several points. It moved such a loop inward, changing
+/// the order of the accumulation steps of a cell; with a byte result, stored (truncated)
+/// after every step, the values changed (254 vs 253). Found by the differential test
+/// (seed 1420954373, `max_visits` 64, which inlines `t1` and makes its loop the one to
+/// move).
+#[test]
+fn regression_byte_accumulation_of_inlined_fp8() {
+    use common::*;
+    let b = Bindings::empty();
+    let x0 = input(
+        "x0",
+        &[2, 1, 4],
+        Prec::Single,
+        &[1.0, 1.625, 3.0, 1.875, 0.625, 2.125, 0.875, 1.875],
+    );
+    let x5 = input(
+        "x5",
+        &[4],
+        Prec::Fp8,
+        &[-1.75, 0.02734375, -0.01953125, 0.375],
+    );
+    let t1 = temp("t1", &[2], Prec::Fp8);
+    let o9 = output("o9", &[6, 5], Prec::Byte);
+    let asgns = Assignments::seq([
+        unop(&t1, Binop::Arg2, true, Unop::Trunc, &x0, "aab->a", &b),
+        binop(
+            &o9,
+            Binop::Add,
+            false,
+            Binop::Sub,
+            &x5,
+            &t1,
+            "a,b->(a+b)1",
+            &b,
+        ),
+    ]);
+    let want = interpret(&asgns, &[&o9]);
+    let backend = CcBackend::with_settings(Settings {
+        max_visits: MANY_VISITS,
+        ..Settings::default()
+    });
+    let (r, src) = common::build(&backend, "byte_fp8", &b, &asgns)
+        .unwrap_or_else(|e| panic!("compiling failed: {e}"));
+    let got = common::run_and_read(&backend, &r, &[&o9]);
+    assert_eq!(got, want, "{src}");
+}
+
+/// The example program `examples/programs/affine_byte_accumulation.json` (the program of
+/// `regression_byte_accumulation_of_inlined_fp8`, run twice by the CLI): its values, computed
+/// here step by step in the order of SPEC 9.3 (row-major over the product space `a, b`),
+/// truncating and wrapping into a byte after every step.
+#[test]
+fn example_affine_byte_accumulation() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/programs/affine_byte_accumulation.json"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+        .args(["run", file])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got: Vec<f64> = v["o9"]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    // t1[a] = trunc(x0[a, 0, 3]) (the last point of the `set` reduction over b).
+    let t1 = [2.5f64.trunc(), 3.75f64.trunc()];
+    let x5 = [-1.75, 0.02734375, -0.01953125, 0.375];
+    let mut want = vec![0.0f64; 30];
+    for _run in 0..2 {
+        for (a, &xa) in x5.iter().enumerate() {
+            for (b, &tb) in t1.iter().enumerate() {
+                let cell = (a + b) * 5 + 1;
+                want[cell] = (want[cell] + (xa - tb)).trunc().rem_euclid(256.0);
+            }
+        }
+    }
+    assert_eq!(got, want);
 }

@@ -300,7 +300,6 @@ fn interchange(c: Llc) -> Llc {
     if rs.iter().any(|(t, i)| t == tn && i != idcs) {
         return rebuild_guarded(loops, guards, body);
     }
-    let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
     // Legal only if distinct values of the written loops write distinct cells: each index of
     // the cell depends on at most one loop, and each loop on at most one index. An affine
     // result entry such as `(a+b)` writes one cell from several points, whose order (which
@@ -319,6 +318,11 @@ fn interchange(c: Llc) -> Llc {
     if !injective {
         return rebuild_guarded(loops, guards, body);
     }
+    // A loop selects the written cell only if it is a plain index of it: one that appears
+    // only in linear indices (an affine result entry such as `(a+b)`) may write the same cell
+    // at several of its values, so it is a reduction loop whose order matters (integer
+    // stores truncate at every step).
+    let written = |s: Symbol| idcs.contains(&AxisIndex::Iterator(s));
     let innermost = loops.len() - 1;
     let mut best = innermost;
     let mut best_score = score(loops[innermost].index, (tn, idcs), &rs);
@@ -525,7 +529,8 @@ fn tile_contraction(c: Llc) -> Llc {
     }
     let mut rs = vec![];
     reads(value, &mut rs);
-    let written = |s: Symbol| idcs.iter().any(|ix| ix.coef(s) != 0);
+    // As in `interchange`: only plain indices of the written cell select it.
+    let written = |s: Symbol| idcs.contains(&AxisIndex::Iterator(s));
     let Some(inner) = loops.last() else {
         return rebuild(loops, body);
     };

@@ -39,6 +39,10 @@ impl Op {
             Op::Tern(t) => t.name(),
         }
     }
+    /// Whether the operation is defined on integer statements only (SPEC 9.2).
+    pub fn integer_only(self) -> bool {
+        matches!(self, Op::Bin(b) if b.is_integer_only())
+    }
 }
 
 /// What an assignment's projections do to its result.
@@ -220,7 +224,18 @@ pub fn to_json(p: &Program) -> String {
             t.prec.name()
         );
         if t.kind == Kind::Input {
-            let v: Vec<String> = t.init.iter().map(|&v| json_num(v)).collect();
+            // Integers as JSON integers, with every digit (2^63 - 1024 stays exact).
+            let v: Vec<String> = t
+                .init
+                .iter()
+                .map(|&v| {
+                    if t.prec.is_integer() && v.is_finite() {
+                        format!("{}", v as i128)
+                    } else {
+                        json_num(v)
+                    }
+                })
+                .collect();
             let _ = write!(s, ", \"init\": {{\"values\": [{}]}}", v.join(", "));
         }
         s.push('}');

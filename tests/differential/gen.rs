@@ -51,6 +51,8 @@ pub struct Gen {
     pub written: Vec<bool>,
     pub read: Vec<bool>,
     pub last: Option<usize>,
+    /// An integer-heavy case: most new tensors get an integer precision.
+    pub int_bias: bool,
 }
 
 pub const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
@@ -104,6 +106,32 @@ impl Gen {
     }
 
     pub fn random_prec(&mut self) -> Prec {
+        if self.int_bias && self.rng.chance(75) {
+            return self.rng.pick(&[
+                Prec::Byte,
+                Prec::Uint16,
+                Prec::Int32,
+                Prec::Uint32,
+                Prec::Int64,
+                Prec::Uint64,
+            ]);
+        }
+        if self.rng.chance(40) {
+            // SPEC 9.1's integer and narrow-float precisions.
+            return self.rng.pick(&[
+                Prec::Uint16,
+                Prec::Int32,
+                Prec::Int32,
+                Prec::Uint32,
+                Prec::Int64,
+                Prec::Int64,
+                Prec::Uint64,
+                Prec::Bfloat16,
+                Prec::Bfloat16,
+                Prec::Fp8,
+                Prec::Fp8,
+            ]);
+        }
         self.rng.pick(&[
             Prec::Byte,
             Prec::Byte,
@@ -118,16 +146,61 @@ impl Gen {
         ])
     }
 
+    /// An integer edge value of precision `p` (exact as `f64`): 0, ±1, the type's minimum
+    /// and maximum (the largest `f64` below it for 64 bits), values around 2^31, 2^32,
+    /// 2^53 and 2^63, small shift counts around the widths.
+    pub fn int_edge(&mut self, p: Prec) -> f64 {
+        let (lo, hi) = super::model::int_range(p);
+        let two = |e: i32| 2f64.powi(e);
+        let v = match self.rng.below(12) {
+            0 => 0.0,
+            1 => 1.0,
+            2 => -1.0,
+            3 => lo,
+            4 => {
+                if hi > two(53) {
+                    // 2^63 - 1024 and 2^64 - 2048: the largest f64 values in range.
+                    hi - hi / two(53)
+                } else {
+                    hi
+                }
+            }
+            5 => two(31) + self.rng.pick(&[-2.0, -1.0, 0.0, 1.0]),
+            6 => two(32) + self.rng.pick(&[-1.0, 0.0, 1.0]),
+            7 => two(53) + self.rng.pick(&[-1.0, 0.0, 2.0]),
+            8 => -two(31) + self.rng.pick(&[-1.0, 0.0, 1.0]),
+            9 => self
+                .rng
+                .pick(&[7.0, 8.0, 15.0, 16.0, 31.0, 32.0, 33.0, 63.0, 64.0, 65.0]),
+            10 => -(self.rng.below(5) as f64),
+            _ => two(62) * self.rng.pick(&[-2.0, -1.0, 1.0, 1.5]),
+        };
+        common::round_to(p, v)
+    }
+
     pub fn random_values(&mut self, prec: Prec, n: usize) -> Vec<f64> {
-        let dist = self.rng.below(4);
+        let dist = self.rng.below(if prec == Prec::Byte { 4 } else { 6 });
         (0..n)
             .map(|_| {
                 let v = match (prec, dist) {
                     (Prec::Byte, 0 | 1) => self.rng.below(10) as f64,
                     (Prec::Byte, _) => self.rng.below(256) as f64,
+                    // Integers: small values (divisors, shift counts) or edge values.
+                    (p, 0..=2) if p.is_integer() => self.rng.below(12) as f64 - 3.0,
+                    (p, _) if p.is_integer() => self.int_edge(p),
                     (_, 0) => (self.rng.below(49) as f64 - 24.0) / 8.0,
                     (_, 1) => (2 + self.rng.below(23)) as f64 / 8.0,
                     (_, 2) => (self.rng.below(801) as f64 - 400.0) / 4.0,
+                    // Rounding ties of fp8 (k/16 in [1, 4)) and bfloat16 (1 + k/256, and
+                    // 1 + k/2^9 in single), and fp8 subnormals and their ties (k·2^-17).
+                    (Prec::Single | Prec::Double, 4) if self.rng.chance(50) => {
+                        (512 + self.rng.below(512)) as f64 / 512.0
+                    }
+                    (_, 4) => match self.rng.below(3) {
+                        0 => (16 + self.rng.below(48)) as f64 / 16.0,
+                        1 => (256 + self.rng.below(256)) as f64 / 256.0,
+                        _ => self.rng.below(16) as f64 / 131072.0,
+                    },
                     _ => (self.rng.below(4097) as f64 - 2048.0) / 1024.0,
                 };
                 common::round_to(prec, v)
@@ -446,6 +519,22 @@ impl Gen {
             Unop::ALL.iter().map(|&u| Op::Un(u)).collect()
         };
         self.rng.shuffle(&mut ops);
+        let t = &self.p.tensors;
+        let int_stmt = t[lhs].prec.is_integer() && args.iter().all(|&i| t[i].prec.is_integer());
+        if int_stmt {
+            // Integer statements try the operations whose integer semantics is special first
+            // (bit operations and shifts, div and mod by zero, pow, comparisons) half of the
+            // time.
+            if self.rng.chance(50) {
+                ops.sort_by_key(|op| match op {
+                    Op::Bin(b) if b.is_integer_only() => 0,
+                    Op::Bin(Binop::Div | Binop::Mod | Binop::ToPowOf | Binop::Sub) => 1,
+                    _ => 2,
+                });
+            }
+        } else {
+            ops.retain(|op| !op.integer_only());
+        }
         let mut accums = [
             Binop::Arg2,
             Binop::Arg2,
@@ -506,10 +595,21 @@ impl Gen {
                 };
                 let lhs = self.new_result(dims);
                 let t = &self.p.tensors[lhs];
-                let special = t.kind == Kind::Output && t.prec != Prec::Byte;
+                let special = t.kind == Kind::Output;
                 let c = if special && self.rng.chance(20) {
-                    self.rng
-                        .pick(&[f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0])
+                    // Non-finite values (integers store 0), and overflow and its rounding
+                    // tie of fp8 (57344, 61440) and bfloat16.
+                    self.rng.pick(&[
+                        f64::INFINITY,
+                        f64::NEG_INFINITY,
+                        f64::NAN,
+                        -0.0,
+                        57344.0,
+                        61440.0,
+                        -65536.0,
+                        1e5,
+                        3.4e38,
+                    ])
                 } else {
                     self.rng.pick(&[
                         0.0,
@@ -662,7 +762,9 @@ pub fn generate(seed: u64) -> Program {
         written: vec![],
         read: vec![],
         last: None,
+        int_bias: false,
     };
+    g.int_bias = g.rng.chance(30);
     let n_statics = g.rng.pick(&[0, 0, 1, 1, 2]);
     for k in 0..n_statics {
         let range = 1 + g.rng.below(5);

@@ -36,6 +36,18 @@ pub const DOUBLE: Fmt = Fmt {
     min_e: -1074,
     max: f64::MAX,
 };
+/// bfloat16: 8 significant bits, subnormals down to 2^-133.
+pub const BF16: Fmt = Fmt {
+    mant: 8,
+    min_e: -133,
+    max: 3.3895313892515355e38,
+};
+/// fp8 (E5M2): 3 significant bits, subnormals down to 2^-16, largest finite 57344.
+pub const FP8: Fmt = Fmt {
+    mant: 3,
+    min_e: -16,
+    max: 57344.0,
+};
 
 /// The format generated C computes in when writing a node of precision `p`.
 pub fn compute_fmt(p: Prec) -> Fmt {
@@ -49,8 +61,8 @@ pub fn store_fmt(p: Prec) -> Fmt {
     match p {
         Prec::Half => HALF,
         Prec::Single => SINGLE,
-        // (The generator makes no bfloat16 or fp8 tensors: integer programs are compared
-        // exactly by tests/precisions.rs.)
+        Prec::Bfloat16 => BF16,
+        Prec::Fp8 => FP8,
         _ => DOUBLE,
     }
 }
@@ -191,6 +203,14 @@ pub fn in_compute(x: Est, c: Fmt) -> Est {
 
 /// Reading a node of precision `src` into compute format `c` (C converts double to float).
 pub fn read(x: Est, src: Prec, c: Fmt) -> Est {
+    if src.is_integer() {
+        // Integers convert exactly where they fit; otherwise both sides round the same
+        // integer, but perhaps through double (double rounding): one unit of `c`.
+        return match x.grid {
+            Some(e) if fits(x.mag(), e, c) => x,
+            _ => x.inexact(ulp(x.mag(), c)),
+        };
+    }
     if src == Prec::Double && c == SINGLE {
         match x.grid {
             Some(e) if fits(x.mag(), e, SINGLE) => x,
@@ -205,34 +225,36 @@ pub fn read(x: Est, src: Prec, c: Fmt) -> Est {
 /// Storing into a node of precision `p`.
 pub fn store(x: Est, p: Prec) -> Check<Est> {
     if x.nonfinite {
-        return if p == Prec::Byte {
-            Err("non-finite into byte")
+        return if p.is_integer() {
+            Err("non-finite into an integer")
         } else {
             Ok(x)
         };
     }
     match p {
-        Prec::Byte => {
-            // Bytes wrap modulo 256: the stored range is the image of [lo, hi] unless that
-            // interval crosses a multiple of 256, and two computations that differ by `err`
-            // can land on opposite sides of one (255 against 0).
-            let block = |v: f64| (v.trunc() / 256.0).floor();
+        _ if p.is_integer() => {
+            // Integers wrap modulo 2^bits: the stored range is the image of [lo, hi] unless
+            // that interval crosses a block boundary, and two computations that differ by
+            // `err` can land on opposite sides of one (255 against 0).
+            let (tmin, tmax) = int_range(p);
+            let m = tmax - tmin + 1.0;
+            let block = |v: f64| ((v.trunc() - tmin) / m).floor();
             let (lo, hi) = if block(x.lo) == block(x.hi) {
                 (common::round_to(p, x.lo), common::round_to(p, x.hi))
             } else {
-                (0.0, 255.0)
+                (tmin, tmax)
             };
             let identical = x.grid.is_some() || x.lo.trunc() == x.hi.trunc();
             Ok(Est {
                 lo,
                 hi,
-                grid: identical.then_some(if hi == 0.0 { ANY } else { 0 }),
+                grid: identical.then_some(if hi == 0.0 && lo == 0.0 { ANY } else { 0 }),
                 err: if identical {
                     0.0
                 } else if block(x.lo - x.err) == block(x.hi + x.err) {
-                    (x.err + 1.0).min(255.0)
+                    (x.err + 1.0).min(m)
                 } else {
-                    255.0
+                    m
                 },
                 nonfinite: false,
             })
@@ -249,6 +271,130 @@ pub fn store(x: Est, p: Prec) -> Check<Est> {
                 None => x.inexact(ulp(x.mag(), f)),
             })
         }
+    }
+}
+
+/// The smallest and largest value of an integer precision (as `f64`: 2^64-1 rounds up).
+pub fn int_range(p: Prec) -> (f64, f64) {
+    let bits = p.int_bits().unwrap_or(64) as i32;
+    if p.is_signed_integer() {
+        (-(2f64.powi(bits - 1)), 2f64.powi(bits - 1) - 1.0)
+    } else {
+        (0.0, 2f64.powi(bits) - 1.0)
+    }
+}
+
+/// An identical integer value anywhere in the range of `p`.
+pub fn int_any(p: Prec) -> Est {
+    let (lo, hi) = int_range(p);
+    Est {
+        lo,
+        hi,
+        grid: Some(0),
+        err: 0.0,
+        nonfinite: false,
+    }
+}
+
+/// A truth value (0 or 1), identical on both sides.
+pub fn boolean() -> Est {
+    Est {
+        lo: 0.0,
+        hi: 1.0,
+        grid: Some(0),
+        err: 0.0,
+        nonfinite: false,
+    }
+}
+
+/// Whether every operation of an integer statement (integer result, integer arguments) is
+/// computed exactly in 64-bit integers: all but the functions of reals, which compute in
+/// `double` (libm) and are truncated.
+pub fn int_exact_unop(op: Unop) -> bool {
+    matches!(
+        op,
+        Unop::Identity
+            | Unop::Relu
+            | Unop::Neg
+            | Unop::Satur01
+            | Unop::Trunc
+            | Unop::Floor
+            | Unop::Ceil
+            | Unop::Abs
+            | Unop::Not
+    )
+}
+
+/// The estimate of an exact integer operation's result (before the store): the interval
+/// when it is known without wrapping, otherwise anything in the 64-bit compute range.
+pub fn int_op_est(op: Op, a: &[Est], p: Prec) -> Est {
+    let any = Est {
+        lo: -(2f64.powi(63)),
+        hi: 2f64.powi(64),
+        grid: Some(0),
+        err: 0.0,
+        nonfinite: false,
+    };
+    let with = |lo: f64, hi: f64| {
+        if lo >= -(2f64.powi(52)) && hi <= 2f64.powi(52) {
+            Est {
+                lo,
+                hi,
+                grid: Some(if lo == 0.0 && hi == 0.0 { ANY } else { 0 }),
+                err: 0.0,
+                nonfinite: false,
+            }
+        } else {
+            any
+        }
+    };
+    let _ = p;
+    match op {
+        Op::Un(u) => {
+            let x = a[0];
+            match u {
+                Unop::Identity | Unop::Trunc | Unop::Floor | Unop::Ceil => with(x.lo, x.hi),
+                Unop::Relu => with(x.lo.max(0.0), x.hi.max(0.0)),
+                Unop::Neg => with(-x.hi, -x.lo),
+                Unop::Abs => {
+                    let lo = if x.lo <= 0.0 && x.hi >= 0.0 {
+                        0.0
+                    } else {
+                        x.lo.abs().min(x.hi.abs())
+                    };
+                    with(lo, x.mag())
+                }
+                Unop::Satur01 | Unop::Not => boolean(),
+                _ => any,
+            }
+        }
+        Op::Bin(b) => {
+            let (x, y) = (a[0], a[1]);
+            match b {
+                Binop::Add => with(x.lo + y.lo, x.hi + y.hi),
+                Binop::Sub => with(x.lo - y.hi, x.hi - y.lo),
+                Binop::Mul => {
+                    let (lo, hi) = corners(x, y, |u, v| u * v);
+                    with(lo, hi)
+                }
+                Binop::Max => with(x.lo.max(y.lo), x.hi.max(y.hi)),
+                Binop::Min => with(x.lo.min(y.lo), x.hi.min(y.hi)),
+                Binop::Arg1 => with(x.lo, x.hi),
+                Binop::Arg2 => with(y.lo, y.hi),
+                Binop::ReluGate | Binop::Satur01Gate => with(y.lo.min(0.0), y.hi.max(0.0)),
+                Binop::Lt
+                | Binop::Le
+                | Binop::Gt
+                | Binop::Ge
+                | Binop::Eq
+                | Binop::Ne
+                | Binop::And
+                | Binop::Or => boolean(),
+                _ => any,
+            }
+        }
+        Op::Tern(Ternop::Where) => with(a[1].lo.min(a[2].lo), a[1].hi.max(a[2].hi)),
+        Op::Tern(_) => any,
     }
 }
 
@@ -331,7 +477,84 @@ pub fn unop_est(op: Unop, a: Est, c: Fmt) -> Check<Est> {
         }
         Unop::Tanh => transc(a.lo.tanh(), a.hi.tanh(), a.err, c),
         Unop::Sin | Unop::Cos => transc(-1.0, 1.0, a.err, c),
-        _ => return Err("operation outside the error model"),
+        // Monotone and exact: the error propagates unchanged.
+        Unop::Satur01 => Est {
+            lo: a.lo.clamp(0.0, 1.0),
+            hi: a.hi.clamp(0.0, 1.0),
+            ..a
+        },
+        Unop::Abs => {
+            let lo = if a.lo <= 0.0 && a.hi >= 0.0 {
+                0.0
+            } else {
+                a.lo.abs().min(a.hi.abs())
+            };
+            Est {
+                lo,
+                hi: a.mag(),
+                ..a
+            }
+        }
+        // Discontinuous: only on identical arguments (then exact, and identical).
+        Unop::Trunc | Unop::Floor | Unop::Ceil => {
+            if a.grid.is_none() {
+                return Err("rounding of an inexact value");
+            }
+            let f = match op {
+                Unop::Trunc => f64::trunc,
+                Unop::Floor => f64::floor,
+                _ => f64::ceil,
+            };
+            Est {
+                lo: f(a.lo),
+                hi: f(a.hi),
+                grid: Some(if f(a.lo) == 0.0 && f(a.hi) == 0.0 {
+                    ANY
+                } else {
+                    a.grid.unwrap_or(0).max(0)
+                }),
+                ..a
+            }
+        }
+        Unop::Not => {
+            if a.grid.is_none() && a.lo <= 0.0 && a.hi >= 0.0 {
+                return Err("truth of an inexact value");
+            }
+            boolean()
+        }
+        Unop::Exp2 => {
+            if a.hi > 10.0 {
+                return Err("exp2 too large");
+            }
+            let h = a.hi.exp2();
+            transc(a.lo.exp2(), h, h * std::f64::consts::LN_2 * a.err, c)
+        }
+        Unop::Log2 => {
+            if a.lo < 0.25 || a.err > a.lo / 8.0 {
+                return Err("log2 domain");
+            }
+            transc(
+                a.lo.log2(),
+                a.hi.log2(),
+                a.err / (a.lo * std::f64::consts::LN_2),
+                c,
+            )
+        }
+        Unop::Rsqrt => {
+            if a.lo < 0.25 || a.err > a.lo / 8.0 {
+                return Err("rsqrt domain");
+            }
+            transc(
+                1.0 / a.hi.sqrt(),
+                1.0 / a.lo.sqrt(),
+                a.err / (2.0 * a.lo.powf(1.5)),
+                c,
+            )
+        }
+        Unop::Sigmoid => {
+            let s = |x: f64| 1.0 / (1.0 + (-x).exp());
+            transc(s(a.lo), s(a.hi), a.err / 4.0, c)
+        }
     };
     if r.mag() > MAX_TERM {
         return Err("magnitude");
@@ -427,6 +650,41 @@ pub fn binop_est(op: Binop, a: Est, b: Est, c: Fmt) -> Check<Est> {
             err: a.err.max(b.err),
             nonfinite: false,
         },
+        // fmod is exact, but discontinuous: only on identical arguments.
+        Binop::Mod => {
+            let m = away_from_zero(b)?;
+            let _ = m;
+            if a.grid.is_none() || b.grid.is_none() {
+                return Err("fmod of inexact values");
+            }
+            let r = a.mag().min(b.mag());
+            Est {
+                lo: if a.lo < 0.0 { -r } else { 0.0 },
+                hi: if a.hi > 0.0 { r } else { 0.0 },
+                grid: grid_min(a.grid, b.grid),
+                err: 0.0,
+                nonfinite: false,
+            }
+        }
+        Binop::Lt | Binop::Le | Binop::Gt | Binop::Ge | Binop::Eq | Binop::Ne => {
+            if a.grid.is_none() || b.grid.is_none() {
+                return Err("comparison of inexact values");
+            }
+            boolean()
+        }
+        Binop::And | Binop::Or => {
+            let sure = |x: Est| x.grid.is_some() || x.lo > 0.0 || x.hi < 0.0;
+            if !sure(a) || !sure(b) {
+                return Err("truth of an inexact value");
+            }
+            boolean()
+        }
+        Binop::Satur01Gate => {
+            if a.grid.is_none() {
+                return Err("gate on an inexact value");
+            }
+            b.union(Est::zero())
+        }
         _ => return Err("operation outside the error model"),
     };
     if r.mag() > MAX_TERM || !r.lo.is_finite() || !r.hi.is_finite() {
@@ -450,7 +708,7 @@ pub fn binop_est(op: Binop, a: Est, b: Est, c: Fmt) -> Check<Est> {
 /// at all.
 pub fn accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check<Est> {
     let c = compute_fmt(p);
-    let sum = matches!(accum, Binop::Add | Binop::Sub) && p != Prec::Byte;
+    let sum = matches!(accum, Binop::Add | Binop::Sub) && !p.is_integer();
     let (mut lo, mut hi, mut dev) = (start.lo, start.hi, 0.0);
     let mut acc = start;
     for _ in 0..n {
@@ -478,6 +736,26 @@ pub fn accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Che
     }
     if n >= 2 && reassociable(accum, p) {
         acc = any_order(start, term, n, acc, c);
+    }
+    Ok(acc)
+}
+
+/// `n` accumulation steps of an integer statement (integer result and arguments): exact in
+/// 64-bit integers, wrapped at every store.
+pub fn int_accumulate(start: Est, term: Est, n: usize, accum: Binop, p: Prec) -> Check<Est> {
+    if n > 0 && (start.grid.is_none() || term.grid.is_none()) {
+        return Err("integer accumulation of values that may differ");
+    }
+    let mut acc = start;
+    for _ in 0..n.min(256) {
+        let next = store(int_op_est(Op::Bin(accum), &[acc, term], p), p)?;
+        if next == acc {
+            break;
+        }
+        acc = next;
+    }
+    if n > 256 {
+        acc = acc.union(int_any(p));
     }
     Ok(acc)
 }
@@ -548,6 +826,19 @@ pub fn any_order(start: Est, term: Est, n: usize, seq: Est, c: Fmt) -> Est {
 
 /// What `fill_neutral` stores for an accumulator.
 pub fn neutral_est(accum: Binop, p: Prec) -> Est {
+    if p.is_integer() {
+        // The type's minimum for max, its maximum for min (SPEC 9.1).
+        let (lo, hi) = int_range(p);
+        let v = match accum {
+            Binop::Max => lo,
+            Binop::Min => hi,
+            _ => common::round_to(p, accum.neutral()),
+        };
+        return Est {
+            grid: Some(if v == 0.0 { ANY } else { 0 }),
+            ..Est::value(v)
+        };
+    }
     let v = accum.neutral();
     if v.is_finite() || p == Prec::Byte {
         // Bytes store infinities as 0.
@@ -576,8 +867,16 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
         Stmt::Const { c: v, .. } => {
             // The constant is rounded to the compute type, then stored.
             let v = if c == SINGLE { *v as f32 as f64 } else { *v };
-            if pr == Prec::Byte {
+            if pr.is_integer() {
+                // (NaN and infinities store 0.)
                 Est::value(common::round_to(pr, v))
+            } else if v.abs() > MAX_MAG {
+                // Overflowing narrow floats (identical on both sides, never read again).
+                ests[lhs] = Est {
+                    nonfinite: true,
+                    ..Est::value(common::round_to(pr, v))
+                };
+                return Ok(());
             } else {
                 store(Est::value(v), pr)?
             }
@@ -597,12 +896,32 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
         }
         Stmt::Random { .. } => Est {
             lo: 0.0,
-            hi: if pr == Prec::Byte { 255.0 } else { 1.0 },
-            // Multiples of 2^-32 (integers in byte), identical on both sides.
-            grid: Some(if pr == Prec::Byte { 0 } else { -32 }),
+            // Integers: the 32-bit word, wrapped.
+            hi: if pr.is_integer() {
+                int_range(pr).1.min(2f64.powi(32) - 1.0)
+            } else {
+                1.0
+            },
+            // Multiples of 2^-32 (integers for integer precisions), identical on both sides.
+            grid: Some(if pr.is_integer() { 0 } else { -32 }),
             err: 0.0,
             nonfinite: false,
         },
+        Stmt::Gather { table, .. } if pr.is_integer() && t[*table].prec.is_integer() => {
+            store(readable_est(&ests[*table])?, pr)?.union(Est::zero())
+        }
+        Stmt::Scatter { src, index, .. } if pr.is_integer() && t[*src].prec.is_integer() => {
+            let a = readable_est(&ests[*src])?;
+            let old = readable_est(&ests[lhs])?;
+            if a.grid.is_none() || old.grid.is_none() {
+                return Err("integer scatter of values that may differ");
+            }
+            let n = t[*index].dims.iter().product::<usize>();
+            int_accumulate(old, a, n, Binop::Add, pr)?.union(old)
+        }
+        Stmt::Slice { src, .. } if pr.is_integer() && t[*src].prec.is_integer() => {
+            store(readable_est(&ests[*src])?, pr)?
+        }
         Stmt::Gather { table, .. } => {
             let a = readable_est(&ests[*table])?;
             // Rows of the table, or zeros for out-of-range indices.
@@ -627,11 +946,41 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             shape,
             ..
         } => {
+            let int_stmt = pr.is_integer() && args.iter().all(|&i| t[i].prec.is_integer());
+            if !int_stmt && op.integer_only() {
+                return Err("integer-only operation on a floating statement");
+            }
+            let exact_int = int_stmt
+                && match op {
+                    Op::Un(u) => int_exact_unop(*u),
+                    _ => true,
+                };
             let a = args
                 .iter()
-                .map(|&i| readable_est(&ests[i]).map(|e| read(e, t[i].prec, c)))
+                .map(|&i| {
+                    readable_est(&ests[i]).map(|e| if int_stmt { e } else { read(e, t[i].prec, c) })
+                })
                 .collect::<Check<Vec<Est>>>()?;
+            if exact_int && a.iter().any(|e| e.grid.is_none()) {
+                // Exact integer arithmetic on values that may already differ (from a function
+                // of reals): bit operations, wrapping and comparisons would amplify it.
+                return Err("integer statement on values that may differ");
+            }
             let term = match op {
+                _ if exact_int => int_op_est(*op, &a, pr),
+                Op::Un(u) if int_stmt => {
+                    // A function of reals: in double from the integer argument.
+                    let x = a[0];
+                    if x.mag() > MAX_TERM {
+                        return Err("magnitude");
+                    }
+                    unop_est(*u, x, DOUBLE)?
+                }
+                Op::Tern(Ternop::Where)
+                    if a[0].grid.is_none() && a[0].lo <= 0.0 && a[0].hi >= 0.0 =>
+                {
+                    return Err("selection on an inexact value");
+                }
                 Op::Un(u) => unop_est(*u, a[0], c)?,
                 Op::Bin(b) => binop_est(*b, a[0], a[1], c)?,
                 // A selection: exactly one of the two values.
@@ -651,6 +1000,13 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             let plain = *accum == Binop::Arg2 || (*init && shape.bijective);
             let fills = *init && !shape.bijective;
             let neutral = neutral_est(*accum, pr);
+            let accumulate = |start: Est, term: Est, n: usize, accum: Binop, p: Prec| {
+                if exact_int {
+                    int_accumulate(start, term, n, accum, p)
+                } else {
+                    accumulate(start, term, n, accum, p)
+                }
+            };
             let written = if plain {
                 store(term, pr)?
             } else if shape.affine {
@@ -685,7 +1041,7 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
         }
     };
     if !new.nonfinite && new.grid.is_none() {
-        let lim = if pr == Prec::Byte {
+        let lim = if pr.is_integer() {
             (0.05 * new.mag()).max(2.0)
         } else {
             0.02 * new.mag().max(1.0)
@@ -694,7 +1050,7 @@ pub fn apply(p: &Program, s: &Stmt, ests: &mut [Est]) -> Check<()> {
             return Err("imprecise");
         }
     }
-    if pr != Prec::Byte && new.mag() > MAX_MAG {
+    if !pr.is_integer() && new.mag() > MAX_MAG {
         return Err("magnitude");
     }
     ests[lhs] = new;

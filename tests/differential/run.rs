@@ -125,8 +125,30 @@ pub fn instantiate(p: &Program) -> Instance {
     }
 }
 
-/// Values of the hosted tensors: `[run][hosted tensor][cell]`.
+/// Values of the hosted tensors: `[run][hosted tensor][cell]`. A 64-bit integer tensor's
+/// cells are followed by their values modulo 2^32, so that values beyond 2^53 (which `f64`
+/// rounds) are compared exactly too.
 pub type Outputs = Vec<Vec<Vec<f64>>>;
+
+/// `values` of a node, with the low 32 bits of `ints` appended for 64-bit integers.
+pub fn with_exact(tn: &Tnode, mut values: Vec<f64>, ints: Option<Vec<i128>>) -> Vec<f64> {
+    if tn.prec().int_bits() == Some(64) {
+        let ints = ints.unwrap_or_else(|| values.iter().map(|&v| v as i128).collect());
+        values.extend(ints.iter().map(|&v| (v as u64 & 0xffff_ffff) as f64));
+    }
+    values
+}
+
+/// The host values of a node (exact for 64-bit integers, see [`Outputs`]).
+pub fn host_snapshot(tn: &Tnode) -> Option<Vec<f64>> {
+    let ints = tn.with_host(|a| (0..a.len()).map(|i| a.get_int(i).unwrap_or(0)).collect());
+    Some(with_exact(tn, tn.host_values()?, ints))
+}
+
+/// The interpreter's values of a node (exact for 64-bit integers, see [`Outputs`]).
+pub fn mem_snapshot(mem: &Memory, tn: &Tnode) -> Option<Vec<f64>> {
+    Some(with_exact(tn, mem.get(tn)?.to_vec(), mem.get_int(tn)))
+}
 
 pub fn statics_for(inst: &Instance, run: &[i64]) -> Vec<(StaticSymbol, i64)> {
     inst.statics
@@ -148,7 +170,7 @@ pub fn run_interp(p: &Program, inst: &Instance) -> Result<Outputs, String> {
         out.push(
             hosted
                 .iter()
-                .map(|&i| mem.get(&inst.tnodes[i]).map(<[f64]>::to_vec))
+                .map(|&i| mem_snapshot(&mem, &inst.tnodes[i]))
                 .collect::<Option<Vec<_>>>()
                 .ok_or("interpreter: a hosted tensor is missing from memory")?,
         );
@@ -177,9 +199,9 @@ pub fn run_interp_optimized(
             hosted
                 .iter()
                 .map(|&i| {
-                    mem.get(&inst.tnodes[i])
-                        .map(<[f64]>::to_vec)
-                        .unwrap_or_else(|| vec![0.0; inst.tnodes[i].numel()])
+                    let tn = &inst.tnodes[i];
+                    mem_snapshot(&mem, tn)
+                        .unwrap_or_else(|| with_exact(tn, vec![0.0; tn.numel()], None))
                 })
                 .collect(),
         );
@@ -327,7 +349,7 @@ pub fn run_compiled(progs: &[&Program], settings: &Settings, checked: bool) -> V
                 for &i in &hosted {
                     let tn = &inst.tnodes[i];
                     backend.to_host(&ctx, tn).map_err(|e| e.to_string())?;
-                    snap.push(tn.host_values().ok_or("not hosted")?);
+                    snap.push(host_snapshot(tn).ok_or("not hosted")?);
                 }
                 outs.push(snap);
             }
