@@ -527,44 +527,59 @@ fn check_gather(
     Ok(())
 }
 
+/// The loops of a gather or scatter-add over the index cells `d` of `index`: for each, the
+/// index is read once as an exact integer ([`Llc::Lookup`]) and, when it is inside
+/// `0 .. extent-1`, `row` runs over the row axes `r` (dims `row_dims`), given the indices of
+/// `(d, r)` and of `(index[d], r)`. `None` when the table has no rows.
+fn lookup_rows(
+    index: &Tnode,
+    row_dims: &[usize],
+    extent: usize,
+    row: impl FnOnce(Vec<AxisIndex>, Vec<AxisIndex>) -> Llc,
+) -> Option<Llc> {
+    if extent == 0 {
+        return None;
+    }
+    let mut outer = vec![];
+    let d = axis_indices(index.dims(), &mut outer);
+    let mut inner = vec![];
+    let r = axis_indices(row_dims, &mut inner);
+    let n = Symbol::fresh();
+    let flat: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
+    let looked_up: Vec<AxisIndex> = std::iter::once(AxisIndex::Iterator(n))
+        .chain(r.iter().copied())
+        .collect();
+    let body = loops(&inner, row(flat, looked_up));
+    Some(loops(
+        &outer,
+        Llc::Lookup {
+            symbol: n,
+            tn: index.clone(),
+            idcs: d,
+            extent,
+            body: Box::new(body),
+        },
+    ))
+}
+
 /// `lhs[d, r] = table[index[d], r]`: `lhs` is zeroed, then for every `d` the index is read
 /// once as an exact integer ([`Llc::Lookup`]) and, when it is inside `0 .. N-1`, row
 /// `index[d]` of the table is copied (converted like an assignment); other rows stay zero.
 /// The work is `|D| · |R|`, whatever `N`; nothing outside the table is ever read.
 fn lower_gather(lhs: &Tnode, table: &Tnode, index: &Tnode) -> Result<Llc> {
     check_gather("gather", lhs, table, lhs, index)?;
-    let mut outer = vec![];
-    let d = axis_indices(index.dims(), &mut outer);
-    let mut inner = vec![];
-    let r = axis_indices(&table.dims()[1..], &mut inner);
-    let n = Symbol::fresh();
-    let out: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
-    let row: Vec<AxisIndex> = std::iter::once(AxisIndex::Iterator(n))
-        .chain(r.iter().copied())
-        .collect();
-    let copy = loops(
-        &inner,
+    let copy = lookup_rows(index, &table.dims()[1..], table.dims()[0], |out, row| {
         Llc::Set {
             tn: lhs.clone(),
             idcs: out,
             value: Llv::Get(table.clone(), row),
-        },
-    );
-    let extent = table.dims()[0];
-    let mut code = vec![Llc::ZeroOut(lhs.clone())];
-    if extent > 0 {
-        code.push(loops(
-            &outer,
-            Llc::Lookup {
-                symbol: n,
-                tn: index.clone(),
-                idcs: d,
-                extent,
-                body: Box::new(copy),
-            },
-        ));
-    }
-    Ok(Llc::Seq(code))
+        }
+    });
+    Ok(Llc::Seq(
+        std::iter::once(Llc::ZeroOut(lhs.clone()))
+            .chain(copy)
+            .collect(),
+    ))
 }
 
 /// `lhs[index[d], r] += src[d, r]`: for every `d` in row-major order the index is read once
@@ -573,17 +588,7 @@ fn lower_gather(lhs: &Tnode, table: &Tnode, index: &Tnode) -> Result<Llc> {
 /// in the order of `d`, out-of-range ones add nothing. The work is `|D| · |R|`.
 fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
     check_gather("scatter_add", lhs, lhs, src, index)?;
-    let mut outer = vec![];
-    let d = axis_indices(index.dims(), &mut outer);
-    let mut inner = vec![];
-    let r = axis_indices(&lhs.dims()[1..], &mut inner);
-    let n = Symbol::fresh();
-    let from: Vec<AxisIndex> = d.iter().chain(&r).copied().collect();
-    let cell: Vec<AxisIndex> = std::iter::once(AxisIndex::Iterator(n))
-        .chain(r.iter().copied())
-        .collect();
-    let add = loops(
-        &inner,
+    let add = lookup_rows(index, &lhs.dims()[1..], lhs.dims()[0], |from, cell| {
         Llc::Set {
             tn: lhs.clone(),
             idcs: cell.clone(),
@@ -592,22 +597,9 @@ fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
                 Box::new(Llv::Get(lhs.clone(), cell)),
                 Box::new(Llv::Get(src.clone(), from)),
             ),
-        },
-    );
-    let extent = lhs.dims()[0];
-    if extent == 0 {
-        return Ok(Llc::Noop);
-    }
-    Ok(loops(
-        &outer,
-        Llc::Lookup {
-            symbol: n,
-            tn: index.clone(),
-            idcs: d,
-            extent,
-            body: Box::new(add),
-        },
-    ))
+        }
+    });
+    Ok(add.unwrap_or(Llc::Noop))
 }
 
 fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
