@@ -115,30 +115,33 @@ struct Loop {
     trace_it: bool,
 }
 
+/// Moves the loops around `c` (outermost first) into `loops`; gives back the first statement
+/// that is not a loop.
+fn peel_loops(mut c: Llc, loops: &mut Vec<Loop>) -> Llc {
+    while let Llc::For {
+        index,
+        from,
+        to,
+        body,
+        trace_it,
+    } = c
+    {
+        loops.push(Loop {
+            index,
+            from,
+            to,
+            trace_it,
+        });
+        c = *body;
+    }
+    c
+}
+
 /// Splits a perfect nest into its loops and innermost statement.
 fn perfect_nest(c: Llc) -> (Vec<Loop>, Llc) {
     let mut loops = vec![];
-    let mut c = c;
-    loop {
-        match c {
-            Llc::For {
-                index,
-                from,
-                to,
-                body,
-                trace_it,
-            } => {
-                loops.push(Loop {
-                    index,
-                    from,
-                    to,
-                    trace_it,
-                });
-                c = *body;
-            }
-            other => return (loops, other),
-        }
-    }
+    let inner = peel_loops(c, &mut loops);
+    (loops, inner)
 }
 
 fn rebuild(loops: Vec<Loop>, body: Llc) -> Llc {
@@ -210,22 +213,7 @@ fn guarded_nest(c: Llc) -> (Vec<Loop>, Vec<Guard>, Llc) {
     let mut guards = vec![];
     let mut c = c;
     loop {
-        match c {
-            Llc::For {
-                index,
-                from,
-                to,
-                body,
-                trace_it,
-            } => {
-                loops.push(Loop {
-                    index,
-                    from,
-                    to,
-                    trace_it,
-                });
-                c = *body;
-            }
+        match peel_loops(c, &mut loops) {
             Llc::If { guards: g, body } => {
                 guards.extend(g);
                 c = *body;
