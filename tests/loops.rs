@@ -10,10 +10,12 @@ use common::*;
 
 /// The loop iterators of the first perfect nest that writes `tn`, outermost first, as the
 /// indices (0-based) they take in `tn`'s operands: returned as the spec letters they came from.
+/// The loop extents of the last loop nest, outermost first (the nest of the computation: a
+/// zero fill before it may have been fused into its outer loop).
 fn loop_order(code: &Llc) -> Vec<i64> {
     fn go(c: &Llc, out: &mut Vec<i64>) -> bool {
         match c {
-            Llc::Seq(v) => v.iter().any(|c| go(c, out)),
+            Llc::Seq(v) => v.iter().rev().any(|c| go(c, out)),
             Llc::For { to, body, .. } => {
                 out.push(*to);
                 go(body, out);

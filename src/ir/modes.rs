@@ -141,6 +141,9 @@ pub mod provenance {
     pub const SNAPSHOT: u32 = 19;
     /// Kernel passes: packed operand panels and tile buffers of a GEMM kernel.
     pub const KERNEL: u32 = 20;
+    /// Fusion: a slice-sized local replacing a local tensor that one fused loop uses one
+    /// slice at a time.
+    pub const FUSED: u32 = 21;
 }
 
 /// Memory-mode decisions about nodes, each with the provenance of the rule that made it. A

@@ -1,6 +1,7 @@
 //! The optimizer: tracing, memory-mode inference, virtualization (inlining),
 //! cleanup and simplification, turning lowered code into an [`Optimized`] routine body.
 
+mod fuse;
 mod gemm;
 mod loops;
 mod simplify;
@@ -35,7 +36,8 @@ pub struct Settings {
     /// A node whose computation costs more than this many operations per read (a large
     /// reduction) is materialized rather than inlined.
     pub max_inline_work: u64,
-    /// Run the loop-nest passes (loop interchange for locality).
+    /// Run the loop-nest passes (loop interchange for locality, kernels, fusion across
+    /// statements).
     pub loop_opts: bool,
     /// The vector target of the kernel passes (GEMM kernels for contractions); `None`: no
     /// vector kernels. The cc backend fills it with the resolved target when it is `None`.
@@ -180,6 +182,32 @@ pub fn optimize_with(
         modes.refine(t, MemoryMode::Local, provenance::KERNEL)?;
     }
     nodes.extend(locals.into_iter().map(|t| (t, MemoryMode::Local)));
+    // Dead stores: local tensors written whole before they are read need no zero fill.
+    let whole = fuse::full_writes(&code);
+    let local_nodes: std::collections::HashSet<Tnode> = nodes
+        .iter()
+        .filter(|(_, m)| *m == MemoryMode::Local)
+        .map(|(t, _)| t.clone())
+        .collect();
+    let dead_fills: Vec<Tnode> = whole
+        .iter()
+        .filter(|t| local_nodes.contains(*t) && !written_first.contains(*t))
+        .cloned()
+        .collect();
+    written_first.extend(dead_fills);
+    let code = if settings.enabled && settings.loop_opts {
+        let f = fuse::fuse(code, &local_nodes, &whole);
+        verify("fusion", &f.code)?;
+        nodes.retain(|(t, _)| !f.replaced.contains(t));
+        for t in &f.locals {
+            modes.refine(t, MemoryMode::Local, provenance::FUSED)?;
+        }
+        written_first.extend(f.locals.iter().cloned());
+        nodes.extend(f.locals.into_iter().map(|t| (t, MemoryMode::Local)));
+        f.code
+    } else {
+        code
+    };
     // The decisions this routine made or relied on, about its own nodes.
     let mine: std::collections::HashSet<Tnode> = traced_store
         .nodes()
