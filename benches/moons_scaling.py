@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Device scaling of the default moons job (the README's first command).
+"""Device scaling of the default moons job (the README's first set-up command).
 
 Runs `target/release/examples/moons --devices D --no-plot` for each device count in turn,
 ROUNDS times (interleaved, so that a slow phase of a shared machine hits every count alike),

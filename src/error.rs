@@ -83,12 +83,13 @@ pub enum Error {
     },
     /// The compiler flags ask for a sanitizer (`-fsanitize=address`...) whose runtime is not
     /// loaded in this process, so a library compiled with them cannot be loaded (GCC's
-    /// AddressSanitizer runtime would end the process). See "Sanitizers" in the README.
+    /// AddressSanitizer runtime would end the process). See "Sanitizers" in
+    /// `docs/configuration.md`.
     #[error(
         "the compiler flags ask for {sanitizers}, but the sanitizer runtime is not loaded in \
          this process, so a library compiled with these flags cannot be loaded; run the \
          program with the runtime preloaded: {fix} <program> (see \"Sanitizers\" in \
-         arrayjit's README)"
+         arrayjit's docs/configuration.md)"
     )]
     Sanitizer {
         /// The sanitizers whose runtimes are missing, with their flags.
@@ -107,8 +108,8 @@ pub enum Error {
     /// A file or directory arrayjit would read, load or write through is not safe to use:
     /// another user owns it or could have written it (group or others may write it), or it
     /// is not the kind of file expected (a symbolic link, a FIFO, a device), or it is too
-    /// large. The compile cache and the debug directory check their files this way (see "The
-    /// compile cache" in the README).
+    /// large. The compile cache and the debug directory check their files this way (see "Trust"
+    /// in `docs/configuration.md`).
     #[error("refusing {path}: {msg}")]
     UnsafeFile {
         /// The file or directory.

@@ -50,7 +50,7 @@ use crate::optimize::Settings;
 #[derive(Clone, Debug, Default)]
 pub struct JitConfig {
     /// The C compiler, its flags, the compile cache and the number of compile jobs; `None`:
-    /// read from the environment at every compile (the variables documented in the README).
+    /// read from the environment at every compile (the variables documented in `docs/configuration.md`).
     pub compiler: Option<CompilerConfig>,
     /// The optimizer's knobs.
     pub optimizer: Settings,

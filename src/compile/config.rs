@@ -325,7 +325,7 @@ impl CompilerConfig {
     /// counts as unset.
     ///
     /// - the compiler: `ARRAYJIT_CC`, else `CC`, else the `cc` crate's choice for the target the
-    ///   crate was built for (remembered in the cache directory, see the README). The value
+    ///   crate was built for (remembered in the cache directory, see `docs/configuration.md`). The value
     ///   must name a single program (a path, or a name found in `PATH`); flags go in
     ///   `ARRAYJIT_CFLAGS`. A compiler that cannot be found is [`Error::CompilerNotFound`],
     ///   naming the variable it came from; a value that is not found and contains whitespace

@@ -92,7 +92,7 @@ impl HostMlp {
 }
 
 /// Local arrays larger than this are allocated (`calloc`) and freed by the generated C on every
-/// call (smaller ones live on the stack); see the README's "Reading the generated C".
+/// call (smaller ones live on the stack); see `docs/generated-c.md`.
 const STACK_LOCAL_LIMIT: usize = 16 * 1024;
 
 /// A node that must be materialized (so that the loop order chosen for it is kept rather

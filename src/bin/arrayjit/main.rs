@@ -1,6 +1,6 @@
 //! The `arrayjit` command line: run program files and print their tensors, print the C they
 //! compile to, time them, and look after the compile cache. The file format is described in
-//! `README.md` ("The program format").
+//! `docs/program-format.md`.
 //!
 //! ```text
 //! arrayjit run FILE [--format json|table] [--interpret]
@@ -57,7 +57,7 @@ arrayjit run FILE [--format json|table] [--interpret]
 
 /// arrayjit: compile array programs to C, compile them with the system C compiler, run them.
 ///
-/// The program file format is described in README.md.
+/// The program file format is described in docs/program-format.md.
 #[derive(Parser, Debug)]
 #[command(
     name = "arrayjit",
@@ -66,7 +66,7 @@ arrayjit run FILE [--format json|table] [--interpret]
     subcommand_required = true,
     arg_required_else_help = true,
     after_help = "Environment variables (ARRAYJIT_CC, ARRAYJIT_CFLAGS, ARRAYJIT_CACHE_DIR, \
-                  ARRAYJIT_CACHE_MAX, ...) are described in README.md."
+                  ARRAYJIT_CACHE_MAX, ...) are described in docs/configuration.md."
 )]
 struct Cli {
     #[command(subcommand)]

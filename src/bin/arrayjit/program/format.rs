@@ -1,5 +1,5 @@
 //! The program file model: what `arrayjit run` and `arrayjit emit-c` read (see
-//! `README.md`).
+//! `docs/program-format.md`).
 //!
 //! Every struct rejects unknown fields, and every object of the format must be a JSON object:
 //! serde's derived `Deserialize` for structs would also accept an array of the fields in

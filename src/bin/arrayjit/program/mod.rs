@@ -1,6 +1,6 @@
 //! Program files: reading, parsing and building them into library objects (tensor nodes,
 //! assignments, a run plan), with errors that point into the file. The format is described in
-//! `README.md` ("The program format").
+//! `docs/program-format.md`.
 //!
 //! # Errors
 //!
