@@ -111,22 +111,73 @@ fn aligned_axis<'a>(
     })
 }
 
-/// Whether a loop nest with accesses `next` may join a fused loop with accesses `group`
-/// (both over the iterator `g`).
-fn may_join(group: &[Access], next: &[Access], g: Symbol) -> bool {
-    let mut checked: HashSet<&Tnode> = HashSet::new();
-    for a in group.iter().chain(next) {
-        if !a.write || !checked.insert(&a.tn) {
-            continue;
-        }
-        let in_group = group.iter().any(|b| b.tn == a.tn);
-        let in_next = next.iter().any(|b| b.tn == a.tn);
-        if in_group && in_next && aligned_axis(&a.tn, group.iter().chain(next), g).is_none() {
-            return false;
+/// How the statements of a fused loop (or one candidate) use one tensor: whether any writes
+/// it, and the axes at which every access so far is the loop's iterator itself.
+#[derive(Clone)]
+struct TensorUse {
+    written: bool,
+    aligned: Vec<usize>,
+}
+
+/// The uses of every tensor among `acc`, accesses of the loop over `g`.
+fn summarize(acc: &[Access], g: Symbol) -> HashMap<Tnode, TensorUse> {
+    let mut out: HashMap<Tnode, TensorUse> = HashMap::new();
+    for a in acc {
+        let here: Vec<usize> = match &a.idcs {
+            Some(idcs) => (0..idcs.len())
+                .filter(|&p| idcs[p] == AxisIndex::Iterator(g))
+                .collect(),
+            None => vec![],
+        };
+        match out.get_mut(&a.tn) {
+            Some(u) => {
+                u.written |= a.write;
+                u.aligned.retain(|p| here.contains(p));
+            }
+            None => {
+                out.insert(
+                    a.tn.clone(),
+                    TensorUse {
+                        written: a.write,
+                        aligned: here,
+                    },
+                );
+            }
         }
     }
-    true
+    out
 }
+
+/// Whether a loop nest using tensors as `next` says may join a fused loop using them as
+/// `group` says (both over the same iterator): every tensor that one of them writes and both
+/// access is accessed, by all of them, at one slice of the iterator (one common axis).
+/// Linear in the size of `next`, so fusing `n` statements is linear in `n`.
+fn may_join(group: &HashMap<Tnode, TensorUse>, next: &HashMap<Tnode, TensorUse>) -> bool {
+    next.iter().all(|(tn, b)| match group.get(tn) {
+        Some(a) if a.written || b.written => a.aligned.iter().any(|p| b.aligned.contains(p)),
+        _ => true,
+    })
+}
+
+/// Adds the uses `next` to the uses `group` of a fused loop.
+fn merge_uses(group: &mut HashMap<Tnode, TensorUse>, next: HashMap<Tnode, TensorUse>) {
+    for (tn, b) in next {
+        match group.get_mut(&tn) {
+            Some(a) => {
+                a.written |= b.written;
+                a.aligned.retain(|p| b.aligned.contains(p));
+            }
+            None => {
+                group.insert(tn, b);
+            }
+        }
+    }
+}
+
+/// The most statements one fused loop takes: the C writer splits a routine into parts only
+/// between top-level statements, so an unbounded fused loop would make one huge C function
+/// (100,000 statements over one row would compile super-linearly).
+const MAX_MEMBERS: usize = 256;
 
 /// The tensors whose every element the code writes before reading any: the first top-level
 /// statement touching each one writes all its elements (a zero fill, or a perfect loop nest
@@ -264,7 +315,7 @@ struct Group {
     from: i64,
     to: i64,
     body: Vec<Llc>,
-    acc: Vec<Access>,
+    uses: HashMap<Tnode, TensorUse>,
     originals: Vec<Llc>,
     members: usize,
 }
@@ -288,7 +339,7 @@ impl Group {
             index: *index,
             from: *from,
             to: *to,
-            acc: accesses(body),
+            uses: summarize(&accesses(body), *index),
             body: vec![(**body).clone()],
             originals: vec![c.clone()],
             members: 1,
@@ -313,7 +364,8 @@ impl Group {
         else {
             return Err(c);
         };
-        if (*from, *to) != (self.from, self.to) || has_vectors(body) {
+        if (*from, *to) != (self.from, self.to) || has_vectors(body) || self.members >= MAX_MEMBERS
+        {
             return Err(c);
         }
         let g = AxisIndex::Iterator(self.index);
@@ -321,11 +373,11 @@ impl Group {
         else {
             return Err(c);
         };
-        let acc = accesses(&renamed);
-        if !may_join(&self.acc, &acc, self.index) {
+        let uses = summarize(&accesses(&renamed), self.index);
+        if !may_join(&self.uses, &uses) {
             return Err(c);
         }
-        self.acc.extend(acc);
+        merge_uses(&mut self.uses, uses);
         self.body.push(renamed);
         self.originals.push(c);
         self.members += 1;
