@@ -618,10 +618,9 @@ fn cc_backend_finalize_after_a_bounds_failure() {
 }
 
 /// `Context::finalize` documents that copying from a finalized context fails with
-/// `ContextFinalized`; `to_buffer` (on `CcBackend` and, through it, every `Backend`) does
-/// not check and reports the released buffer as a node missing from the context instead.
+/// `ContextFinalized`; `to_buffer` (on `CcBackend` and, through it, every `Backend`) once
+/// reported the released buffer as a node missing from the context instead.
 #[test]
-#[ignore = "bug: to_buffer from a finalized context is Error::Usage (\"not in context\"), not the documented ContextFinalized"]
 fn to_buffer_from_a_finalized_context_is_context_finalized() {
     let cc = CcBackend::new();
     let (bind, _, y, code) = slice_program();

@@ -1119,8 +1119,10 @@ impl CcBackend {
         self.initialized.store(false, Ordering::SeqCst);
     }
 
-    /// Copies `tn`'s buffer in `src` into `dst`.
+    /// Copies `tn`'s buffer in `src` into `dst`. Errors: [`Error::ContextFinalized`] when
+    /// `src` was finalized.
     pub fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
+        src.check_live()?;
         let b = src.get_buffer(tn).ok_or_else(|| {
             Error::Usage(format!(
                 "to_buffer: tensor {} is not in context {}",
