@@ -250,6 +250,34 @@ static inline double aj_min_d(double a, double b) {
   return a;
 }
 
+/* AJ_REPEAT32X16(T, a): the 4 bytes of the vector a (a pair of bfloat16 values) repeated 16
+ * times, as a 64-byte vector of type T (a bit cast of a broadcast 32-bit word).
+ * AJ_DPBF16PS(acc, a, b): AVX512-BF16's vdpbf16ps: lane i of the 16 floats acc plus
+ * a[2i+1]*b[2i+1], then plus a[2i]*b[2i], for vectors a, b of 32 bfloat16 values (round to
+ * nearest even; subnormal inputs and results are zero). Inline assembly of the instruction, so
+ * that no compiler's bfloat16 types or builtins are relied on; defined only when the compiler
+ * may use AVX512-BF16, so code using it elsewhere does not compile. */
+typedef uint32_t aj_u32x16 __attribute__((vector_size(64)));
+#define AJ_REPEAT32X16(T, a)                                                                   \
+  __extension__({                                                                              \
+    __typeof__(a) aj_rep_a = (a);                                                              \
+    uint32_t aj_rep_w;                                                                         \
+    memcpy(&aj_rep_w, &aj_rep_a, 4);                                                           \
+    (T)((aj_u32x16){aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w,      \
+                    aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w, aj_rep_w,      \
+                    aj_rep_w, aj_rep_w});                                                      \
+  })
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define AJ_DPBF16PS(acc, a, b)                                                                 \
+  __extension__({                                                                              \
+    __typeof__(acc) aj_dp_acc = (acc);                                                         \
+    __typeof__(a) aj_dp_a = (a);                                                               \
+    __typeof__(b) aj_dp_b = (b);                                                               \
+    __asm__("vdpbf16ps %2, %1, %0" : "+v"(aj_dp_acc) : "v"(aj_dp_a), "v"(aj_dp_b));            \
+    aj_dp_acc;                                                                                 \
+  })
+#endif
+
 /* AJ_SHUFFLE(T, M, a, b, i...): the lanes i... of a followed by b (vectors of type T), as a
    T. Clang and GCC 12+ have __builtin_shufflevector; older GCC has __builtin_shuffle, which
    takes the lane indices as an integer vector of the same shape (M, one of the aj_mask_*

@@ -35,6 +35,11 @@ pub struct VectorTarget {
     pub registers: usize,
     /// Whether fused multiply-add instructions are available.
     pub fma: bool,
+    /// Whether the kernels may use AVX512-BF16's dot products of bfloat16 pairs
+    /// (`vdpbf16ps`, 64-byte vectors): contractions of bfloat16 (and fp8) operands into a
+    /// single-precision result then multiply pairs of bfloat16 values instead of converting
+    /// them to `float` (see `optimize/gemm.rs`).
+    pub bf16_dot: bool,
     /// Level-1 data cache size in bytes.
     pub l1d_bytes: usize,
     /// Level-2 cache size in bytes (per core).
@@ -52,6 +57,7 @@ impl Default for VectorTarget {
             vector_bytes: 16,
             registers: 16,
             fma: false,
+            bf16_dot: false,
             l1d_bytes: 32 << 10,
             l2_bytes: 1 << 20,
             intrinsics: false,

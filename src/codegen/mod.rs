@@ -885,6 +885,18 @@ impl Writer {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
                 self.dialect.shuffle(t, &a, &b, idx)
             }
+            Vlv::Repeat(a, _) => {
+                let a = self.vexpr(a, pre, indent);
+                self.dialect.repeat(t, &a)
+            }
+            Vlv::DotPairs(acc, a, b) => {
+                let (acc, a, b) = (
+                    self.vexpr(acc, pre, indent),
+                    self.vexpr(a, pre, indent),
+                    self.vexpr(b, pre, indent),
+                );
+                self.dialect.dot_pairs(&acc, &a, &b)
+            }
         }
     }
 

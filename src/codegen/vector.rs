@@ -251,6 +251,19 @@ impl Dialect {
         )
     }
 
+    /// The 4-byte vector `a` repeated to fill the 64-byte type `to` (the runtime header's
+    /// `AJ_REPEAT32X16`: a broadcast of `a`'s bytes; the verifier admits no other sizes).
+    pub fn repeat(&self, to: VType, a: &str) -> String {
+        format!("AJ_REPEAT32X16({}, {a})", self.ty(to))
+    }
+
+    /// `vdpbf16ps`: dot products of bfloat16 pairs added to single-precision lanes (the
+    /// runtime header's `AJ_DPBF16PS`, inline assembly of the one instruction, so that no
+    /// compiler's bfloat16 types or builtins are relied on).
+    pub fn dot_pairs(&self, acc: &str, a: &str, b: &str) -> String {
+        format!("AJ_DPBF16PS({acc}, {a}, {b})")
+    }
+
     /// A lane-wise binary operation; `None` for operations vectors do not support here.
     pub fn binop(&self, t: VType, op: Binop, a: &str, b: &str) -> Option<String> {
         let native = self.native(t);

@@ -203,6 +203,7 @@ fn cpu_macros() -> Option<String> {
         (is_x86_feature_detected!("avx512dq"), "__AVX512DQ__"),
         (is_x86_feature_detected!("avx512vl"), "__AVX512VL__"),
         (avx512fp16(), "__AVX512FP16__"),
+        (is_x86_feature_detected!("avx512bf16"), "__AVX512BF16__"),
     ];
     names.extend(features.iter().filter(|(on, _)| *on).map(|(_, name)| *name));
     Some(names.iter().map(|n| format!("#define {n} 1\n")).collect())

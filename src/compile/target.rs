@@ -88,6 +88,8 @@ pub struct Features {
     pub avx512vl: bool,
     /// Half-precision arithmetic in AVX-512: `__AVX512FP16__`.
     pub avx512fp16: bool,
+    /// bfloat16 dot products in AVX-512 (`vdpbf16ps`): `__AVX512BF16__`.
+    pub avx512bf16: bool,
     /// Advanced SIMD: `__ARM_NEON`.
     pub neon: bool,
     /// The Scalable Vector Extension: `__ARM_FEATURE_SVE`.
@@ -216,6 +218,7 @@ impl Target {
             avx512dq: on("__AVX512DQ__"),
             avx512vl: on("__AVX512VL__"),
             avx512fp16: on("__AVX512FP16__"),
+            avx512bf16: on("__AVX512BF16__"),
             neon: on("__ARM_NEON"),
             sve: on("__ARM_FEATURE_SVE"),
         };
@@ -294,6 +297,7 @@ impl Target {
             vector_bytes: self.vector_bytes,
             registers: self.vector_registers,
             fma: f.fma,
+            bf16_dot: isa == Isa::Avx512 && self.vector_bytes == 64 && f.avx512bf16,
             l1d_bytes: self.caches.l1d,
             l2_bytes: self.caches.l2,
             intrinsics,

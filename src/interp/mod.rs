@@ -619,11 +619,12 @@ impl<'m> Machine<'m> {
             Vlv::Reg(_) | Vlv::Zero(_) => Ok(()),
             Vlv::Splat(_, x) => self.check_value(x, bound),
             Vlv::Load(_, tn, idcs) => self.check_index(tn, "reading", idcs, bound),
-            Vlv::Fma(a, b, c) => {
+            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
                 self.check_vector(a, bound)?;
                 self.check_vector(b, bound)?;
                 self.check_vector(c, bound)
             }
+            Vlv::Repeat(a, _) => self.check_vector(a, bound),
             Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
                 self.check_vector(a, bound)?;
                 self.check_vector(b, bound)
@@ -941,6 +942,25 @@ impl<'m> Machine<'m> {
                     .map(|&i| if i < a.len() { a[i] } else { b[i - a.len()] })
                     .collect()
             }
+            Vlv::Repeat(a, times) => {
+                let a = self.eval_vector(a)?;
+                let n = a.len();
+                a.into_iter().cycle().take(n * times).collect()
+            }
+            Vlv::DotPairs(acc, a, b) => {
+                let (acc, a, b) = (
+                    self.eval_vector(acc)?,
+                    self.eval_vector(a)?,
+                    self.eval_vector(b)?,
+                );
+                acc.iter()
+                    .enumerate()
+                    .map(|(i, &s)| {
+                        let s = dot_pair_step(s, a[2 * i + 1], b[2 * i + 1]);
+                        dot_pair_step(s, a[2 * i], b[2 * i])
+                    })
+                    .collect()
+            }
         })
     }
 
@@ -1110,4 +1130,21 @@ impl<'m> Machine<'m> {
             }
         })
     }
+}
+
+/// One step of `vdpbf16ps` (see [`Vlv::DotPairs`]): `s + x·y` rounded once to single
+/// precision (nearest even), subnormal inputs and a subnormal result taken as zero of their
+/// sign. `x·y` (two bfloat16 values: 8-bit significands) is exact in double. So is `s + x·y`
+/// when the exponents of the two terms are within 29 of each other (24 + 29 bits fit in
+/// double's 53); otherwise the smaller term is below a 64th of an ulp of the larger (in
+/// single), which the rounding to single drops either way. One rounding in all cases.
+fn dot_pair_step(s: f64, x: f64, y: f64) -> f64 {
+    let flush = |v: f64| {
+        if v != 0.0 && v.abs() < f32::MIN_POSITIVE as f64 {
+            0.0f64.copysign(v)
+        } else {
+            v
+        }
+    };
+    flush((flush(s) + flush(x) * flush(y)) as f32 as f64)
 }

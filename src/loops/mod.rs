@@ -146,6 +146,16 @@ pub enum Vlv {
     /// (`idx[i] < lanes` picks lane `idx[i]` of `a`, else lane `idx[i] - lanes` of `b`). `a`
     /// and `b` have one type; `idx` has one entry per lane, each below `2 · lanes`.
     Shuffle(Box<Vlv>, Box<Vlv>, Vec<usize>),
+    /// The lanes of `a` repeated `times` times (a vector of `a.lanes · times` lanes of
+    /// `a`'s precision): a pair of bfloat16 values broadcast to every pair of a vector.
+    Repeat(Box<Vlv>, usize),
+    /// Dot products of bfloat16 pairs (AVX512-BF16's `vdpbf16ps`): lane `i` of the
+    /// single-precision `acc` plus `a[2i+1]·b[2i+1]`, then plus `a[2i]·b[2i]`, where `a` and
+    /// `b` are vectors of `2 · acc.lanes` bfloat16 values. Each product of two bfloat16
+    /// values is exact in single precision and each addition rounds to nearest even; as the
+    /// instruction does, subnormal inputs and results count as zero. Only written for
+    /// targets with [`crate::target::VectorTarget::bf16_dot`].
+    DotPairs(Box<Vlv>, Box<Vlv>, Box<Vlv>),
 }
 
 impl Vlv {
@@ -154,7 +164,17 @@ impl Vlv {
         match self {
             Vlv::Reg(r) => r.ty,
             Vlv::Zero(t) | Vlv::Splat(t, _) | Vlv::Load(t, _, _) => *t,
-            Vlv::Fma(a, _, _) | Vlv::Binop(_, a, _) | Vlv::Shuffle(a, _, _) => a.ty(),
+            Vlv::Fma(a, _, _)
+            | Vlv::Binop(_, a, _)
+            | Vlv::Shuffle(a, _, _)
+            | Vlv::DotPairs(a, _, _) => a.ty(),
+            Vlv::Repeat(a, times) => {
+                let t = a.ty();
+                VType {
+                    prec: t.prec,
+                    lanes: t.lanes * times,
+                }
+            }
         }
     }
 }

@@ -127,6 +127,13 @@ fn vlv_doc(v: &Vlv, indent: usize) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
+        Vlv::Repeat(a, times) => format!("repeat({}, {times})", vlv_doc(a, indent)),
+        Vlv::DotPairs(a, b, c) => format!(
+            "dot_pairs({}, {}, {})",
+            vlv_doc(a, indent),
+            vlv_doc(b, indent),
+            vlv_doc(c, indent)
+        ),
         Vlv::Binop(op, a, b) => format!(
             "{}({}, {})",
             op.name(),

@@ -12,8 +12,8 @@
 //! - a loop's bounds are not inverted beyond an empty range;
 //! - a lookup ([`Llc::Lookup`]) reads an integer tensor, its symbol is used only in its body.
 
-use super::{Llc, Llv, Vlv};
-use crate::ir::{AxisIndex, Symbol, Tnode};
+use super::{Llc, Llv, VType, Vlv};
+use crate::ir::{AxisIndex, Prec, Symbol, Tnode};
 use std::collections::HashSet;
 
 /// Checks the invariants above; `Err` describes the first violation.
@@ -226,6 +226,35 @@ impl Verifier {
                 self.vector(a)?;
                 self.vector(b)
             }
+            Vlv::Repeat(a, times) => {
+                // The one repeat the C writer spells: 4 bytes broadcast to 64.
+                let t = a.ty();
+                let bytes = t.lanes * t.prec.size_in_bytes();
+                if bytes != 4 || bytes * times != 64 {
+                    return Err(format!(
+                        "a {}x{} vector repeated {times} times (only 4 bytes to 64 are written)",
+                        t.prec, t.lanes
+                    ));
+                }
+                self.vector(a)
+            }
+            Vlv::DotPairs(acc, a, b) => {
+                self.vector(acc)?;
+                self.vector(a)?;
+                self.vector(b)?;
+                let (t, ta, tb) = (acc.ty(), a.ty(), b.ty());
+                let pairs = VType {
+                    prec: Prec::Bfloat16,
+                    lanes: 2 * t.lanes,
+                };
+                if t.prec != Prec::Single || ta != pairs || tb != pairs {
+                    return Err(format!(
+                        "dot products of pairs into {}x{} from {}x{} and {}x{} vectors",
+                        t.prec, t.lanes, ta.prec, ta.lanes, tb.prec, tb.lanes
+                    ));
+                }
+                Ok(())
+            }
             Vlv::Shuffle(a, b, idx) => {
                 self.vector(a)?;
                 self.vector(b)?;
@@ -342,5 +371,50 @@ mod tests {
         assert!(verify(&shuffle(a, r, vec![0, 1]))
             .unwrap_err()
             .contains("shuffle of"));
+    }
+
+    /// Dot products of bfloat16 pairs take 16 single lanes and two vectors of 32 bfloat16
+    /// lanes; a repeat broadcasts 4 bytes to 64, nothing else.
+    #[test]
+    fn dot_products_of_pairs_and_repeats_are_typed() {
+        let t = Tnode::new(&["t"], &[16], Prec::Single).unwrap();
+        let p = Tnode::new(&["p"], &[32], Prec::Bfloat16).unwrap();
+        let f16 = VType {
+            prec: Prec::Single,
+            lanes: 16,
+        };
+        let bf32 = VType {
+            prec: Prec::Bfloat16,
+            lanes: 32,
+        };
+        let bf2 = VType {
+            prec: Prec::Bfloat16,
+            lanes: 2,
+        };
+        let (acc, x) = (VReg { id: 1, ty: f16 }, VReg { id: 2, ty: bf32 });
+        let code = |a: Vlv, b: Vlv| {
+            Llc::Seq(vec![
+                Llc::VSet(acc, Vlv::Zero(f16)),
+                Llc::VSet(x, Vlv::Load(bf32, p.clone(), vec![AxisIndex::Fixed(0)])),
+                Llc::VStore {
+                    tn: t.clone(),
+                    idcs: vec![AxisIndex::Fixed(0)],
+                    value: Vlv::DotPairs(Box::new(Vlv::Reg(acc)), Box::new(a), Box::new(b)),
+                },
+            ])
+        };
+        let pair = |lanes| Vlv::Load(VType { lanes, ..bf2 }, p.clone(), vec![AxisIndex::Fixed(0)]);
+        let repeat = |v: Vlv, n| Vlv::Repeat(Box::new(v), n);
+        assert!(verify(&code(Vlv::Reg(x), repeat(pair(2), 16))).is_ok());
+        // Operands of the wrong width.
+        let e = verify(&code(Vlv::Reg(x), pair(16))).unwrap_err();
+        assert!(e.contains("dot products of pairs"), "{e}");
+        // A repeat of 8 bytes, or to 32 bytes.
+        assert!(verify(&code(Vlv::Reg(x), repeat(pair(4), 8)))
+            .unwrap_err()
+            .contains("repeated"));
+        assert!(verify(&code(Vlv::Reg(x), repeat(pair(2), 8)))
+            .unwrap_err()
+            .contains("repeated"));
     }
 }

@@ -544,18 +544,39 @@ struct Blocking {
     /// is read contiguously along `k`: packing is then a copy) rather than each step's rows
     /// together (`ap[kx, r]`).
     a_rows: bool,
+    /// Whether the kernel multiplies bfloat16 pairs (`vdpbf16ps`, see [`Vlv::DotPairs`]):
+    /// `ap` and `bp` then hold bfloat16 values, two consecutive steps side by side
+    /// (`ap[kp, r, t]`, `bp[jj, kp, c, t]` for step `2kp + t`; a missing last step is 0).
+    pairs: bool,
+}
+
+/// Whether every value of `v` is exactly a bfloat16 value: a read of a bfloat16 tensor, or
+/// of an fp8 (E5M2) one, whose every value, subnormals included, is a normal bfloat16.
+fn bf16_exact(v: &Llv) -> bool {
+    matches!(v, Llv::Get(t, _) if matches!(t.prec(), Prec::Bfloat16 | Prec::Fp8))
 }
 
 fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
     let prec = con.c.prec();
     let w = target.lanes(prec);
-    let esize = prec.size_in_bytes();
+    // bfloat16 pairs: single-precision results of bfloat16 (or fp8) operands, on 16 lanes.
+    let pairs = target.bf16_dot
+        && prec == Prec::Single
+        && w == 16
+        && bf16_exact(&con.x)
+        && bf16_exact(&con.y);
+    // The size of one packed element.
+    let esize = if pairs { 2 } else { prec.size_in_bytes() };
     let nv = if con.n.1 <= w { 1 } else { 2 };
     let nr = nv * w;
     let mr = ((target.registers.saturating_sub(nv + 1)) / nv).clamp(1, 14);
     let kc_max = ((target.l1d_bytes * 2 / 3) / (nr * esize)).clamp(16, 512);
     let nk = con.k.1.div_ceil(kc_max);
-    let kc = con.k.1.div_ceil(nk);
+    let mut kc = con.k.1.div_ceil(nk);
+    // Whole pairs in every block but the last.
+    if pairs && kc % 2 == 1 && kc < con.k.1 {
+        kc += 1;
+    }
     let ncp = ((target.l2_bytes / 2) / (nr * kc * esize)).max(1);
     let (along_k, along_m) = contiguity(&con.x, con.k.0, con.m.0);
     Blocking {
@@ -566,6 +587,7 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
         kc,
         ncp,
         a_rows: along_k && !along_m,
+        pairs,
     }
 }
 
@@ -694,28 +716,48 @@ fn build(
         .map(|(_, r)| r.full + usize::from(r.edge > 0))
         .max()?;
     let label = con.c.label().join("_");
-    let bufs = Buffers {
-        ap: if b.a_rows {
-            local(&[&label, "packed_a"], &[b.mr, b.kc], prec, locals)?
-        } else {
-            local(&[&label, "packed_a"], &[b.kc, b.mr], prec, locals)?
-        },
-        bp: local(
-            &[&label, "packed_b"],
-            &[run_panels, b.kc, b.nr],
-            prec,
-            locals,
-        )?,
-        tile: local(&[&label, "tile"], &[b.mr, b.nr], prec, locals)?,
+    let kc2 = b.kc.div_ceil(2);
+    let bufs = if b.pairs {
+        Buffers {
+            ap: local(
+                &[&label, "packed_a"],
+                &[kc2, b.mr, 2],
+                Prec::Bfloat16,
+                locals,
+            )?,
+            bp: local(
+                &[&label, "packed_b"],
+                &[run_panels, kc2, b.nr, 2],
+                Prec::Bfloat16,
+                locals,
+            )?,
+            tile: local(&[&label, "tile"], &[b.mr, b.nr], prec, locals)?,
+        }
+    } else {
+        Buffers {
+            ap: if b.a_rows {
+                local(&[&label, "packed_a"], &[b.mr, b.kc], prec, locals)?
+            } else {
+                local(&[&label, "packed_a"], &[b.kc, b.mr], prec, locals)?
+            },
+            bp: local(
+                &[&label, "packed_b"],
+                &[run_panels, b.kc, b.nr],
+                prec,
+                locals,
+            )?,
+            tile: local(&[&label, "tile"], &[b.mr, b.nr], prec, locals)?,
+        }
     };
     // Every element of these that is read is written before in each call: no zeroing needed.
     written_first.extend([bufs.ap.clone(), bufs.bp.clone(), bufs.tile.clone()]);
     let mut stmts = vec![Llc::Comment(format!(
-        "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes), kc {}, column blocks of {} panels{}",
+        "GEMM kernel for {}: {m}x{n}x{k}, tile {}x{} ({} lanes{}), kc {}, column blocks of {} panels{}",
         con.c.name(),
         b.mr,
         b.nr,
         b.ty.lanes,
+        if b.pairs { ", bfloat16 pairs" } else { "" },
         b.kc,
         b.ncp,
         if con.unroll.is_empty() && con.guards.is_empty() {
@@ -896,6 +938,9 @@ impl Gen<'_> {
 
     /// Packs rows `ir·mr .. ir·mr + rows` of `x` over the steps of `blk` into `ap`.
     fn pack_a(&self, ir: AxisIndex, rows: usize, blk: Block) -> Option<Llc> {
+        if self.b.pairs {
+            return self.pack_a_pairs(ir, rows, blk);
+        }
         let (con, b) = (self.con, &self.b);
         let (r, kx) = (Symbol::fresh(), Symbol::fresh());
         let value = subst(
@@ -927,6 +972,9 @@ impl Gen<'_> {
     /// Packs the run's panels of `y` over the steps of `blk` into `bp[jj, kx, c]`, and zeros
     /// into the columns past the edge of an edge panel.
     fn pack_b(&self, run: &Run, blk: Block) -> Option<Llc> {
+        if self.b.pairs {
+            return self.pack_b_pairs(run, blk);
+        }
         let (con, b) = (self.con, &self.b);
         let (jj, c, kx) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
         // A source contiguous along k (a row of a transposed `b`) is read a cache line at a
@@ -1006,6 +1054,158 @@ impl Gen<'_> {
                     run.edge as i64,
                     b.nr as i64 - 1,
                     set(jj_ix, AxisIndex::Iterator(kx), Llv::Constant(0.0)),
+                ),
+            ));
+        }
+        Some(Llc::Seq(out))
+    }
+
+    /// [`Gen::pack_a`] for bfloat16 pairs: `ap[kp, r, t] = x(row r, step 2kp + t)`, and 0 for
+    /// the missing second step of an odd block.
+    fn pack_a_pairs(&self, ir: AxisIndex, rows: usize, blk: Block) -> Option<Llc> {
+        let (con, b) = (self.con, &self.b);
+        let (r, kp, t) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+        let r_ix = AxisIndex::Iterator(r);
+        let row = scaled(ir, b.mr, &[(r, 1)], con.m_from)?;
+        let at = |terms: &[(Symbol, usize)], offset: usize| -> Option<Llv> {
+            subst(
+                &con.x,
+                &[
+                    (con.m.0, row),
+                    (con.k.0, scaled(blk.kb, b.kc, terms, offset)?),
+                ],
+            )
+        };
+        let set = |kp_ix: AxisIndex, t_ix: AxisIndex, value: Llv| Llc::Set {
+            tn: self.bufs.ap.clone(),
+            idcs: vec![kp_ix, r_ix, t_ix],
+            value,
+        };
+        let (full, odd) = (blk.len / 2, blk.len % 2 == 1);
+        let mut body = vec![];
+        if full > 0 {
+            let value = at(&[(kp, 2), (t, 1)], 0)?;
+            let kp_ix = AxisIndex::Iterator(kp);
+            body.push(Llc::for_loop(
+                kp,
+                0,
+                full as i64 - 1,
+                Llc::for_loop(t, 0, 1, set(kp_ix, AxisIndex::Iterator(t), value)),
+            ));
+        }
+        if odd {
+            let kp_ix = AxisIndex::Fixed(full);
+            body.push(set(kp_ix, AxisIndex::Fixed(0), at(&[], 2 * full)?));
+            body.push(set(kp_ix, AxisIndex::Fixed(1), Llv::Constant(0.0)));
+        }
+        Some(Llc::for_loop(r, 0, rows as i64 - 1, Llc::Seq(body)))
+    }
+
+    /// [`Gen::pack_b`] for bfloat16 pairs: `bp[jj, kp, c, t] = y(step 2kp + t, column c)`,
+    /// 0 for the missing second step of an odd block and for the columns past the edge.
+    fn pack_b_pairs(&self, run: &Run, blk: Block) -> Option<Llc> {
+        let (con, b) = (self.con, &self.b);
+        let (jj, c, kp, t) = (
+            Symbol::fresh(),
+            Symbol::fresh(),
+            Symbol::fresh(),
+            Symbol::fresh(),
+        );
+        let (along_k, along_n) = contiguity(&con.y, con.k.0, con.n.0);
+        let steps_outer = !along_k || along_n;
+        let (full, odd) = (blk.len / 2, blk.len % 2 == 1);
+        // One iterator per index entry: the C writer fences stores through entries of
+        // several iterators (which may overwrite a cell), and these never do.
+        let set = |jj_ix: AxisIndex, kp_ix: AxisIndex, t_ix: AxisIndex, value: Llv| {
+            Some(Llc::Set {
+                tn: self.bufs.bp.clone(),
+                idcs: vec![jj_ix, kp_ix, AxisIndex::Iterator(c), t_ix],
+                value,
+            })
+        };
+        let data = |jj_ix: AxisIndex, cols: usize| -> Option<Llc> {
+            let jg = run.panel(jj_ix, b.ncp)?;
+            let at = |terms: &[(Symbol, usize)], offset: usize| -> Option<Llv> {
+                subst(
+                    &con.y,
+                    &[
+                        (con.n.0, scaled(jg, b.nr, &[(c, 1)], 0)?),
+                        (con.k.0, scaled(blk.kb, b.kc, terms, offset)?),
+                    ],
+                )
+            };
+            let cols = cols as i64 - 1;
+            let mut out = vec![];
+            if full > 0 {
+                let s = set(
+                    jj_ix,
+                    AxisIndex::Iterator(kp),
+                    AxisIndex::Iterator(t),
+                    at(&[(kp, 2), (t, 1)], 0)?,
+                )?;
+                // Reads along the source's contiguous axis.
+                out.push(if steps_outer {
+                    Llc::for_loop(
+                        kp,
+                        0,
+                        full as i64 - 1,
+                        Llc::for_loop(t, 0, 1, Llc::for_loop(c, 0, cols, s)),
+                    )
+                } else {
+                    Llc::for_loop(
+                        c,
+                        0,
+                        cols,
+                        Llc::for_loop(kp, 0, full as i64 - 1, Llc::for_loop(t, 0, 1, s)),
+                    )
+                });
+            }
+            if odd {
+                let kp_ix = AxisIndex::Fixed(full);
+                out.push(Llc::for_loop(
+                    c,
+                    0,
+                    cols,
+                    Llc::Seq(vec![
+                        set(jj_ix, kp_ix, AxisIndex::Fixed(0), at(&[], 2 * full)?)?,
+                        set(jj_ix, kp_ix, AxisIndex::Fixed(1), Llv::Constant(0.0))?,
+                    ]),
+                ));
+            }
+            Some(Llc::Seq(out))
+        };
+        let mut out = vec![];
+        if run.full > 0 {
+            let jj_ix = AxisIndex::Iterator(jj);
+            out.push(Llc::for_loop(
+                jj,
+                0,
+                run.full as i64 - 1,
+                data(jj_ix, b.nr)?,
+            ));
+        }
+        if run.edge > 0 {
+            let jj_ix = AxisIndex::Fixed(run.full);
+            out.push(data(jj_ix, run.edge)?);
+            out.push(Llc::for_loop(
+                kp,
+                0,
+                blk.len.div_ceil(2) as i64 - 1,
+                Llc::for_loop(
+                    c,
+                    run.edge as i64,
+                    b.nr as i64 - 1,
+                    Llc::for_loop(
+                        t,
+                        0,
+                        1,
+                        set(
+                            jj_ix,
+                            AxisIndex::Iterator(kp),
+                            AxisIndex::Iterator(t),
+                            Llv::Constant(0.0),
+                        )?,
+                    ),
                 ),
             ));
         }
@@ -1128,6 +1328,61 @@ impl Gen<'_> {
         Some(Llc::Seq(out))
     }
 
+    /// The steps of one reduction block in bfloat16 pairs (see [`Blocking::pairs`]): for
+    /// every pair of steps, `NR / W` loads of 32 bfloat16 values from `bp` and, per row, one
+    /// broadcast of the row's pair from `ap` and `NR / W` dot products into the accumulators.
+    fn pairs_steps(&self, acc: &[Vec<VReg>], jj: AxisIndex, blk: Block) -> Llc {
+        let (b, bufs) = (&self.b, &self.bufs);
+        let w = b.ty.lanes;
+        let pair = VType {
+            prec: Prec::Bfloat16,
+            lanes: 2,
+        };
+        let wide = VType {
+            prec: Prec::Bfloat16,
+            lanes: 2 * w,
+        };
+        let kp = Symbol::fresh();
+        let kp_ix = AxisIndex::Iterator(kp);
+        let bv: Vec<VReg> = (0..b.nv).map(|_| vreg(wide)).collect();
+        let a = vreg(wide);
+        let mut step = vec![];
+        for (v, &r) in bv.iter().enumerate() {
+            step.push(Llc::VSet(
+                r,
+                Vlv::Load(
+                    wide,
+                    bufs.bp.clone(),
+                    vec![jj, kp_ix, AxisIndex::Fixed(v * w), AxisIndex::Fixed(0)],
+                ),
+            ));
+        }
+        for (row, accs) in acc.iter().enumerate() {
+            step.push(Llc::VSet(
+                a,
+                Vlv::Repeat(
+                    Box::new(Vlv::Load(
+                        pair,
+                        bufs.ap.clone(),
+                        vec![kp_ix, AxisIndex::Fixed(row), AxisIndex::Fixed(0)],
+                    )),
+                    w,
+                ),
+            ));
+            for (v, &r) in accs.iter().enumerate() {
+                step.push(Llc::VSet(
+                    r,
+                    Vlv::DotPairs(
+                        Box::new(Vlv::Reg(r)),
+                        Box::new(Vlv::Reg(a)),
+                        Box::new(Vlv::Reg(bv[v])),
+                    ),
+                ));
+            }
+        }
+        Llc::for_loop(kp, 0, blk.len.div_ceil(2) as i64 - 1, Llc::Seq(step))
+    }
+
     /// Multiplies the packed rows by local panel `jj` of `bp` (panel `jg` of the result) for
     /// one reduction block into vector accumulators, then adds (or stores) the `rows × cols`
     /// valid part to the result.
@@ -1157,45 +1412,49 @@ impl Gen<'_> {
             .flatten()
             .map(|&r| Llc::VSet(r, Vlv::Zero(ty)))
             .collect();
-        let mut step = vec![];
-        for (v, &r) in bv.iter().enumerate() {
-            step.push(Llc::VSet(
-                r,
-                Vlv::Load(
-                    ty,
-                    bufs.bp.clone(),
-                    vec![jj, kx_ix, AxisIndex::Fixed(v * w)],
-                ),
-            ));
-        }
-        for (row, accs) in acc.iter().enumerate() {
-            let row_ix = AxisIndex::Fixed(row);
-            step.push(Llc::VSet(
-                a,
-                Vlv::Splat(
-                    ty,
-                    Box::new(Llv::Get(
-                        bufs.ap.clone(),
-                        if b.a_rows {
-                            vec![row_ix, kx_ix]
-                        } else {
-                            vec![kx_ix, row_ix]
-                        },
-                    )),
-                ),
-            ));
-            for (v, &r) in accs.iter().enumerate() {
+        if b.pairs {
+            stmts.push(self.pairs_steps(&acc, jj, blk));
+        } else {
+            let mut step = vec![];
+            for (v, &r) in bv.iter().enumerate() {
                 step.push(Llc::VSet(
                     r,
-                    Vlv::Fma(
-                        Box::new(Vlv::Reg(a)),
-                        Box::new(Vlv::Reg(bv[v])),
-                        Box::new(Vlv::Reg(r)),
+                    Vlv::Load(
+                        ty,
+                        bufs.bp.clone(),
+                        vec![jj, kx_ix, AxisIndex::Fixed(v * w)],
                     ),
                 ));
             }
+            for (row, accs) in acc.iter().enumerate() {
+                let row_ix = AxisIndex::Fixed(row);
+                step.push(Llc::VSet(
+                    a,
+                    Vlv::Splat(
+                        ty,
+                        Box::new(Llv::Get(
+                            bufs.ap.clone(),
+                            if b.a_rows {
+                                vec![row_ix, kx_ix]
+                            } else {
+                                vec![kx_ix, row_ix]
+                            },
+                        )),
+                    ),
+                ));
+                for (v, &r) in accs.iter().enumerate() {
+                    step.push(Llc::VSet(
+                        r,
+                        Vlv::Fma(
+                            Box::new(Vlv::Reg(a)),
+                            Box::new(Vlv::Reg(bv[v])),
+                            Box::new(Vlv::Reg(r)),
+                        ),
+                    ));
+                }
+            }
+            stmts.push(Llc::for_loop(kx, 0, blk.len as i64 - 1, Llc::Seq(step)));
         }
-        stmts.push(Llc::for_loop(kx, 0, blk.len as i64 - 1, Llc::Seq(step)));
         // The result's cell of tile element (row, col): m = ir*mr + row, n = jg*nr + col.
         let cell =
             |row: AxisIndex, col: AxisIndex| subst_idcs(&con.pc, &[(con.m.0, row), (con.n.0, col)]);
