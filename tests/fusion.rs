@@ -215,3 +215,25 @@ fn fusion_keeps_every_bit() {
     assert!(loops_off >= 3 && loops_on == 1, "{loops_off} {loops_on}");
     assert_eq!(off, on);
 }
+
+/// The C of a fused program is the same on every run: the slice-sized locals are made in node
+/// order, not in the order of a hash map (layer norm has several of them).
+#[test]
+fn fused_c_is_deterministic() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/benches/programs/layernorm_4096x1024.json"
+    );
+    let emit = || {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_arrayjit"))
+            .args(["emit-c", file])
+            .output()
+            .expect("the arrayjit binary runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    let first = emit();
+    for _ in 0..4 {
+        assert!(emit() == first, "emit-c printed different C");
+    }
+}

@@ -462,6 +462,10 @@ pub fn fuse(code: Llc, locals: &HashSet<Tnode>, written_first: &HashSet<Tnode>) 
         for a in &acc {
             *counts.entry(&a.tn).or_default() += 1;
         }
+        // In node order, so that the new locals (and their names in the C) do not depend on
+        // hashing.
+        let mut counts: Vec<(&Tnode, usize)> = counts.into_iter().collect();
+        counts.sort();
         let mut shrink: HashMap<Tnode, (usize, Tnode)> = HashMap::new();
         for (tn, n) in counts {
             if !locals.contains(tn) || !written_first.contains(tn) || uses.get(tn) != Some(&n) {
