@@ -1801,3 +1801,60 @@ fn reads_of_never_written_tensors_are_warned_about() {
         .unwrap();
     assert!(o.status.success() && o.stderr.is_empty());
 }
+
+/// `all_reduce` in every precision of SPEC 9.1, compiled and interpreted, against sums done
+/// here by hand: integers exact (above 2^53 too) and wrapped into their width, bfloat16 and
+/// fp8 summed in single precision and rounded once.
+#[test]
+fn all_reduce_of_the_wider_precisions_compiled_and_interpreted() {
+    let p = Prog::new();
+    let prog = |prec: &str, values: &str| {
+        format!(
+            r#"{{ "devices": 3,
+  "tensors": [
+    {{"name": "src", "dims": [3, 2], "prec": "{prec}", "init": {{"values": {values}}}}},
+    {{"name": "g", "dims": [2], "prec": "{prec}"}}
+  ],
+  "static_indices": [{{"name": "row", "range": 3}}],
+  "routines": [{{"name": "take", "code": [{{"fetch": "g", "slice": "src", "index": "row"}}]}}],
+  "run": [
+    {{"routine": "take", "device": 0, "bindings": {{"row": 0}}}},
+    {{"routine": "take", "device": 1, "bindings": {{"row": 1}}}},
+    {{"routine": "take", "device": 2, "bindings": {{"row": 2}}}},
+    {{"all_reduce": "g"}}
+  ],
+  "print": ["g"]
+}}"#
+        )
+    };
+    let cases = [
+        // 2^53 + 1 + 2 + 3 is exact; -2^63 + 1 + 1 = -2^63 + 2.
+        (
+            "int64",
+            "[9007199254740993, -9223372036854775808, 2, 1, 3, 1]",
+            "[9007199254740998,-9223372036854775806]",
+        ),
+        // 3 · (2^64 - 1) wraps to 2^64 - 3.
+        (
+            "uint64",
+            "[18446744073709551615, 1, 18446744073709551615, 2, 18446744073709551615, 3]",
+            "[18446744073709551613,6]",
+        ),
+        // (2^31 - 1) + 1 + 0 wraps to -2^31.
+        ("int32", "[2147483647, 5, 1, 5, 0, 5]", "[-2147483648,15]"),
+        // 256 + 1 + 1 = 258 is a bfloat16 (summing in bfloat16 would give 256 twice).
+        ("bfloat16", "[256, 1, 1, 2, 1, 3]", "[258,6]"),
+        // 0.75 · 3 = 2.25: halfway between the fp8 values 2 and 2.5, to even: 2.
+        ("fp8", "[0.75, 1, 0.75, 1, 0.75, 1]", "[2,3]"),
+    ];
+    for (prec, values, want) in cases {
+        let file = p.write(&format!("{prec}.json"), &prog(prec, values));
+        let want: Value = serde_json::from_str(want).unwrap();
+        let (v, _) = run_ok(&file);
+        assert_eq!(v["g"]["values"], want, "{prec} compiled: {v}");
+        let out = arrayjit(&["run", "--interpret", path_str(&file)]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["g"]["values"], want, "{prec} interpreted: {v}");
+    }
+}

@@ -1398,3 +1398,114 @@ fn host_copies_between_virtual_devices_of_one_core_follow_scheduling_order() {
         b.unsafe_cleanup();
     });
 }
+
+/// The precisions of SPEC 9.1 all-reduce exactly: integers wrap into their width (summed
+/// modulo 2^64, then truncated, which is the sum modulo 2^bits), and bfloat16 and fp8 are
+/// summed in single precision, then rounded once to nearest even. Three devices hold the same
+/// values, so every expected value is three times the value, by hand.
+#[test]
+fn all_reduce_sums_the_wider_precisions_exactly() {
+    fn reduce3(backend: &dyn Backend, prec: Prec, set: impl Fn(&Tnode), get: impl Fn(&Tnode)) {
+        let g = Tnode::hosted(&["g"], &[3], prec).unwrap();
+        let out = Tnode::hosted(&["out"], &[3], prec).unwrap();
+        let code = backend
+            .compile(
+                true,
+                Some("touch"),
+                &Bindings(vec![]),
+                &arrayjit::nn::scale(&out, &g, 1.0).unwrap(),
+            )
+            .unwrap();
+        let mut ctxs = vec![];
+        let mut devices = vec![];
+        for _ in 0..3 {
+            let d = backend
+                .new_virtual_device(&backend.get_device(0).unwrap())
+                .unwrap();
+            let root = backend.init(&d).unwrap();
+            let r = backend.link(&[], &root, &code).unwrap();
+            set(&g);
+            backend.from_host(r.context(), &g).unwrap();
+            backend.await_device(&d).unwrap();
+            ctxs.push(r.context().clone());
+            devices.push(d);
+        }
+        backend.all_reduce(std::slice::from_ref(&g), &ctxs).unwrap();
+        for (d, c) in devices.iter().zip(&ctxs) {
+            set(&g); // overwritten by the download
+            backend.to_host(c, &g).unwrap();
+            backend.await_device(d).unwrap();
+            get(&g);
+        }
+    }
+    for backend in [
+        Box::new(MulticoreBackend::new()) as Box<dyn Backend>,
+        Box::new(SyncBackend::new()),
+    ] {
+        backend.initialize(Config::default());
+        let b = &*backend;
+        reduce3(
+            b,
+            Prec::Int32,
+            |g| g.set_host_slice(&[i32::MAX, -5, 7]).unwrap(),
+            // 3 · (2^31 - 1) = 2^32 + 2^31 - 3, which wraps to 2^31 - 3.
+            |g| assert_eq!(g.host_to_vec::<i32>().unwrap(), [i32::MAX - 2, -15, 21]),
+        );
+        reduce3(
+            b,
+            Prec::Uint16,
+            |g| g.set_host_slice(&[65535u16, 40000, 1]).unwrap(),
+            // 196605 - 2·65536 = 65533; 120000 - 65536 = 54464.
+            |g| assert_eq!(g.host_to_vec::<u16>().unwrap(), [65533, 54464, 3]),
+        );
+        reduce3(
+            b,
+            Prec::Uint32,
+            |g| g.set_host_slice(&[u32::MAX, 3_000_000_000, 0]).unwrap(),
+            // 9·10^9 - 2·2^32 = 410065408.
+            |g| {
+                assert_eq!(
+                    g.host_to_vec::<u32>().unwrap(),
+                    [u32::MAX - 2, 410_065_408, 0]
+                )
+            },
+        );
+        reduce3(
+            b,
+            Prec::Int64,
+            |g| {
+                g.set_host_slice(&[i64::MIN, 9_007_199_254_740_993, -1])
+                    .unwrap()
+            },
+            // 3 · -2^63 = -2^63 modulo 2^64; 2^53 + 1 times 3 is exact (no rounding through
+            // a double).
+            |g| {
+                assert_eq!(
+                    g.host_to_vec::<i64>().unwrap(),
+                    [i64::MIN, 27_021_597_764_222_979, -3]
+                )
+            },
+        );
+        reduce3(
+            b,
+            Prec::Uint64,
+            |g| g.set_host_slice(&[u64::MAX, 1 << 63, 3]).unwrap(),
+            |g| assert_eq!(g.host_to_vec::<u64>().unwrap(), [u64::MAX - 2, 1 << 63, 9]),
+        );
+        // bfloat16: 3 · 85.5 = 256.5 rounds to 256 (the spacing is 2 there).
+        reduce3(
+            b,
+            Prec::Bfloat16,
+            |g| g.set_host_values(&[1.0, 85.5, -3.0]).unwrap(),
+            |g| assert_eq!(g.host_values().unwrap(), [3.0, 256.0, -9.0]),
+        );
+        // fp8 (E5M2, 2 mantissa bits): 3 · 0.75 = 2.25, halfway between 2 and 2.5: to even, 2.
+        reduce3(
+            b,
+            Prec::Fp8,
+            |g| g.set_host_values(&[1.0, 0.75, -2.0]).unwrap(),
+            |g| assert_eq!(g.host_values().unwrap(), [3.0, 2.0, -6.0]),
+        );
+        backend.unsafe_cleanup();
+    }
+}

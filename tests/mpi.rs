@@ -289,6 +289,24 @@ fn every_precision_reduces_and_copies_across_ranks_as_on_multicore() {
         ),
         ("half", "[0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6]"),
         ("byte", "[100, 200, 255, 1, 2, 3, 60, 70, 80, 90, 100, 110]"),
+        (
+            "int32",
+            "[2147483647, -2147483648, 5, 1, -1, 2, 2147483647, 7, 8, 9, 10, 11]",
+        ),
+        (
+            "int64",
+            "[9007199254740993, -9223372036854775808, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]",
+        ),
+        (
+            "uint64",
+            "[18446744073709551615, 9223372036854775808, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]",
+        ),
+        ("uint16", "[65535, 40000, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"),
+        (
+            "bfloat16",
+            "[85.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6]",
+        ),
+        ("fp8", "[0.75, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6]"),
     ] {
         let file = dir.path().join(format!("{prec}.json"));
         std::fs::write(&file, precisions_program(prec, values)).unwrap();
@@ -304,6 +322,15 @@ fn every_precision_reduces_and_copies_across_ranks_as_on_multicore() {
     let file = dir.path().join("byte.json");
     let v = run_here(&with_backend(dir.path(), &file, "multicore"));
     assert_eq!(v["g"]["values"], serde_json::json!([251, 116, 192]), "{v}");
+    // int64 sums are exact above 2^53 (no double on the way): 2^53 + 1 + 2 + 5 + 8,
+    // -2^63 + 3 + 6 + 9, 1 + 4 + 7 + 10.
+    let file = dir.path().join("int64.json");
+    let v = run_here(&with_backend(dir.path(), &file, "multicore"));
+    assert_eq!(
+        v["g"]["values"],
+        serde_json::json!([9007199254741008_i64, -9223372036854775790_i64, 22]),
+        "{v}"
+    );
 }
 
 /// Devices that do not divide evenly over the ranks are spread as evenly as the formula

@@ -176,6 +176,7 @@ fn start_watchdog(rank: usize, limit: Duration, busy: Busy, stop: Arc<AtomicBool
 #[derive(Default)]
 struct Scratch {
     u8s: Vec<u8>,
+    u64s: Vec<u64>,
     f32s: Vec<f32>,
     f64s: Vec<f64>,
 }
@@ -646,25 +647,12 @@ impl MpiBackend {
 /// buffer. One collective instead of one per tensor: its latency, not the bytes, is what a
 /// step of a small model pays for.
 fn reduce_fused(jobs: &[(Prec, usize, String, Vec<BufferPtr>)]) -> Result<()> {
-    if let Some((prec, _, name, _)) = jobs
-        .iter()
-        .find(|j| !matches!(j.0, Prec::Byte | Prec::Half | Prec::Single | Prec::Double))
-    {
-        return Err(Error::Usage(format!(
-            "the all_reduce of {name}: precision {prec} is not supported (only byte, half, \
-             single and double)"
-        )));
-    }
     let world = SimpleCommunicator::world();
-    // Bytes, then singles and halves (summed in f32), then doubles.
-    for kind in [Prec::Byte, Prec::Single, Prec::Double] {
-        let group: Vec<&(Prec, usize, String, Vec<BufferPtr>)> = jobs
-            .iter()
-            .filter(|j| match j.0 {
-                Prec::Half => kind == Prec::Single,
-                p => p == kind,
-            })
-            .collect();
+    // Bytes, then the wider integers (summed in u64), then singles and the narrow floats
+    // (summed in f32), then doubles.
+    for kind in [Prec::Byte, Prec::Uint64, Prec::Single, Prec::Double] {
+        let group: Vec<&(Prec, usize, String, Vec<BufferPtr>)> =
+            jobs.iter().filter(|j| Acc::kind(j.0) == kind).collect();
         if group.is_empty() {
             continue;
         }
@@ -697,10 +685,16 @@ fn reduce_fused(jobs: &[(Prec, usize, String, Vec<BufferPtr>)]) -> Result<()> {
         // SAFETY (both): `in_place` is the library's MPI_IN_PLACE.
         match (&mut packed, in_place()) {
             (Acc::U8(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
+            (Acc::U64(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
             (Acc::F32(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
             (Acc::F64(v), Some(s)) => unsafe { all_reduce_in_place(&world, v, s) }?,
             (Acc::U8(v), None) => {
                 let mut r = vec![0u8; total];
+                all_reduce_chunks(&world, v, &mut r);
+                *v = r;
+            }
+            (Acc::U64(v), None) => {
+                let mut r = vec![0u64; total];
                 all_reduce_chunks(&world, v, &mut r);
                 *v = r;
             }
@@ -736,12 +730,6 @@ fn reduce_here(
     bufs: &[BufferPtr],
     scratch: &Mutex<Scratch>,
 ) -> Result<()> {
-    if !matches!(prec, Prec::Byte | Prec::Half | Prec::Single | Prec::Double) {
-        return Err(Error::Usage(format!(
-            "the all_reduce of {name}: precision {prec} is not supported (only byte, half, \
-             single and double)"
-        )));
-    }
     let world = SimpleCommunicator::world();
     let mut s = scratch.lock().unwrap_or_else(|p| p.into_inner());
     let what = format!("the all_reduce of {name}");
@@ -751,10 +739,11 @@ fn reduce_here(
     for b in bufs {
         b.mark_written();
     }
-    // One local buffer of a type MPI sums: reduce in place in it (MPI_IN_PLACE, when the
-    // library's value of it is known), or send straight from it into a scratch buffer and
-    // copy the result back.
-    if let ([buf], false) = (bufs, prec == Prec::Half) {
+    // One local buffer of a type MPI sums (byte, single, double): reduce in place in it
+    // (MPI_IN_PLACE, when the library's value of it is known), or send straight from it into
+    // a scratch buffer and copy the result back.
+    let native = matches!(prec, Prec::Byte | Prec::Single | Prec::Double);
+    if let ([buf], true) = (bufs, native) {
         // SAFETY: the device is past the work scheduled before the all-reduce (the comm
         // thread waited for its event) and its later work waits for this task, so this
         // thread has the buffer to itself.
@@ -763,7 +752,7 @@ fn reduce_here(
                 return match prec {
                     Prec::Byte => all_reduce_in_place(&world, elems_mut::<u8>(buf, n), sentinel),
                     Prec::Single => all_reduce_in_place(&world, elems_mut::<f32>(buf, n), sentinel),
-                    // double (half never gets here); other precisions were refused above
+                    // double: no other precision gets here
                     _ => all_reduce_in_place(&world, elems_mut::<f64>(buf, n), sentinel),
                 };
             }
@@ -798,6 +787,11 @@ fn reduce_here(
             let recv = grown(&mut s.u8s, n, &what)?;
             all_reduce_chunks(&world, a, recv);
             Acc::U8(recv.to_vec())
+        }
+        Acc::U64(a) => {
+            let recv = grown(&mut s.u64s, n, &what)?;
+            all_reduce_chunks(&world, a, recv);
+            Acc::U64(recv.to_vec())
         }
         Acc::F32(a) => {
             let recv = grown(&mut s.f32s, n, &what)?;

@@ -2,14 +2,22 @@
 //! the in-process backends sum the devices' buffers here, and the MPI backend sums a rank's
 //! local buffers here before the MPI collective sums across ranks.
 //!
-//! Sums are in the tensor's precision, with one exception: halves are summed in `f32` and
-//! rounded to half once at the end (MPI has no half type). Bytes wrap modulo 256 (C's
-//! `unsigned char` arithmetic, and what `MPI_SUM` does on `MPI_UINT8_T`).
+//! Sums are in the tensor's precision, with two exceptions:
+//! - the narrow floats (half, bfloat16, fp8) are summed in `f32` and rounded to their
+//!   precision once at the end, to nearest even (MPI has no such types);
+//! - the integers wider than a byte are summed in `u64` with wrapping, then stored by
+//!   wrapping into their width (SPEC 9.1: modular arithmetic commutes with the wrap, so this
+//!   is the exact sum modulo 2^bits, and `MPI_SUM` on `MPI_UINT64_T` is unsigned, never
+//!   overflowing, arithmetic).
+//!
+//! Bytes wrap modulo 256 (C's `unsigned char` arithmetic, and what `MPI_SUM` does on
+//! `MPI_UINT8_T`).
 
 use super::buffer::DeviceBuffer;
 use super::context::Context;
 use super::device::Device;
 use crate::error::{Error, Result};
+use crate::ir::prec::{bf16_of_f64, bf16_to_f64, fp8_of_f64, fp8_to_f64};
 use crate::ir::{Prec, Tnode};
 use half::f16;
 
@@ -17,7 +25,9 @@ use half::f16;
 pub(crate) enum Acc {
     /// Bytes (wrapping).
     U8(Vec<u8>),
-    /// Singles, and halves widened.
+    /// The wider integers, as 64-bit patterns (wrapping).
+    U64(Vec<u64>),
+    /// Singles, and the narrow floats widened.
     F32(Vec<f32>),
     /// Doubles.
     F64(Vec<f64>),
@@ -63,23 +73,30 @@ impl Acc {
             v.resize(n, T::default());
             Ok(v)
         }
-        Ok(match prec {
+        Ok(match Acc::kind(prec) {
             Prec::Byte => Acc::U8(alloc(n, what)?),
-            Prec::Half | Prec::Single => Acc::F32(alloc(n, what)?),
-            Prec::Double => Acc::F64(alloc(n, what)?),
-            p => {
-                return Err(Error::Usage(format!(
-                    "all-reduce of {what}: precision {p} is not supported (only byte, half, \
-                     single and double)"
-                )))
-            }
+            Prec::Uint64 => Acc::U64(alloc(n, what)?),
+            Prec::Single => Acc::F32(alloc(n, what)?),
+            _ => Acc::F64(alloc(n, what)?),
         })
+    }
+
+    /// The precision a tensor of precision `prec` is summed in: `Byte`, `Uint64` (every
+    /// wider integer), `Single` (single and the narrow floats) or `Double`.
+    pub(crate) fn kind(prec: Prec) -> Prec {
+        match prec {
+            Prec::Byte => Prec::Byte,
+            Prec::Half | Prec::Bfloat16 | Prec::Fp8 | Prec::Single => Prec::Single,
+            Prec::Double => Prec::Double,
+            _ => Prec::Uint64,
+        }
     }
 
     /// Number of elements.
     pub(crate) fn len(&self) -> usize {
         match self {
             Acc::U8(v) => v.len(),
+            Acc::U64(v) => v.len(),
             Acc::F32(v) => v.len(),
             Acc::F64(v) => v.len(),
         }
@@ -109,6 +126,25 @@ impl Acc {
             (Acc::U8(a), _) => {
                 for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<u8>(buf, n) }) {
                     *x = x.wrapping_add(*y);
+                }
+            }
+            (Acc::U64(a), p) => {
+                let a = &mut a[at..at + n];
+                // Zero-extended: only the low bits of the sum are stored back.
+                match p.size_in_bytes() {
+                    2 => add_wrapping(a, unsafe { view::<u16>(buf, n) }),
+                    4 => add_wrapping(a, unsafe { view::<u32>(buf, n) }),
+                    _ => add_wrapping(a, unsafe { view::<u64>(buf, n) }),
+                }
+            }
+            (Acc::F32(a), Prec::Bfloat16) => {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<u16>(buf, n) }) {
+                    *x += bf16_to_f64(*y) as f32;
+                }
+            }
+            (Acc::F32(a), Prec::Fp8) => {
+                for (x, y) in a[at..at + n].iter_mut().zip(unsafe { view::<u8>(buf, n) }) {
+                    *x += fp8_to_f64(*y) as f32;
                 }
             }
             (Acc::F32(a), Prec::Half) => {
@@ -151,6 +187,27 @@ impl Acc {
         // match the precision's storage.
         match (self, prec) {
             (Acc::U8(a), _) => unsafe { view_mut::<u8>(buf, n) }.copy_from_slice(&a[at..at + n]),
+            (Acc::U64(a), p) => {
+                let a = &a[at..at + n];
+                // Truncation to the width: the sum modulo 2^bits.
+                match p.size_in_bytes() {
+                    2 => store_mapped(unsafe { view_mut::<u16>(buf, n) }, a, |v| v as u16),
+                    4 => store_mapped(unsafe { view_mut::<u32>(buf, n) }, a, |v| v as u32),
+                    _ => unsafe { view_mut::<u64>(buf, n) }.copy_from_slice(a),
+                }
+            }
+            (Acc::F32(a), Prec::Bfloat16) => {
+                let a = &a[at..at + n];
+                store_mapped(unsafe { view_mut::<u16>(buf, n) }, a, |v| {
+                    bf16_of_f64(f64::from(v))
+                })
+            }
+            (Acc::F32(a), Prec::Fp8) => {
+                let a = &a[at..at + n];
+                store_mapped(unsafe { view_mut::<u8>(buf, n) }, a, |v| {
+                    fp8_of_f64(f64::from(v))
+                })
+            }
             (Acc::F32(a), Prec::Half) => {
                 for (x, y) in unsafe { view_mut::<u16>(buf, n) }
                     .iter_mut()
@@ -162,6 +219,20 @@ impl Acc {
             (Acc::F32(a), _) => unsafe { view_mut::<f32>(buf, n) }.copy_from_slice(&a[at..at + n]),
             (Acc::F64(a), _) => unsafe { view_mut::<f64>(buf, n) }.copy_from_slice(&a[at..at + n]),
         }
+    }
+}
+
+/// `a[i] += b[i]` modulo 2^64, `b` zero-extended.
+fn add_wrapping<T: Copy + Into<u64>>(a: &mut [u64], b: &[T]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = x.wrapping_add((*y).into());
+    }
+}
+
+/// `dst[i] = f(src[i])`: the sums stored in the tensor's own type.
+fn store_mapped<S: Copy, T>(dst: &mut [T], src: &[S], f: impl Fn(S) -> T) {
+    for (x, y) in dst.iter_mut().zip(src) {
+        *x = f(*y);
     }
 }
 

@@ -303,8 +303,9 @@ impl Sim<'_> {
 
 impl Sim<'_> {
     /// Sums the tensor's values over the devices (in the order listed, accumulating as the
-    /// backends do: singles and halves in `f32`, doubles in `f64`, bytes modulo 256) and
-    /// stores the sum, rounded to the tensor's precision, on each of them.
+    /// backends do: singles and the narrow floats in `f32`, doubles in `f64`, integers
+    /// exactly modulo 2^bits) and stores the sum, rounded to the tensor's precision, on each
+    /// of them.
     fn all_reduce_values(&mut self, tn: &Tnode, devices: &[usize]) -> arrayjit::Result<()> {
         if !self.on_device.contains(tn) {
             return Err(arrayjit::Error::AllReduce {
@@ -313,10 +314,25 @@ impl Sim<'_> {
             });
         }
         let prec = tn.prec();
+        // As the compiled backends sum (backend::reduce): integers exactly, wrapped into
+        // their width; the narrow floats and singles in f32, rounded once at the end.
+        if prec.is_integer() {
+            // (A device that never wrote the tensor holds zeros.)
+            let mut sum: Vec<i128> = vec![0; interp::zeroed_values(tn)?.len()];
+            for &d in devices {
+                let v = self.devices[d].mem.get_int(tn).unwrap_or_default();
+                for (s, x) in sum.iter_mut().zip(v) {
+                    *s = prec.wrap_int((*s).wrapping_add(x) as u64);
+                }
+            }
+            for &d in devices {
+                self.devices[d].mem.set_int(tn, &sum)?;
+            }
+            return Ok(());
+        }
         let acc_round = |v: f64| match prec {
-            Prec::Half | Prec::Single => v as f32 as f64,
             Prec::Double => v,
-            p => p.round(v),
+            _ => v as f32 as f64,
         };
         let mut sum = interp::zeroed_values(tn)?;
         for &d in devices {
