@@ -122,6 +122,29 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
     Ok(())
 }
 
+/// The value of an integer constant stored into precision `prec`. Constants of the loop IR
+/// are `f64`; an integer one that a double does not hold (beyond 2^53) is written for an
+/// integer result as `hi + lo`, two doubles that hold it exactly (`lo` its low 32 bits, `hi`
+/// the rest, a multiple of 2^32 of at most 32 significant bits), added in the statement's
+/// exact integer compute (integer statements are not folded in doubles). A floating result
+/// gets the constant rounded to a double (then to its precision: rounding twice gives the
+/// same as once here, since a double has more than 2·11+2 bits).
+fn int_constant(c: i128, prec: crate::ir::Prec) -> Llv {
+    let bits = c as u64; // the value modulo 2^64: what an integer result keeps
+    let wrapped = prec.wrap_int(bits);
+    if !prec.is_integer() || (wrapped as f64) as i128 == wrapped {
+        let v = if prec.is_integer() { wrapped } else { c };
+        return Llv::Constant(v as f64);
+    }
+    let lo = bits & 0xffff_ffff;
+    let hi = bits - lo;
+    Llv::Binop(
+        Binop::Add,
+        Box::new(Llv::Constant(hi as f64)),
+        Box::new(Llv::Constant(lo as f64)),
+    )
+}
+
 fn fill_neutral(lhs: &Tnode, accum: Binop) -> Llc {
     let value = if lhs.prec().is_integer() {
         // Integer results (SPEC 9.1): the type's minimum for max, maximum for min. Constants
@@ -610,6 +633,18 @@ fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
             idcs,
             value: Llv::Constant(*c),
         }),
+        FetchOp::IntConstant(c) => {
+            let value = int_constant(*c, array.prec());
+            if value == Llv::Constant(0.0) {
+                Llc::ZeroOut(array.clone())
+            } else {
+                over_all_cells(array, |idcs| Llc::Set {
+                    tn: array.clone(),
+                    idcs,
+                    value: value.clone(),
+                })
+            }
+        }
         FetchOp::Slice { batch_idx, sliced } => {
             if sliced.dims().len() != array.dims().len() + 1 || sliced.dims()[1..] != *array.dims()
             {

@@ -1858,3 +1858,48 @@ fn all_reduce_of_the_wider_precisions_compiled_and_interpreted() {
         assert_eq!(v["g"]["values"], want, "{prec} interpreted: {v}");
     }
 }
+
+/// A `constant` fetch written as an integer literal is exact for integer tensors (SPEC 9.1:
+/// values beyond 2^53 keep every digit), and wraps into the width like any integer store.
+#[test]
+fn integer_constants_are_exact() {
+    let p = Prog::new();
+    let text = r#"{
+  "tensors": [
+    {"name": "a", "dims": [2], "prec": "int64"},
+    {"name": "b", "dims": [2], "prec": "uint64"},
+    {"name": "c", "dims": [1], "prec": "int32"},
+    {"name": "d", "dims": [1], "prec": "uint16"},
+    {"name": "e", "dims": [1], "prec": "int64"},
+    {"name": "f", "dims": [1], "prec": "single"}
+  ],
+  "routines": [{"name": "r", "code": [
+    {"fetch": "a", "constant": 9007199254740993},
+    {"fetch": "b", "constant": 18446744073709551615},
+    {"fetch": "c", "constant": 4294967301},
+    {"fetch": "d", "constant": -1},
+    {"fetch": "e", "constant": -9223372036854775807},
+    {"fetch": "f", "constant": 16777217}
+  ]}],
+  "run": [{"routine": "r"}],
+  "print": ["a", "b", "c", "d", "e", "f"]
+}"#;
+    let file = p.write("consts.json", text);
+    // 2^32 + 5 wraps to 5 in an int32, -1 to 65535 in a uint16; 2^24 + 1 rounds to 2^24 in
+    // a single (to even).
+    let want = serde_json::json!({
+        "a": [9007199254740993_i64, 9007199254740993_i64],
+        "b": [18446744073709551615_u64, 18446744073709551615_u64],
+        "c": [5], "d": [65535], "e": [-9223372036854775807_i64], "f": [16777216]
+    });
+    for args in [vec!["run"], vec!["run", "--interpret"]] {
+        let mut args = args.clone();
+        args.push(path_str(&file));
+        let out = arrayjit(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        for (name, values) in want.as_object().unwrap() {
+            assert_eq!(&v[name]["values"], values, "{args:?} {name}: {v}");
+        }
+    }
+}

@@ -28,6 +28,10 @@ impl Buffer {
 pub enum FetchOp {
     /// Every cell gets the constant (0 becomes a `Zero_out`).
     Constant(f64),
+    /// Every cell gets the integer constant, exactly: an integer tensor stores it wrapped
+    /// into its width (SPEC 9.1), so every `int64` and `uint64` value (beyond 2^53 too) is
+    /// kept; a floating tensor stores it rounded to its precision.
+    IntConstant(i128),
     /// `array[idcs] = sliced[batch_idx, idcs]`.
     Slice {
         /// The static index selecting the slice.
@@ -356,6 +360,7 @@ impl Assignments {
             Assignments::Fetch { array, fetch_op } => {
                 let what = match fetch_op {
                     FetchOp::Constant(c) => format!("{c}"),
+                    FetchOp::IntConstant(c) => format!("{c}"),
                     FetchOp::Slice { batch_idx, sliced } => {
                         format!(
                             "{}[{}, ...]",

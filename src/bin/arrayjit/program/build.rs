@@ -4,8 +4,8 @@
 
 use super::decimal;
 use super::format::{
-    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Statement, Step,
-    TensorDecl,
+    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Scalar, Statement,
+    Step, TensorDecl,
 };
 use super::locate::{json_path, JsonPath, Seg};
 use arrayjit::ir::einsum;
@@ -246,7 +246,11 @@ impl<'a> Builder<'a> {
             Statement::Fetch(f) => {
                 let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
                 let fetch_op = match &f.kind {
-                    FetchKind::Constant(c) => FetchOp::Constant(*c),
+                    // An integer literal into an integer tensor: exactly.
+                    FetchKind::Constant(Scalar(_, Some(i))) if array.prec().is_integer() => {
+                        FetchOp::IntConstant(*i)
+                    }
+                    FetchKind::Constant(c) => FetchOp::Constant(c.0),
                     FetchKind::Random { seed } => FetchOp::Random { seed: *seed },
                     FetchKind::EmbedIndex(s) => FetchOp::EmbedSymbol(
                         self.static_index(s, with(path, json_path!["embed_index"]))?,

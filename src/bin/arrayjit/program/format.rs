@@ -383,7 +383,7 @@ pub struct FetchDecl {
 #[derive(Clone, Debug, PartialEq)]
 pub enum FetchKind {
     /// `"constant": c`
-    Constant(f64),
+    Constant(Scalar),
     /// `"slice": SRC, "index": STATIC`
     Slice {
         /// The tensor sliced (dims `[n] ++ lhs dims`).
@@ -586,9 +586,10 @@ impl<'de> Deserialize<'de> for AwaitTarget {
     }
 }
 
-/// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`.
+/// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`; an integer literal
+/// also keeps its exact value (an `int64` or `uint64` beyond 2^53 keeps every digit).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scalar(pub f64);
+pub struct Scalar(pub f64, pub Option<i128>);
 
 impl<'de> Deserialize<'de> for Scalar {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -599,19 +600,19 @@ impl<'de> Deserialize<'de> for Scalar {
                 f.write_str("a number or one of the strings \"inf\", \"-inf\", \"nan\"")
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64))
+                Ok(Scalar(v as f64, Some(v.into())))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64))
+                Ok(Scalar(v as f64, Some(v.into())))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v))
+                Ok(Scalar(v, None))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
                 match v {
-                    "inf" => Ok(Scalar(f64::INFINITY)),
-                    "-inf" => Ok(Scalar(f64::NEG_INFINITY)),
-                    "nan" => Ok(Scalar(f64::NAN)),
+                    "inf" => Ok(Scalar(f64::INFINITY, None)),
+                    "-inf" => Ok(Scalar(f64::NEG_INFINITY, None)),
+                    "nan" => Ok(Scalar(f64::NAN, None)),
                     _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
                 }
             }
@@ -914,7 +915,7 @@ impl<'de> Deserialize<'de> for Statement {
                         ));
                     }
                     let kind = if let Some(c) = constant {
-                        FetchKind::Constant(c.0)
+                        FetchKind::Constant(c)
                     } else if let Some(r) = random {
                         FetchKind::Random { seed: r.seed }
                     } else if let Some(src) = slice {
