@@ -1903,3 +1903,46 @@ fn integer_constants_are_exact() {
         }
     }
 }
+
+/// Copies and merge buffers keep int64 values exact, compiled and interpreted: device 1
+/// doubles x, its y is copied to device 0 and merged twice into acc. By hand:
+/// 2·(2^53 + 1) = 18014398509481986, twice that 36028797018963972; 2·(1 - 2^63) wraps to 2.
+#[test]
+fn merges_of_int64_are_exact() {
+    let p = Prog::new();
+    let text = r#"{ "devices": 2,
+  "tensors": [
+    {"name": "x", "dims": [2], "prec": "int64", "init": {"values": [9007199254740993, -9223372036854775807]}},
+    {"name": "y", "dims": [2], "prec": "int64"},
+    {"name": "acc", "dims": [2], "prec": "int64"}
+  ],
+  "routines": [
+    {"name": "double", "code": [{"assign": "y", "op": "add", "args": ["x", "x"]}]},
+    {"name": "merge", "code": [{"assign": "acc", "accum": "add", "op": "identity", "args": [{"merge": "y"}]}]}
+  ],
+  "run": [{"routine": "double", "device": 1},
+          {"copy": "y", "from": 1, "to": 0},
+          {"copy": "y", "from": 1, "to": 0, "merge": "copy"},
+          {"repeat": 2, "steps": [{"routine": "merge", "device": 0}]},
+          {"await": 0}],
+  "print": ["y", "acc"]
+}"#;
+    let file = p.write("merge64.json", text);
+    for args in [vec!["run"], vec!["run", "--interpret"]] {
+        let mut args = args.clone();
+        args.push(path_str(&file));
+        let out = arrayjit(&args);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        let v: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(
+            v["y"]["values"],
+            serde_json::json!([18014398509481986_i64, 2]),
+            "{args:?}"
+        );
+        assert_eq!(
+            v["acc"]["values"],
+            serde_json::json!([36028797018963972_i64, 4]),
+            "{args:?}"
+        );
+    }
+}

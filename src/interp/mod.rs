@@ -131,6 +131,9 @@ pub struct Memory {
     /// (authoritative when present; `nodes` then holds the same values rounded).
     ints: HashMap<Tnode, Vec<u64>>,
     merge: Option<(Tnode, Vec<f64>)>,
+    /// Exact 64-bit patterns of an integer node in the merge buffer (authoritative when
+    /// present, as `ints` is for nodes).
+    merge_ints: Option<Vec<u64>>,
     functions: HashMap<String, ImportedFn>,
 }
 
@@ -276,6 +279,26 @@ impl Memory {
             *v = p.round(*v);
         }
         self.merge = Some((tn.clone(), values));
+        self.merge_ints = None;
+        Ok(())
+    }
+
+    /// Makes the merge buffer hold the integer node `tn` with the given values, exactly
+    /// (each wrapped into the precision); an error for a floating node or a wrong number of
+    /// values.
+    pub fn set_merge_int(&mut self, tn: &Tnode, values: &[i128]) -> Result<()> {
+        let p = tn.prec();
+        if !p.is_integer() {
+            return Err(Error::PrecisionMismatch {
+                expected: "an integer precision".into(),
+                actual: p.name().to_string(),
+            });
+        }
+        let bits: Vec<u64> = values.iter().map(|&v| v as u64).collect();
+        let f: Vec<f64> = bits.iter().map(|&b| p.wrap_int(b) as f64).collect();
+        check_len(tn, &f, "interpreter merge buffer")?;
+        self.merge = Some((tn.clone(), f));
+        self.merge_ints = Some(bits);
         Ok(())
     }
 
@@ -287,6 +310,7 @@ impl Memory {
     /// Empties the merge buffer.
     pub fn clear_merge(&mut self) {
         self.merge = None;
+        self.merge_ints = None;
     }
 
     /// Registers a Rust function to be called where the code calls the imported C function
@@ -1016,7 +1040,11 @@ impl<'m> Machine<'m> {
             }
             Llv::GetMergeBuffer(tn, idcs) => {
                 let off = self.offset(tn, idcs)?;
-                int_bits_of_f64(self.merge_values(tn)?[off])
+                let x = self.merge_values(tn)?[off];
+                match &self.mem.merge_ints {
+                    Some(v) => v[off],
+                    None => int_bits_of_f64(x),
+                }
             }
             Llv::GetCFunction(name) => {
                 let f = self.function(name)?;

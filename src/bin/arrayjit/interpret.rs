@@ -218,8 +218,12 @@ impl Sim<'_> {
         let r = &self.routines[routine];
         if !r.merge_nodes.is_empty() {
             if let Some((src, tn)) = self.devices[device].streams_from.clone() {
-                let values = self.values(src, &tn)?;
-                self.devices[device].mem.set_merge(&tn, values)?;
+                if let Some(ints) = self.devices[src].mem.get_int(&tn) {
+                    self.devices[device].mem.set_merge_int(&tn, &ints)?;
+                } else {
+                    let values = self.values(src, &tn)?;
+                    self.devices[device].mem.set_merge(&tn, values)?;
+                }
             }
         }
         let dev = &mut self.devices[device];
@@ -288,8 +292,14 @@ impl Sim<'_> {
                         names.join(", ")
                     ));
                 }
+                // Integers exactly, an int64 above 2^53 included.
+                let ints = self.devices[from].mem.get_int(tn);
                 let dev = &mut self.devices[to];
-                dev.mem.set_merge(tn, values).map_err(|e| e.to_string())?;
+                match ints {
+                    Some(ints) => dev.mem.set_merge_int(tn, &ints),
+                    None => dev.mem.set_merge(tn, values),
+                }
+                .map_err(|e| e.to_string())?;
                 dev.streams_from = if merge == MergeDecl::Streaming {
                     Some((from, tn.clone()))
                 } else {
