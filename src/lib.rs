@@ -209,6 +209,7 @@ pub mod loops;
 pub mod lower;
 pub mod nn;
 pub mod optimize;
+pub mod pipeline;
 pub mod target;
 
 pub use error::{Error, Result};

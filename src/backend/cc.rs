@@ -6,18 +6,17 @@ use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
 use super::task::{Runnable, StaticValues};
-use crate::codegen::{self, CodegenOptions, Generated, RoutineSignature};
-use crate::compile::{self, CompilerConfig, DebugFile, EntryFn, LoadedLibrary, Speculation};
+use crate::codegen::RoutineSignature;
+use crate::compile::CompilerConfig;
 use crate::error::{Error, Result};
 use crate::ir::{
     check_static_value, Assignments, Bindings, MemoryMode, MemoryModes, Ndarray, RoutineBindings,
     Tnode,
 };
-use crate::optimize::{self, Optimized, Settings};
-use crate::target::VectorTarget;
-use crate::{loops, lower};
+use crate::optimize::{Optimized, Settings};
+pub use crate::pipeline::Occupancy;
+use crate::pipeline::{Compilation, Compiled, Generation, Pipeline};
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -33,26 +32,10 @@ pub enum Config {
     MostParallelDevices,
 }
 
-/// A compiled routine: the entry points of its parts, in order, and the libraries holding
-/// them (kept loaded as long as the routine lives).
-struct Compiled {
-    libs: Vec<Arc<LoadedLibrary>>,
-    sig: RoutineSignature,
-    entries: Vec<EntryFn>,
-}
-
-struct Postponed {
-    generated: Generated,
-    dumps: Vec<DebugFile>,
-}
-
-/// Chooses which entries of a batch to compile: `occupancy(name, index)`.
-pub type Occupancy<'a> = &'a dyn Fn(&str, usize) -> bool;
-
 enum CodeState {
     Compiled(Arc<Compiled>),
     /// Compilation postponed to `link` (`shared: false`).
-    Postponed(Box<Postponed>),
+    Postponed(Box<Generation>),
 }
 
 /// A compiled (or ready-to-compile) routine, not yet linked into a context.
@@ -72,7 +55,7 @@ pub struct CodeBatch {
     /// One compiled routine per included entry, in order; filled by `compile_batch` with
     /// `shared: true`, else by the first `link_batch` (from `postponed`).
     compiled: Mutex<Option<Vec<Arc<Compiled>>>>,
-    postponed: Option<Box<Postponed>>,
+    postponed: Option<Box<Generation>>,
 }
 
 /// One routine of a batch.
@@ -442,18 +425,13 @@ impl fmt::Debug for Routine {
 pub struct CcBackend {
     initialized: AtomicBool,
     config: Mutex<Config>,
-    /// Optimizer settings used by `compile`.
-    pub settings: Settings,
-    /// The compiler configuration; `None`: read from the environment at every compile
-    /// ([`CompilerConfig::from_env`]).
-    compiler: Option<CompilerConfig>,
-    /// The memory-mode decisions of every routine compiled so far (nodes themselves are never
-    /// changed): each routine starts from them, and a routine contradicting an earlier one
-    /// (a node inlined there and read from memory here) is an error naming the node.
-    modes: Mutex<MemoryModes>,
-    /// Bounds-checked code even when the compiler configuration does not ask for it (see
-    /// [`CcBackend::with_checked`]).
-    checked: bool,
+    /// What compiles: the stages lower → optimize → codegen → compile with the optimizer
+    /// settings, the compiler configuration (`None`: read from the environment at every
+    /// compile, [`CompilerConfig::from_env`]), bounds checks, and the memory-mode decisions
+    /// of every routine compiled so far (nodes themselves are never changed: each routine
+    /// starts from them, and a routine contradicting an earlier one is an error naming the
+    /// node).
+    pipeline: Pipeline,
 }
 
 impl Default for CcBackend {
@@ -462,68 +440,26 @@ impl Default for CcBackend {
     }
 }
 
-fn routine_name(name: Option<&str>, asgns: &Assignments, i: usize) -> String {
-    name.map(str::to_string)
-        .or_else(|| asgns.first_comment().map(str::to_string))
-        .unwrap_or_else(|| format!("routine{i}"))
-}
-
-/// Readable dumps of a routine for the debug directory; `index` (the routine's position in
-/// its batch) keeps the names unique when two routine names sanitize alike.
-fn dumps(o: &Optimized, asgns: &Assignments, index: usize) -> Vec<DebugFile> {
-    let stem = format!("r{index}_{}", codegen::sanitize_ident(&o.name));
-    vec![
-        DebugFile {
-            name: format!("{stem}.assignments.txt"),
-            contents: asgns.to_doc(),
-        },
-        DebugFile {
-            name: format!("{stem}.unoptimized.ll.txt"),
-            contents: loops::to_doc(&o.unoptimized),
-        },
-        DebugFile {
-            name: format!("{stem}.optimized.ll.txt"),
-            contents: loops::to_doc(&o.code),
-        },
-    ]
-}
-
 impl CcBackend {
     /// A backend with default optimizer settings (not yet initialized).
     pub fn new() -> CcBackend {
-        CcBackend {
-            initialized: AtomicBool::new(false),
-            config: Mutex::new(Config::default()),
-            settings: Settings::default(),
-            compiler: None,
-            modes: Mutex::new(MemoryModes::new()),
-            checked: false,
-        }
+        CcBackend::with_settings(Settings::default())
     }
 
     /// The backend generating bounds-checked code ([`CompilerConfig::checked`]) when
     /// `checked` is true, whatever the compiler configuration says (with false, the
     /// configuration decides).
-    pub fn with_checked(self, checked: bool) -> CcBackend {
-        CcBackend { checked, ..self }
-    }
-
-    /// How code is generated under `cfg`: its trace directory (created if missing, see
-    /// [`prepare_trace_dir`]) and bounds checks (the configuration's or the backend's).
-    fn codegen_options(&self, cfg: &CompilerConfig) -> Result<(Option<PathBuf>, bool)> {
-        let trace = cfg
-            .trace_dir
-            .as_deref()
-            .map(prepare_trace_dir)
-            .transpose()?;
-        Ok((trace, cfg.checked || self.checked))
+    pub fn with_checked(mut self, checked: bool) -> CcBackend {
+        self.pipeline.set_checked(checked);
+        self
     }
 
     /// A backend with the given optimizer settings (e.g. optimization off).
     pub fn with_settings(settings: Settings) -> CcBackend {
         CcBackend {
-            settings,
-            ..CcBackend::new()
+            initialized: AtomicBool::new(false),
+            config: Mutex::new(Config::default()),
+            pipeline: Pipeline::new(settings, None, false),
         }
     }
 
@@ -532,18 +468,20 @@ impl CcBackend {
     /// different compilers or caches side by side.
     pub fn with_config(compiler: CompilerConfig, settings: Settings) -> CcBackend {
         CcBackend {
-            settings,
-            compiler: Some(compiler),
-            ..CcBackend::new()
+            initialized: AtomicBool::new(false),
+            config: Mutex::new(Config::default()),
+            pipeline: Pipeline::new(settings, Some(compiler), false),
         }
+    }
+
+    /// The optimizer settings used by `compile`.
+    pub fn settings(&self) -> &Settings {
+        self.pipeline.settings()
     }
 
     /// The compiler configuration in effect: the one given, else the environment's.
     pub fn compiler_config(&self) -> Result<CompilerConfig> {
-        match &self.compiler {
-            Some(c) => Ok(c.clone()),
-            None => CompilerConfig::from_env(),
-        }
+        self.pipeline.compiler_config()
     }
 
     /// Initializes the backend before first use or after `unsafe_cleanup`. Does nothing if it
@@ -599,90 +537,15 @@ impl CcBackend {
         }
     }
 
-    fn optimize_one(
-        &self,
-        name: &str,
-        asgns: &Assignments,
-        target: &VectorTarget,
-        traced: bool,
-    ) -> Result<Optimized> {
-        let code = lower::lower(asgns).map_err(|e| Error::in_routine(name, e))?;
-        // Traced code stays scalar, so that every stored value is logged.
-        let settings = Settings {
-            target: if traced {
-                None
-            } else {
-                self.settings.target.or(Some(*target))
-            },
-            ..self.settings.clone()
-        };
-        let known = self.lock_modes().clone();
-        let o = optimize::optimize_with(name, code, &settings, &known)
-            .map_err(|e| Error::in_routine(name, e))?;
-        self.lock_modes()
-            .merge(&o.modes)
-            .map_err(|e| Error::in_routine(name, e))?;
-        Ok(o)
-    }
-
-    fn lock_modes(&self) -> std::sync::MutexGuard<'_, MemoryModes> {
-        self.modes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The memory mode decided for a node by the routines compiled so far (or its
     /// declaration).
     pub fn memory_mode(&self, tn: &Tnode) -> Option<MemoryMode> {
-        self.lock_modes().get(tn)
+        self.pipeline.modes().get(tn)
     }
 
     /// Every memory-mode decision of the routines compiled so far.
     pub fn memory_modes(&self) -> MemoryModes {
-        self.lock_modes().clone()
-    }
-
-    /// The compiler configuration (from the environment) and what its compiler makes of the
-    /// architecture flags (probed once per process and memoized on disk). When the probe
-    /// fails, code is written for the portable target (GCC/Clang vector extensions) and the
-    /// compile itself reports what is wrong with the compiler.
-    fn resolve(&self) -> Result<(CompilerConfig, VectorTarget)> {
-        let cfg = self.compiler_config()?;
-        let target = Self::vector_target(&cfg);
-        Ok((cfg, target))
-    }
-
-    /// What `cfg`'s compiler makes of its architecture flags, as code generation sees it (see
-    /// [`CcBackend::resolve`]).
-    fn vector_target(cfg: &CompilerConfig) -> VectorTarget {
-        compile::Target::resolve(cfg)
-            .map(|t| t.vector_target(cfg.intrinsics))
-            .unwrap_or_default()
-    }
-
-    /// Generates and compiles code with `make(config, target, speculation)`. With
-    /// `speculate` (code compiled now) and a target that is not remembered yet, first for a
-    /// guess at the target while the target probe runs (see [`Speculation`]); `make` returns
-    /// `None` when the probe disproved the guess, and then runs again for the probed target.
-    fn for_target<T>(
-        &self,
-        speculate: bool,
-        make: impl Fn(&CompilerConfig, &VectorTarget, Option<&Speculation>) -> Result<Option<T>>,
-    ) -> Result<T> {
-        let cfg = self.compiler_config()?;
-        if let Some(s) = speculate.then(|| Speculation::start(&cfg)).flatten() {
-            match make(&cfg, &s.vector_target(), Some(&s)) {
-                Ok(Some(done)) => return Ok(done),
-                Ok(None) => {}
-                // An error of code generation for the guess only counts if the probe agrees
-                // with the guess.
-                Err(e) => {
-                    if s.confirmed()? {
-                        return Err(e);
-                    }
-                }
-            }
-        }
-        let target = Self::vector_target(&cfg);
-        make(&cfg, &target, None)?.ok_or_else(not_built)
+        self.pipeline.modes().clone()
     }
 
     /// Compiles one routine. With `shared: true` the C is compiled now and the code can be
@@ -696,129 +559,34 @@ impl CcBackend {
         asgns: &Assignments,
     ) -> Result<Code> {
         self.check_initialized()?;
-        let name = routine_name(name, asgns, 0);
-        self.for_target(shared, |cfg, target, speculation| {
-            let (trace, checked) = self.codegen_options(cfg)?;
-            let optimized = self.optimize_one(&name, asgns, target, trace.is_some())?;
-            let options = CodegenOptions {
-                trace_dir: trace.as_deref(),
-                checked,
-            };
-            let generated = codegen::generate(&[(&optimized, bindings)], target, options)?;
-            let source = generated.source();
-            let dumps = dumps(&optimized, asgns, 0);
-            let state = if shared {
-                match Self::build_one(&generated, &dumps, cfg, speculation)? {
-                    Some(c) => CodeState::Compiled(Arc::new(c)),
-                    None => return Ok(None),
-                }
-            } else {
-                CodeState::Postponed(Box::new(Postponed { generated, dumps }))
-            };
-            Ok(Some(Code {
-                source,
-                name: name.clone(),
-                bindings: bindings.clone(),
-                optimized,
-                state,
-            }))
+        let names = name.map(|n| [n.to_string()]);
+        let built = self.pipeline.build(
+            shared,
+            names.as_ref().map(|n| &n[..]),
+            None,
+            bindings,
+            std::slice::from_ref(asgns),
+        )?;
+        let entry = built
+            .entries
+            .into_iter()
+            .next()
+            .flatten()
+            .ok_or_else(|| Error::Internal("no routine was generated".into()))?;
+        let state = match built.code {
+            Compilation::Compiled(mut c) => CodeState::Compiled(Arc::new(
+                c.pop()
+                    .ok_or_else(|| Error::Internal("no routine was compiled".into()))?,
+            )),
+            Compilation::Postponed(g) => CodeState::Postponed(g),
+        };
+        Ok(Code {
+            source: built.source,
+            name: entry.name,
+            bindings: bindings.clone(),
+            optimized: entry.optimized,
+            state,
         })
-    }
-
-    /// Compiles generated code holding exactly one routine.
-    /// `None`: `speculation`'s guess was disproved (see [`CcBackend::build`]).
-    fn build_one(
-        generated: &Generated,
-        dumps: &[DebugFile],
-        cfg: &CompilerConfig,
-        speculation: Option<&Speculation>,
-    ) -> Result<Option<Compiled>> {
-        let Some(mut compiled) = Self::build(generated, dumps, cfg, speculation)? else {
-            return Ok(None);
-        };
-        compiled
-            .pop()
-            .map(Some)
-            .ok_or_else(|| Error::Internal("no routine was generated".into()))
-    }
-
-    /// Compiles generated code: its parts are dealt out to files of similar weight (see
-    /// [`plan_files`]), compiled by up to `ARRAYJIT_COMPILE_JOBS` compiler processes at once.
-    /// Returns one compiled routine per signature, in order; `None` if the code was generated
-    /// for `speculation`'s guess at the target and the probe disproved it.
-    fn build(
-        generated: &Generated,
-        dumps: &[DebugFile],
-        cfg: &CompilerConfig,
-        speculation: Option<&Speculation>,
-    ) -> Result<Option<Vec<Compiled>>> {
-        let jobs = cfg.compile_jobs;
-        let weights: Vec<usize> = generated.parts.iter().map(|p| p.weight).collect();
-        let files = plan_files(&weights, jobs);
-        let sources: Vec<(String, String)> = files
-            .iter()
-            .enumerate()
-            .map(|(k, parts)| {
-                let first = parts
-                    .first()
-                    .and_then(|&p| generated.parts.get(p))
-                    .and_then(|p| generated.sigs.get(p.routine))
-                    .map_or("routine", |s| s.name.as_str());
-                let stem = if files.len() == 1 {
-                    first.to_string()
-                } else {
-                    format!("{first}_f{}", k + 1)
-                };
-                (generated.file(parts), stem)
-            })
-            .collect();
-        let libs = compile_files(cfg, speculation, &sources, dumps, jobs).map_err(|(k, e)| {
-            // Name the routines of the file the compiler failed on.
-            let mut names: Vec<&str> = vec![];
-            for &p in &files[k] {
-                let n = generated.parts[p].routine;
-                if let Some(sig) = generated.sigs.get(n) {
-                    if !names.contains(&sig.name.as_str()) {
-                        names.push(&sig.name);
-                    }
-                }
-            }
-            Error::in_routine(&names.join(", "), e)
-        })?;
-        let Some(libs) = libs.into_iter().collect::<Option<Vec<_>>>() else {
-            return Ok(None);
-        };
-        let mut lib_of_part = vec![0usize; generated.parts.len()];
-        for (f, parts) in files.iter().enumerate() {
-            for &p in parts {
-                lib_of_part[p] = f;
-            }
-        }
-        generated
-            .sigs
-            .iter()
-            .enumerate()
-            .map(|(r, sig)| {
-                let mut entries = vec![];
-                let mut used: Vec<Arc<LoadedLibrary>> = vec![];
-                for (p, part) in generated.parts.iter().enumerate() {
-                    if part.routine != r {
-                        continue;
-                    }
-                    let lib = &libs[lib_of_part[p]];
-                    entries.push(lib.entry(&part.entry)?);
-                    if !used.iter().any(|l| Arc::ptr_eq(l, lib)) {
-                        used.push(lib.clone());
-                    }
-                }
-                Ok(Compiled {
-                    libs: used,
-                    sig: sig.clone(),
-                    entries,
-                })
-            })
-            .collect::<Result<_>>()
-            .map(Some)
     }
 
     /// Lowers, optimizes and prints the C of a batch without compiling it (what
@@ -830,55 +598,7 @@ impl CcBackend {
         bindings: &Bindings,
         asgns: &[Assignments],
     ) -> Result<String> {
-        // Without a usable compiler, print portable code (GCC/Clang vector extensions).
-        let (cfg, target) = match self.resolve() {
-            Ok((cfg, t)) => (Some(cfg), t),
-            Err(_) => (None, VectorTarget::default()),
-        };
-        let options = CodegenOptions {
-            trace_dir: cfg.as_ref().and_then(|c| c.trace_dir.as_deref()),
-            checked: self.checked || cfg.as_ref().is_some_and(|c| c.checked),
-        };
-        Ok(self
-            .prepare_batch(names, None, bindings, asgns, &target, options)?
-            .1)
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn prepare_batch(
-        &self,
-        names: Option<&[String]>,
-        occupancy: Option<Occupancy<'_>>,
-        bindings: &Bindings,
-        asgns: &[Assignments],
-        target: &VectorTarget,
-        options: CodegenOptions<'_>,
-    ) -> Result<(
-        Vec<Option<(String, Optimized)>>,
-        String,
-        Generated,
-        Vec<DebugFile>,
-    )> {
-        let mut entries = vec![];
-        let mut all_dumps = vec![];
-        for (i, a) in asgns.iter().enumerate() {
-            let name = routine_name(names.and_then(|n| n.get(i)).map(String::as_str), a, i);
-            if occupancy.is_some_and(|occ| !occ(&name, i)) {
-                entries.push(None);
-                continue;
-            }
-            let o = self.optimize_one(&name, a, target, options.trace_dir.is_some())?;
-            all_dumps.extend(dumps(&o, a, i));
-            entries.push(Some((name, o)));
-        }
-        let included: Vec<(&Optimized, &Bindings)> = entries
-            .iter()
-            .flatten()
-            .map(|(_, o)| (o, bindings))
-            .collect();
-        let generated = codegen::generate(&included, target, options)?;
-        let source = generated.source();
-        Ok((entries, source, generated, all_dumps))
+        self.pipeline.source(names, bindings, asgns)
     }
 
     /// Compiles many routines with few compiler runs. Only entries for which
@@ -901,37 +621,29 @@ impl CcBackend {
         asgns: &[Assignments],
     ) -> Result<CodeBatch> {
         self.check_initialized()?;
-        self.for_target(shared, |cfg, target, speculation| {
-            let (trace, checked) = self.codegen_options(cfg)?;
-            let options = CodegenOptions {
-                trace_dir: trace.as_deref(),
-                checked,
-            };
-            let (entries, source, generated, all_dumps) =
-                self.prepare_batch(names, occupancy, bindings, asgns, target, options)?;
-            let entries = entries
-                .into_iter()
-                .map(|e| e.map(|(name, optimized)| BatchEntry { name, optimized }))
-                .collect();
-            let (compiled, postponed) = if shared {
-                let Some(compiled) = Self::build(&generated, &all_dumps, cfg, speculation)? else {
-                    return Ok(None);
-                };
-                (Some(compiled.into_iter().map(Arc::new).collect()), None)
-            } else {
-                let p = Postponed {
-                    generated,
-                    dumps: all_dumps,
-                };
-                (None, Some(Box::new(p)))
-            };
-            Ok(Some(CodeBatch {
-                source,
-                bindings: bindings.clone(),
-                entries,
-                compiled: Mutex::new(compiled),
-                postponed,
-            }))
+        let built = self
+            .pipeline
+            .build(shared, names, occupancy, bindings, asgns)?;
+        let entries = built
+            .entries
+            .into_iter()
+            .map(|e| {
+                e.map(|e| BatchEntry {
+                    name: e.name,
+                    optimized: e.optimized,
+                })
+            })
+            .collect();
+        let (compiled, postponed) = match built.code {
+            Compilation::Compiled(c) => (Some(c.into_iter().map(Arc::new).collect()), None),
+            Compilation::Postponed(g) => (None, Some(g)),
+        };
+        Ok(CodeBatch {
+            source: built.source,
+            bindings: bindings.clone(),
+            entries,
+            compiled: Mutex::new(compiled),
+            postponed,
         })
     }
 
@@ -946,12 +658,12 @@ impl CcBackend {
             .postponed
             .as_ref()
             .ok_or_else(|| Error::Internal("a batch with neither code nor compiled code".into()))?;
-        let compiled: Vec<Arc<Compiled>> =
-            Self::build(&p.generated, &p.dumps, &self.compiler_config()?, None)?
-                .ok_or_else(not_built)?
-                .into_iter()
-                .map(Arc::new)
-                .collect();
+        let compiled: Vec<Arc<Compiled>> = self
+            .pipeline
+            .compile_postponed(p)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
         *slot = Some(compiled.clone());
         Ok(compiled)
     }
@@ -1059,8 +771,10 @@ impl CcBackend {
         let compiled = match &code.state {
             CodeState::Compiled(c) => c.clone(),
             CodeState::Postponed(p) => Arc::new(
-                Self::build_one(&p.generated, &p.dumps, &self.compiler_config()?, None)?
-                    .ok_or_else(not_built)?,
+                self.pipeline
+                    .compile_postponed(p)?
+                    .pop()
+                    .ok_or_else(|| Error::Internal("no routine was compiled".into()))?,
             ),
         };
         Self::make_routine(
@@ -1175,125 +889,6 @@ impl CcBackend {
     }
 }
 
-/// The most loop-IR weight one compiled file should carry (about 16 parts): big programs
-/// are compiled as many files of this size, `ARRAYJIT_COMPILE_JOBS` at a time, so that no
-/// compiler run grows with the program.
-const FILE_WEIGHT: usize = 16 * codegen::PART_WEIGHT;
-
-/// Deals the parts out to files: contiguous runs of similar weight, at most [`FILE_WEIGHT`]
-/// per file (unless a part alone is heavier), and a whole multiple of the compile jobs (when
-/// there are enough parts), so that the jobs finish together: 3 files on 2 jobs would take
-/// two rounds of the compiler, 4 smaller ones take two rounds of half the size.
-/// Deterministic, so that unchanged code hits the compile cache.
-fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
-    let n = weights.len();
-    let total: usize = weights.iter().sum::<usize>().max(1);
-    let jobs = jobs.max(1);
-    let count = total
-        .div_ceil(FILE_WEIGHT)
-        .div_ceil(jobs)
-        .saturating_mul(jobs)
-        .min(n)
-        .max(1);
-    let mut files: Vec<Vec<usize>> = vec![vec![]; count];
-    let mut before = 0usize;
-    for (i, &w) in weights.iter().enumerate() {
-        let k = (before.saturating_mul(count) / total).min(count - 1);
-        files[k].push(i);
-        before += w;
-    }
-    files.retain(|f| !f.is_empty());
-    files
-}
-
-/// The trace directory as generated code uses it: created (with its parents, mode 0700) if
-/// it does not exist, and made absolute (the code runs in whatever directory the process is
-/// in then).
-///
-/// # Errors
-///
-/// [`Error::Io`] naming the directory when it cannot be created or resolved.
-fn prepare_trace_dir(dir: &Path) -> Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let what = || format!("trace directory {} (ARRAYJIT_TRACE_DIR)", dir.display());
-    if !dir.is_dir() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| Error::io(format!("creating {}", what()), e))?;
-    }
-    std::path::absolute(dir).map_err(|e| Error::io(format!("resolving {}", what()), e))
-}
-
-/// The error for a compile without a speculation that reports a disproved guess (which
-/// cannot happen).
-fn not_built() -> Error {
-    Error::Internal("a compile for the probed target was discarded".into())
-}
-
-/// Compiles and loads `(source, stem)` files with at most `jobs` compiler processes at once;
-/// the debug dumps are kept with the first file. The first failure (in file order) is
-/// returned. With a speculation, a file is `None` when the probe disproved the guess.
-fn compile_files(
-    cfg: &CompilerConfig,
-    speculation: Option<&Speculation>,
-    files: &[(String, String)],
-    dumps: &[DebugFile],
-    jobs: usize,
-) -> std::result::Result<Vec<Option<Arc<LoadedLibrary>>>, (usize, Error)> {
-    use std::sync::atomic::AtomicUsize;
-    let compile_one = |k: usize| {
-        let (src, stem) = &files[k];
-        let dumps: &[DebugFile] = if k == 0 { dumps } else { &[] };
-        match speculation {
-            Some(s) => compile::compile_and_load_speculative(cfg, s, src, stem, dumps),
-            None => compile::compile_and_load(cfg, src, stem, dumps).map(Some),
-        }
-        .map_err(|e| (k, e))
-    };
-    if files.len() <= 1 || jobs <= 1 {
-        return (0..files.len()).map(compile_one).collect();
-    }
-    let next = AtomicUsize::new(0);
-    type Compiled = std::result::Result<Option<Arc<LoadedLibrary>>, (usize, Error)>;
-    let results: Mutex<Vec<Option<Compiled>>> =
-        Mutex::new((0..files.len()).map(|_| None).collect());
-    std::thread::scope(|scope| {
-        for _ in 0..jobs.min(files.len()) {
-            scope.spawn(|| loop {
-                let k = next.fetch_add(1, Ordering::SeqCst);
-                if k >= files.len() {
-                    break;
-                }
-                let r = compile_one(k);
-                let failed = r.is_err();
-                if let Some(slot) = results.lock().unwrap_or_else(|p| p.into_inner()).get_mut(k) {
-                    *slot = Some(r);
-                }
-                if failed {
-                    // Stop handing out work: the batch fails anyway.
-                    next.store(files.len(), Ordering::SeqCst);
-                }
-            });
-        }
-    });
-    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
-    let mut out = Vec::with_capacity(files.len());
-    for r in results {
-        match r {
-            Some(r) => out.push(r?),
-            None => {
-                return Err((
-                    0,
-                    Error::Usage("a compile job was skipped after another failed".into()),
-                ))
-            }
-        }
-    }
-    Ok(out)
-}
-
 impl Code {
     /// The routine's name.
     pub fn name(&self) -> &str {
@@ -1352,7 +947,6 @@ impl fmt::Debug for CodeBatch {
 
 #[cfg(test)]
 mod tests {
-    use super::{plan_files, FILE_WEIGHT};
     use crate::compile::{self, CompilerConfig, TargetUse};
     use crate::ir::einsum::projections;
     use crate::ir::{Assignments, Bindings, Binop, Buffer, InitOp, Prec, Tnode};
@@ -1433,28 +1027,5 @@ mod tests {
             1,
             "the ordinary compile did not hit the stored object"
         );
-    }
-
-    #[test]
-    fn files_are_a_multiple_of_the_jobs_and_bounded_in_weight() {
-        let w = crate::codegen::PART_WEIGHT;
-        // 40 full parts need 3 files of FILE_WEIGHT; on 2 jobs they become 4.
-        let files = plan_files(&vec![w; 40], 2);
-        assert_eq!(files.len(), 4);
-        assert!(files.iter().all(|f| f.len() == 10), "{files:?}");
-        // Every part once, in order.
-        let flat: Vec<usize> = files.concat();
-        assert_eq!(flat, (0..40).collect::<Vec<_>>());
-        for jobs in 1..=5 {
-            let files = plan_files(&vec![w; 40], jobs);
-            assert_eq!(files.len() % jobs, 0, "{jobs} jobs: {} files", files.len());
-            for f in &files {
-                assert!(f.len() * w <= FILE_WEIGHT, "{jobs} jobs: {files:?}");
-            }
-        }
-        // Fewer parts than jobs: one file a part; nothing: nothing.
-        assert_eq!(plan_files(&[4, 4], 8), vec![vec![0], vec![1]]);
-        assert!(plan_files(&[], 2).is_empty());
-        assert_eq!(plan_files(&[5], 0), vec![vec![0]]);
     }
 }
