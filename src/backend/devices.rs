@@ -831,24 +831,6 @@ impl Backend for SyncBackend {
     }
 }
 
-/// A backend chosen by name: `multicore`, `sync`, or `mpi` ([`MpiBackend`], which
-/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]).
-///
-/// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
-pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
-    match name {
-        "multicore" => Ok(Box::new(MulticoreBackend::new())),
-        "sync" => Ok(Box::new(SyncBackend::new())),
-        #[cfg(feature = "mpi")]
-        "mpi" => Ok(Box::new(super::mpi::MpiBackend::new()?)),
-        #[cfg(not(feature = "mpi"))]
-        "mpi" => Err(Error::MpiNotBuilt),
-        other => Err(Error::Usage(format!(
-            "unknown backend {other:?}: expected multicore, sync or mpi"
-        ))),
-    }
-}
-
 /// The order of host copies of one host array across devices (see [`Backend::from_host`] and
 /// [`Backend::to_host`]): the `to_host`s scheduled on device queues that have not run, by
 /// node, and the snapshots `from_host` takes.

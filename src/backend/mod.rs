@@ -18,8 +18,26 @@ pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
 pub use context::Context;
 pub use counter::Progress;
 pub use device::{Device, Event, PhysicalDevice};
-pub use devices::{
-    backend_by_name, Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer,
-};
+pub use devices::{Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiBackend;
+
+use crate::error::{Error, Result};
+
+/// A backend chosen by name: `multicore`, `sync`, or `mpi` ([`MpiBackend`], which
+/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]).
+///
+/// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
+pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
+    match name {
+        "multicore" => Ok(Box::new(MulticoreBackend::new())),
+        "sync" => Ok(Box::new(SyncBackend::new())),
+        #[cfg(feature = "mpi")]
+        "mpi" => Ok(Box::new(mpi::MpiBackend::new()?)),
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => Err(Error::MpiNotBuilt),
+        other => Err(Error::Usage(format!(
+            "unknown backend {other:?}: expected multicore, sync or mpi"
+        ))),
+    }
+}

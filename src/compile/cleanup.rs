@@ -211,7 +211,7 @@ pub(super) fn remove_stale_dirs(root: &Path, min_age: std::time::Duration) -> us
     let Ok(entries) = fs::read_dir(root) else {
         return 0;
     };
-    let me = super::cache::euid();
+    let me = super::files::euid();
     let now = std::time::SystemTime::now();
     let mut removed = 0;
     for entry in entries.flatten() {

@@ -24,9 +24,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{LazyLock, Mutex};
 
-use super::cache::{read_memo, trusted_dir};
-use super::config::{find_in_path, program_identity, TARGET};
-use super::{hash_hex, write_atomically};
+use super::files::{hash_hex, read_memo, trusted_dir, write_atomically};
+use super::programs::{find_in_path, program_identity, TARGET};
 use crate::{Error, Result};
 
 /// The first line of a `detected-cc-*` file.

@@ -33,7 +33,9 @@ mod cleanup;
 mod config;
 mod debug;
 mod detect;
+mod files;
 mod load;
+mod programs;
 mod run;
 mod sanitize;
 mod speculate;
@@ -346,7 +348,7 @@ fn compile_for(
     // the cache (`cache::trusted_dir` logs a warning saying why).
     let without_cache;
     let config = match &config.cache_dir {
-        Some(dir) if !cache::trusted_dir(dir) => {
+        Some(dir) if !files::trusted_dir(dir) => {
             without_cache = CompilerConfig {
                 cache_dir: None,
                 ..config.clone()
@@ -576,35 +578,6 @@ fn keep_log(root: &Path, stem: &str, output: &Captured) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A stable hash of `parts` as 64 hexadecimal digits: BLAKE3 (256 bits) over the parts, each
-/// preceded by its length, so that moving bytes from one part to the next changes the hash.
-/// Cache keys and the names of the files remembered in the cache directory are such hashes;
-/// a cached object is loaded and run, so its key must not collide by accident or design.
-fn hash_hex(parts: &[&[u8]]) -> String {
-    let mut h = blake3::Hasher::new();
-    for part in parts {
-        h.update(&(part.len() as u64).to_le_bytes());
-        h.update(part);
-    }
-    h.finalize().to_hex().to_string()
-}
-
-/// Writes a small file atomically (temporary file of mode 0600 + rename) into the cache
-/// directory, if that is trusted (`cache::trusted_dir`, which creates it with mode 0700);
-/// failures are ignored (used for memo files, which only save time).
-fn write_atomically(dest: &Path, contents: &str) {
-    let Some(dir) = dest.parent() else { return };
-    if !cache::trusted_dir(dir) {
-        return;
-    }
-    let Ok(mut tmp) = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir) else {
-        return;
-    };
-    if tmp.write_all(contents.as_bytes()).is_ok() {
-        let _ = tmp.persist(dest);
-    }
-}
-
 /// Writes `contents` to `path`, as an [`Error::Io`] naming the path on failure.
 fn write_file(path: &Path, contents: &str) -> Result<()> {
     fs::write(path, contents).map_err(|e| Error::io(format!("writing {}", path.display()), e))
@@ -624,6 +597,7 @@ mod tests {
 
     #[test]
     fn hashes_are_blake3_of_length_prefixed_parts() {
+        use super::files::hash_hex;
         let h = hash_hex(&[b"ab", b"c"]);
         assert_eq!(h.len(), 64);
         assert!(h

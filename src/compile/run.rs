@@ -2,9 +2,10 @@
 //! signal cleanup), with a timeout, its output captured in files of which only the tail is
 //! ever read into memory.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -12,7 +13,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread;
 
 use super::cleanup::{kill_process_group, spawn_registered, Group};
-use super::config::{is_bare_name, CompilerConfig};
+use super::config::CompilerConfig;
+use super::programs::is_bare_name;
 use crate::{Error, Result};
 
 /// At most this many bytes of a compiler's output go into an error message.
@@ -92,7 +94,7 @@ pub(super) fn start_compiler(
         .process_group(0);
     // A sanitizer runtime preloaded into this process (to load sanitized routines) must not
     // be preloaded into the compiler: it would report the compiler's leaks as errors.
-    match super::sanitize::compiler_preload(std::env::var_os("LD_PRELOAD").as_deref()) {
+    match compiler_preload(std::env::var_os("LD_PRELOAD").as_deref()) {
         Some(p) if p.is_empty() => {
             cmd.env_remove("LD_PRELOAD");
         }
@@ -409,6 +411,35 @@ fn read_err(e: io::Error) -> Error {
     Error::io("reading the compiler's output", e)
 }
 
+/// Whether a file in `LD_PRELOAD` is a sanitizer runtime.
+pub(super) fn is_sanitizer_runtime(path: &[u8]) -> bool {
+    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    let name = String::from_utf8_lossy(name);
+    ["libasan", "libhwasan", "libtsan", "liblsan", "libubsan"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || (name.starts_with("libclang_rt.") && name.contains("san"))
+}
+
+/// The `LD_PRELOAD` to give the compiler when `preload` (the process's) preloads sanitizer
+/// runtimes: the same without them (`Some(empty)`: unset it). `None`: leave it as it is.
+pub(super) fn compiler_preload(preload: Option<&OsStr>) -> Option<OsString> {
+    let bytes = preload?.as_bytes();
+    // ld.so separates LD_PRELOAD entries by spaces or colons.
+    let entries: Vec<&[u8]> = bytes
+        .split(|&b| b == b' ' || b == b':')
+        .filter(|e| !e.is_empty())
+        .collect();
+    if !entries.iter().any(|e| is_sanitizer_runtime(e)) {
+        return None;
+    }
+    let kept: Vec<&[u8]> = entries
+        .into_iter()
+        .filter(|e| !is_sanitizer_runtime(e))
+        .collect();
+    Some(OsString::from_vec(kept.join(&b' ')))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,5 +512,21 @@ mod tests {
         assert!(!c.contains(b"Assembler messagez").unwrap());
         let c = captured(b"in stdout", b"");
         assert!(c.contains(b"stdout").unwrap());
+    }
+
+    #[test]
+    fn the_compiler_runs_without_preloaded_sanitizer_runtimes() {
+        let p = |s: &str| compiler_preload(Some(std::ffi::OsStr::new(s)));
+        assert_eq!(compiler_preload(None), None);
+        assert_eq!(p("/usr/lib/libfaketime.so"), None);
+        assert_eq!(
+            p("/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so /usr/lib/gcc/x86_64-linux-gnu/12/libubsan.so"),
+            Some(OsString::new())
+        );
+        assert_eq!(
+            p("/usr/lib/libfaketime.so:/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so libother.so"),
+            Some(OsString::from("/usr/lib/libfaketime.so libother.so"))
+        );
+        assert_eq!(p("libtsan.so.2"), Some(OsString::new()));
     }
 }

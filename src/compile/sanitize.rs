@@ -17,12 +17,12 @@
 //! reported and fail the compile): [`compiler_preload`] removes them from the compiler's
 //! `LD_PRELOAD`.
 
-use std::ffi::{CString, OsStr, OsString};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::ffi::{CString, OsString};
 
 use super::cleanup::WorkDir;
-use super::config::{is_gcc, CompilerConfig};
-use super::run::run_compiler;
+use super::config::CompilerConfig;
+use super::programs::is_gcc;
+use super::run::{is_sanitizer_runtime, run_compiler};
 use crate::{Error, Result};
 
 /// A sanitizer with a runtime library.
@@ -333,35 +333,6 @@ fn runtime_path(config: &CompilerConfig, s: &Sanitizer) -> Option<String> {
     found
 }
 
-/// Whether a file in `LD_PRELOAD` is a sanitizer runtime.
-fn is_sanitizer_runtime(path: &[u8]) -> bool {
-    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
-    let name = String::from_utf8_lossy(name);
-    ["libasan", "libhwasan", "libtsan", "liblsan", "libubsan"]
-        .iter()
-        .any(|p| name.starts_with(p))
-        || (name.starts_with("libclang_rt.") && name.contains("san"))
-}
-
-/// The `LD_PRELOAD` to give the compiler when `preload` (the process's) preloads sanitizer
-/// runtimes: the same without them (`Some(empty)`: unset it). `None`: leave it as it is.
-pub(super) fn compiler_preload(preload: Option<&OsStr>) -> Option<OsString> {
-    let bytes = preload?.as_bytes();
-    // ld.so separates LD_PRELOAD entries by spaces or colons.
-    let entries: Vec<&[u8]> = bytes
-        .split(|&b| b == b' ' || b == b':')
-        .filter(|e| !e.is_empty())
-        .collect();
-    if !entries.iter().any(|e| is_sanitizer_runtime(e)) {
-        return None;
-    }
-    let kept: Vec<&[u8]> = entries
-        .into_iter()
-        .filter(|e| !is_sanitizer_runtime(e))
-        .collect();
-    Some(OsString::from_vec(kept.join(&b' ')))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -480,21 +451,5 @@ mod tests {
         assert!(matches!(e, Error::Load { .. }), "{e}");
         let e = explain_load_error(&config(&[]), load("undefined symbol: __asan_report_load4"));
         assert!(matches!(e, Error::Load { .. }), "{e}");
-    }
-
-    #[test]
-    fn the_compiler_runs_without_preloaded_sanitizer_runtimes() {
-        let p = |s: &str| compiler_preload(Some(OsStr::new(s)));
-        assert_eq!(compiler_preload(None), None);
-        assert_eq!(p("/usr/lib/libfaketime.so"), None);
-        assert_eq!(
-            p("/usr/lib/gcc/x86_64-linux-gnu/12/libasan.so /usr/lib/gcc/x86_64-linux-gnu/12/libubsan.so"),
-            Some(OsString::new())
-        );
-        assert_eq!(
-            p("/usr/lib/libfaketime.so:/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.asan-x86_64.so libother.so"),
-            Some(OsString::from("/usr/lib/libfaketime.so libother.so"))
-        );
-        assert_eq!(p("libtsan.so.2"), Some(OsString::new()));
     }
 }

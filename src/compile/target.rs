@@ -24,9 +24,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use super::cleanup::WorkDir;
-use super::config::{program_identity, shell_quote, CompilerConfig};
+use super::config::CompilerConfig;
+use super::files::{hash_hex, read_memo, write_atomically};
+use super::programs::{program_identity, shell_quote};
 use super::run::run_compiler;
-use super::{hash_hex, write_atomically};
 use crate::target::{Isa, VectorTarget};
 use crate::{Error, Result};
 
@@ -456,7 +457,7 @@ impl DiskMemo {
     /// fingerprint is the recorded one (a truncated or edited file does not validate).
     fn read(&self) -> Option<String> {
         // Only a file of this user's that nobody else can write (`cache::read_memo`).
-        let text = super::cache::read_memo(&self.file, MAX_DUMP_BYTES + 4096)?;
+        let text = read_memo(&self.file, MAX_DUMP_BYTES + 4096)?;
         let rest = text.strip_prefix(MEMO_HEADER)?.strip_prefix('\n')?;
         let (key_line, rest) = rest.split_once('\n')?;
         let (fp_line, dump) = rest.split_once('\n')?;

@@ -2,6 +2,7 @@
 //! the operation table, and assignments.
 
 pub mod assignments;
+pub mod decisions;
 pub mod einsum;
 pub mod indexing;
 pub mod modes;
@@ -12,11 +13,12 @@ pub mod random;
 pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
+pub use decisions::MemoryModes;
 pub use indexing::{
     check_static_value, AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings,
     StaticSymbol, Symbol,
 };
-pub use modes::{HostedMode, MemoryMode, MemoryModes};
+pub use modes::{HostedMode, MemoryMode};
 pub use ndarray::{InitOp, Ndarray};
 pub use ops::{Binop, IntCtx, Ternop, Unop};
 pub use prec::{Compute, Prec};

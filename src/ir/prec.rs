@@ -1,5 +1,6 @@
 //! Precisions: the element types of arrays, and the compute types of statements.
 
+use half::f16;
 use std::fmt;
 
 /// The element type of an array (SPEC section 9.1).
@@ -241,7 +242,7 @@ impl Prec {
             Prec::Byte => byte_of_f64(v) as f64,
             p if p.is_integer() => p.wrap_int(int_bits_of_f64(v)) as f64,
             // Correctly rounded on every CPU (`half::f16::from_f64` is not).
-            Prec::Half => super::ndarray::f16_from_f64(v).to_f64(),
+            Prec::Half => f16_from_f64(v).to_f64(),
             Prec::Bfloat16 => bf16_to_f64(bf16_of_f64(v)),
             Prec::Fp8 => fp8_to_f64(fp8_of_f64(v)),
             Prec::Single => v as f32 as f64,
@@ -335,6 +336,59 @@ impl fmt::Display for Prec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// The `f16` nearest to `x` (ties to even; beyond the largest finite half, infinity), computed
+/// exactly.
+///
+/// `half::f16::from_f64` is not correctly rounded: on x86 CPUs with F16C it converts through
+/// `f32` (double rounding), otherwise it ignores the low 32 bits of the mantissa, so its
+/// result can depend on the CPU. Host arrays use this function instead.
+pub fn f16_from_f64(x: f64) -> f16 {
+    if x.is_nan() {
+        return f16::NAN;
+    }
+    let a = x.abs();
+    let bits = if a.is_infinite() {
+        0x7C00
+    } else {
+        let (lo_bits, lo, hi) = f16_bracket(a);
+        let mid = (lo + hi) / 2.0;
+        if a < mid || (a == mid && lo_bits.is_multiple_of(2)) {
+            lo_bits
+        } else {
+            lo_bits + 1
+        }
+    };
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    f16::from_bits(sign | bits)
+}
+
+/// For a finite `a >= 0`: the bits and value of the largest finite `f16` not above `a`, and
+/// the value of the next `f16` (65536 after the largest finite half, 65504, as if the
+/// exponent range went on: IEEE rounding overflows to infinity from the midpoint 65520 on).
+///
+/// Every value involved has at most 11 significant bits, so all arithmetic here is exact.
+pub(crate) fn f16_bracket(a: f64) -> (u16, f64, f64) {
+    const MIN_NORMAL: f64 = 1.0 / 16384.0; // 2^-14
+    let lo_bits: u16 = if a >= 65504.0 {
+        0x7BFF
+    } else if a < MIN_NORMAL {
+        // Subnormals: multiples of 2^-24.
+        (a * 16_777_216.0).floor() as u16
+    } else {
+        let e = ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023; // -14..=15
+        let step = 2f64.powi(e - 10);
+        let m = (a / step).floor() as u16; // 1024..=2047
+        (((e + 15) as u16) << 10) | (m - 1024)
+    };
+    let lo = f16::from_bits(lo_bits).to_f64();
+    let hi = if lo_bits == 0x7BFF {
+        65536.0
+    } else {
+        f16::from_bits(lo_bits + 1).to_f64()
+    };
+    (lo_bits, lo, hi)
 }
 
 #[cfg(test)]
