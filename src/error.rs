@@ -152,6 +152,109 @@ pub enum Error {
     /// A routine, context or buffer was used incorrectly.
     #[error("{0}")]
     Usage(String),
+    /// A tensor that needs a host array has none (build it with [`crate::ir::Tnode::hosted`]
+    /// or [`crate::ir::Tnode::with_init`]).
+    #[error("{what}tensor {tensor} is not hosted (it has no host array: build it with Tnode::hosted or Tnode::with_init)")]
+    NotHosted {
+        /// What needed it, followed by `": "`, or empty.
+        what: String,
+        /// The tensor's name.
+        tensor: String,
+    },
+    /// A tensor is not in the context an operation needs it in.
+    #[error("{what}: tensor {tensor} is not in context {context}{hint}")]
+    NotInContext {
+        /// What needed it.
+        what: String,
+        /// The tensor's name.
+        tensor: String,
+        /// The context's label.
+        context: String,
+        /// Why it may be missing (a sentence starting with `" ("` or `", "`), or empty.
+        hint: String,
+    },
+    /// A context that belongs to no device (it comes from the no-device backend) was given
+    /// where a device's context is needed.
+    #[error(
+        "{what}context {context} does not belong to a device (it comes from the no-device backend)"
+    )]
+    NoDevice {
+        /// What needed it, followed by `": "`, or empty.
+        what: String,
+        /// The context's label.
+        context: String,
+    },
+    /// A device ordinal beyond the backend's physical devices.
+    #[error("backend {backend} has {count} physical devices; there is no device {ordinal}")]
+    NoSuchDevice {
+        /// The backend's name.
+        backend: String,
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many physical devices it has.
+        count: usize,
+    },
+    /// A backend name that is not one of `multicore`, `sync`, `mpi`.
+    #[error("unknown backend {name:?}: expected multicore, sync or mpi")]
+    UnknownBackend {
+        /// The name given.
+        name: String,
+    },
+    /// Dims a tensor cannot have.
+    #[error("tensor {tensor}: dims {dims:?} {problem}")]
+    Dims {
+        /// The tensor's name.
+        tensor: String,
+        /// The dims given.
+        dims: Vec<usize>,
+        /// What is wrong with them.
+        problem: String,
+    },
+    /// A wrong number of values, names or parts.
+    #[error("{what}: {expected} expected, {got} given")]
+    Count {
+        /// What was counted.
+        what: String,
+        /// How many were expected.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// A static index that the bindings do not hold.
+    #[error("static index {name:?} is not bound here (the bindings hold {known})")]
+    UnknownStaticIndex {
+        /// The name asked for.
+        name: String,
+        /// The names the bindings hold, comma-separated.
+        known: String,
+    },
+    /// The reference interpreter met code it cannot run (an index out of bounds or of no
+    /// loop, a value read before it is set, a function it does not have).
+    #[error("routine {routine}: {msg}")]
+    Interpreter {
+        /// The routine's name.
+        routine: String,
+        /// What went wrong.
+        msg: String,
+    },
+    /// Generated code returned a failure status.
+    #[error("routine {routine}: part {part} of its code failed (status {status})")]
+    RoutineFailed {
+        /// The routine's name.
+        routine: String,
+        /// Which part (from 1).
+        part: usize,
+        /// The status it returned.
+        status: i32,
+    },
+    /// A debug file name that is reserved or given twice.
+    #[error("debug file name {name:?} {problem}")]
+    DebugFileName {
+        /// The name.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A static index was bound to a value outside its range.
     #[error("routine {routine}: static index {index} = {value} is out of range 0..{limit}")]
     BindingOutOfRange {

@@ -125,11 +125,11 @@ impl Jit {
         code: &[Assignments],
     ) -> Result<CodeBatch> {
         if names.len() != code.len() {
-            return Err(Error::Usage(format!(
-                "compile_batch: {} names for {} routines",
-                names.len(),
-                code.len()
-            )));
+            return Err(Error::Count {
+                what: format!("compile_batch: names for {} routines", code.len()),
+                expected: code.len(),
+                got: names.len(),
+            });
         }
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         self.backend
@@ -206,19 +206,18 @@ impl Jit {
 
     fn check_transfer(&self, ctx: &Context, tn: &Tnode, what: &str) -> Result<()> {
         if !tn.is_hosted() {
-            return Err(Error::Usage(format!(
-                "{what} of tensor {}: it has no host array (build it with Tnode::hosted or \
-                 Tnode::with_init)",
-                tn.name()
-            )));
+            return Err(Error::NotHosted {
+                what: format!("{what}: "),
+                tensor: tn.name(),
+            });
         }
         if !ctx.contains(tn) {
-            return Err(Error::Usage(format!(
-                "{what} of tensor {}: context {} does not hold it (no linked routine keeps it \
-                 in the context)",
-                tn.name(),
-                ctx.label()
-            )));
+            return Err(Error::NotInContext {
+                what: what.to_string(),
+                tensor: tn.name(),
+                context: ctx.label().to_string(),
+                hint: " (no linked routine keeps it in the context)".into(),
+            });
         }
         Ok(())
     }

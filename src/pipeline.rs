@@ -520,7 +520,7 @@ fn compile_files(
             None => {
                 return Err((
                     0,
-                    Error::Usage("a compile job was skipped after another failed".into()),
+                    Error::Internal("a compile job was skipped after another failed".into()),
                 ))
             }
         }

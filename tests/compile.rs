@@ -263,7 +263,7 @@ fn reserved_debug_file_name_is_rejected() {
         contents: String::new(),
     }];
     let e = compile_and_load(&cfg, DOUBLER, "k", &extra).unwrap_err();
-    assert!(matches!(e, Error::Usage(_)), "{e}");
+    assert!(matches!(e, Error::DebugFileName { .. }), "{e}");
     assert_empty(debug.path());
 }
 

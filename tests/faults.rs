@@ -526,7 +526,8 @@ fn static_index_out_of_range_in_the_library() {
                         value: 9, limit: 3, ..
                     },
                 ) => {}
-                (None, Error::Usage(m)) if m.contains("batch") && m.contains("row") => {}
+                (None, Error::Interpreter { msg: m, .. })
+                    if m.contains("batch") && m.contains("row") => {}
                 _ => panic!("{range:?}: unexpected {e:?}"),
             }
             assert!(mem.get(&y).is_none());

@@ -149,7 +149,7 @@ fn slice_fetch_and_static_indices() {
     let mut mem = Memory::new();
     let err = interp::run_assignments(&asg, &[(s.clone(), 3)], &mut mem).unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, Error::Usage(_)), "{msg}");
+    assert!(matches!(err, Error::Interpreter { .. }), "{msg}");
     assert!(msg.contains("ys") || msg.contains("xs"), "{msg}");
     assert!(msg.contains("s = 3") && msg.contains("extent"), "{msg}");
     assert!(mem.nodes().is_empty(), "nothing ran: {mem:?}");
@@ -396,7 +396,7 @@ fn malformed_code_is_an_error_not_a_panic() {
     for code in [bad_fixed, wrong_rank, loop_too_far, unbound] {
         let mut mem = Memory::new();
         let err = interp::run(&code, &[], &mut mem).unwrap_err();
-        assert!(matches!(err, Error::Usage(_)), "{err}");
+        assert!(matches!(err, Error::Interpreter { .. }), "{err}");
         assert!(mem.get(&x).is_none(), "checked before running");
     }
 }

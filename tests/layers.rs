@@ -223,7 +223,7 @@ fn typed_host_access_is_exact_and_checks_the_precision() {
     let e = t.set_host_slice(&[1.0f32, 2.0, 3.0]).err().unwrap();
     assert!(e.to_string().contains("single"), "{e}");
     let e = t.set_host_slice(&[1i64, 2]).err().unwrap();
-    assert!(e.to_string().contains("3 elements, 2 values"), "{e}");
+    assert!(e.to_string().contains("3 expected, 2 given"), "{e}");
 }
 
 /// The convolutional example trains from scratch: its accuracy on held-out images is high,

@@ -419,7 +419,7 @@ fn batches_postponed_code_contexts_and_merge_buffer() {
         .link(std::slice::from_ref(&g), &mb, &fresh, &other)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("lacks tensor g"), "{err}");
+    assert!(err.contains("tensor g is not in context fresh"), "{err}");
     // to_buffer / buffer_to_host.
     let buf = backend.alloc_buffer(None, 12).unwrap();
     backend.to_buffer(&g, &buf, &ctx2).unwrap();

@@ -133,12 +133,12 @@ fn link_from_prior_context_reads_what_the_first_routine_computed() {
                     assert_eq!(
                         source.to_string(),
                         format!(
-                            "linking routine consume: the linked context {} lacks tensor a, \
-                             which is listed in from_prior_context",
+                            "linking routine consume: tensor a is not in context {} (it is \
+                             listed in from_prior_context)",
                             d.name()
                         )
                     );
-                    assert!(matches!(**source, Error::Usage(_)), "{source:?}");
+                    assert!(matches!(**source, Error::NotInContext { .. }), "{source:?}");
                 }
                 other => panic!("expected InRoutine, got {other:?}"),
             }
@@ -224,8 +224,8 @@ fn link_batch_from_prior_context_reads_what_the_first_routine_computed() {
                     assert_eq!(routine, "sum");
                     assert!(
                         source.to_string().contains(&format!(
-                            "the linked context {} lacks tensor a, which is listed in \
-                             from_prior_context",
+                            "tensor a is not in context {} (it is listed in \
+                             from_prior_context)",
                             d.name()
                         )),
                         "{source}"
@@ -363,7 +363,7 @@ fn a_merge_into_a_context_lacking_the_node_goes_through_the_merge_buffer() {
 
 /// The seed: "If the node is absent from the src context and either it is present in the
 /// dst context or ~into_merge_buffer is different from No: raises an error." Every such
-/// case is `Error::Usage` naming the node and the source context, from `device_to_device`
+/// case is `Error::NotInContext` naming the node and the source context, from `device_to_device`
 /// and `prepare_transfer` alike, and schedules nothing; absent from both with `No` is false.
 #[test]
 fn a_node_missing_from_the_source_is_an_error_naming_it() {
@@ -395,7 +395,7 @@ fn a_node_missing_from_the_source_is_an_error_naming_it() {
             let src = b.init(&devs[1]).unwrap();
             assert!(!src.contains(&g));
             let want = format!(
-                "device_to_device: tensor g is not in the source context {}",
+                "device_to_device: tensor g is not in context {} (the source context)",
                 src.label()
             );
             let cases = [
@@ -412,8 +412,10 @@ fn a_node_missing_from_the_source_is_an_error_naming_it() {
                     b.prepare_transfer(&g, mode, dst, &src).map(|t| t.is_some()),
                 ] {
                     match r {
-                        Err(Error::Usage(m)) => assert_eq!(m, want, "{what}"),
-                        other => panic!("{what}: expected Usage, got {other:?}"),
+                        Err(e @ Error::NotInContext { .. }) => {
+                            assert_eq!(e.to_string(), want, "{what}")
+                        }
+                        other => panic!("{what}: expected NotInContext, got {other:?}"),
                     }
                 }
             }

@@ -134,12 +134,11 @@ impl Routine {
             )));
         }
         if values.len() != sig.statics.len() {
-            return Err(Error::Usage(format!(
-                "routine {}: {} static values for {} static indices",
-                self.0.name,
-                values.len(),
-                sig.statics.len()
-            )));
+            return Err(Error::Count {
+                what: format!("routine {}: static values", self.0.name),
+                expected: sig.statics.len(),
+                got: values.len(),
+            });
         }
         self.0.run_values(values, false)
     }
@@ -369,11 +368,11 @@ impl RoutineInner {
                 return Err(record.to_error(&self.name, &sig.check_tensors));
             }
             if status != 0 {
-                return Err(Error::Usage(format!(
-                    "routine {}: part {} of its code failed (status {status})",
-                    self.name,
-                    part + 1
-                )));
+                return Err(Error::RoutineFailed {
+                    routine: self.name.to_string(),
+                    part: part + 1,
+                    status,
+                });
             }
         }
         for (b, &w) in self.buffers.iter().zip(&sig.writes) {
@@ -701,8 +700,11 @@ impl CcBackend {
             .buffers
             .iter()
             .map(|tn| {
-                ctx.get_buffer(tn).ok_or_else(|| {
-                    Error::Usage(format!("routine {name}: no buffer for {}", tn.name()))
+                ctx.get_buffer(tn).ok_or_else(|| Error::NotInContext {
+                    what: format!("linking routine {name}"),
+                    tensor: tn.name(),
+                    context: ctx.label().to_string(),
+                    hint: String::new(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -837,12 +839,11 @@ impl CcBackend {
     /// `src` was finalized.
     pub fn to_buffer(&self, tn: &Tnode, dst: &BufferPtr, src: &Context) -> Result<()> {
         src.check_live()?;
-        let b = src.get_buffer(tn).ok_or_else(|| {
-            Error::Usage(format!(
-                "to_buffer: tensor {} is not in context {}",
-                tn.name(),
-                src.label()
-            ))
+        let b = src.get_buffer(tn).ok_or_else(|| Error::NotInContext {
+            what: "to_buffer".into(),
+            tensor: tn.name(),
+            context: src.label().to_string(),
+            hint: String::new(),
         })?;
         dst.copy_from(&b, tn.size_in_bytes())
     }

@@ -67,11 +67,12 @@ impl Context {
         let mut buffers = self.buffers().clone();
         for tn in from_prior {
             if nodes.contains(tn) && !buffers.contains_key(tn) {
-                return Err(Error::Usage(format!(
-                    "{what}: the linked context {} lacks tensor {}, which is listed in from_prior_context",
-                    self.0.label,
-                    tn.name()
-                )));
+                return Err(Error::NotInContext {
+                    what: what.to_string(),
+                    tensor: tn.name(),
+                    context: self.0.label.to_string(),
+                    hint: " (it is listed in from_prior_context)".into(),
+                });
             }
         }
         for tn in nodes {

@@ -135,11 +135,9 @@ impl DeviceCore {
 
 /// The context's device, checked to be live (not released by `unsafe_cleanup`).
 fn ctx_device(ctx: &Context) -> Result<Device> {
-    let d = ctx.device().cloned().ok_or_else(|| {
-        Error::Usage(format!(
-            "context {} does not belong to a device (it comes from the no-device backend)",
-            ctx.label()
-        ))
+    let d = ctx.device().cloned().ok_or_else(|| Error::NoDevice {
+        what: String::new(),
+        context: ctx.label().to_string(),
     })?;
     d.check_live()?;
     Ok(d)
@@ -182,10 +180,11 @@ pub trait Backend: Send + Sync {
         }
         let n = self.num_physical_devices();
         if ordinal >= n {
-            return Err(Error::Usage(format!(
-                "backend {} has {n} physical devices; there is no device {ordinal}",
-                self.name()
-            )));
+            return Err(Error::NoSuchDevice {
+                backend: self.name().to_string(),
+                ordinal,
+                count: n,
+            });
         }
         Ok(PhysicalDevice {
             backend: self.name(),
@@ -657,11 +656,12 @@ pub(crate) fn transfer_buffers(
     dst.check_live()?;
     let Some(src_buf) = src.get_buffer(tn) else {
         if dst.contains(tn) || mode != MergeBufferUse::No {
-            return Err(Error::Usage(format!(
-                "device_to_device: tensor {} is not in the source context {}",
-                tn.name(),
-                src.label()
-            )));
+            return Err(Error::NotInContext {
+                what: "device_to_device".into(),
+                tensor: tn.name(),
+                context: src.label().to_string(),
+                hint: " (the source context)".into(),
+            });
         }
         return Ok(None);
     };

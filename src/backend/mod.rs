@@ -36,8 +36,8 @@ pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
         "mpi" => Ok(Box::new(mpi::MpiBackend::new()?)),
         #[cfg(not(feature = "mpi"))]
         "mpi" => Err(Error::MpiNotBuilt),
-        other => Err(Error::Usage(format!(
-            "unknown backend {other:?}: expected multicore, sync or mpi"
-        ))),
+        other => Err(Error::UnknownBackend {
+            name: other.to_string(),
+        }),
     }
 }

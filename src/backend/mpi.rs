@@ -919,11 +919,11 @@ impl Backend for MpiBackend {
     ) -> Result<bool> {
         let r = (|| {
             let (Some(d), Some(s)) = (dst.device(), src.device()) else {
-                return Err(Error::Usage(format!(
-                    "device_to_device: context {} or {} does not belong to a device",
-                    dst.label(),
-                    src.label()
-                )));
+                let off = if dst.device().is_none() { dst } else { src };
+                return Err(Error::NoDevice {
+                    what: "device_to_device: ".into(),
+                    context: off.label().to_string(),
+                });
             };
             if Self::owner(d) == Self::owner(s) {
                 return match self.prepare_transfer(tn, into_merge_buffer, dst, src)? {

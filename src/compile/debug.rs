@@ -51,16 +51,16 @@ pub(super) fn check_debug_files(files: &[DebugFile]) -> Result<Vec<(String, &str
     for f in files {
         let name = sanitize_debug_name(&f.name);
         if RESERVED_EXTENSIONS.contains(&name.as_str()) {
-            return Err(Error::Usage(format!(
-                "debug file name {:?} is reserved for the compile stage's own files",
-                f.name
-            )));
+            return Err(Error::DebugFileName {
+                name: f.name.clone(),
+                problem: "is reserved for the compile stage's own files".into(),
+            });
         }
         if out.iter().any(|(n, _)| *n == name) {
-            return Err(Error::Usage(format!(
-                "debug file name {:?} is given twice",
-                f.name
-            )));
+            return Err(Error::DebugFileName {
+                name: f.name.clone(),
+                problem: "is given twice".into(),
+            });
         }
         out.push((name, &f.contents));
     }

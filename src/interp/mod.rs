@@ -67,7 +67,7 @@
 //!
 //! - a static index value outside its declared range is [`Error::BindingOutOfRange`];
 //! - a static index value (or a fixed index, or a loop range) that would index outside the
-//!   axis of a tensor is an [`Error::Usage`] naming the tensor, the axis and the index;
+//!   axis of a tensor is an [`Error::Interpreter`] naming the tensor, the axis and the index;
 //! - an index symbol that is neither a loop iterator nor one of the given static indices, a
 //!   merge buffer that does not hold the node the code reads from it
 //!   ([`Error::MergeBufferMismatch`]), or an imported C function that was not registered with
@@ -153,13 +153,11 @@ impl fmt::Debug for Memory {
 
 fn check_len(tn: &Tnode, values: &[f64], what: &str) -> Result<()> {
     if values.len() != tn.numel() {
-        return Err(Error::Usage(format!(
-            "{what} for tensor {} (dims {:?}): expected {} values, got {}",
-            tn.name(),
-            tn.dims(),
-            tn.numel(),
-            values.len()
-        )));
+        return Err(Error::Count {
+            what: format!("{what} for tensor {} (dims {:?})", tn.name(), tn.dims()),
+            expected: tn.numel(),
+            got: values.len(),
+        });
     }
     Ok(())
 }
@@ -497,12 +495,14 @@ impl<'m> Machine<'m> {
     ) -> Result<()> {
         let dims = tn.dims();
         if idcs.len() != dims.len() {
-            return Err(Error::Usage(format!(
-                "routine {}: {what} tensor {} (dims {dims:?}) with {} indices",
-                self.routine,
-                tn.name(),
-                idcs.len()
-            )));
+            return Err(Error::Interpreter {
+                routine: self.routine.to_string(),
+                msg: format!(
+                    "{what} tensor {} (dims {dims:?}) with {} indices",
+                    tn.name(),
+                    idcs.len()
+                ),
+            });
         }
         // Inside a guard (see `check_stmt`), accesses out of range are skipped at run time.
         let guarded = bound.iter().any(|b| b.0 == GUARD);
@@ -511,11 +511,14 @@ impl<'m> Machine<'m> {
                 if guarded {
                     return Ok(());
                 }
-                Err(Error::Usage(format!(
-                    "routine {}: {what} tensor {} out of bounds: {desc} indexes axis {axis}, whose extent is {d}",
-                    self.routine,
-                    tn.name()
-                )))
+                Err(Error::Interpreter {
+                    routine: self.routine.to_string(),
+                    msg: format!(
+                        "{what} tensor {} out of bounds: {desc} indexes axis {axis}, whose \
+                         extent is {d}",
+                        tn.name()
+                    ),
+                })
             };
             match ix {
                 AxisIndex::Fixed(k) => {
@@ -564,11 +567,13 @@ impl<'m> Machine<'m> {
     }
 
     fn unbound(&self, s: Symbol, place: &str) -> Error {
-        Error::Usage(format!(
-            "routine {}: index {s} (used when {place}) is neither a loop iterator nor one of the \
-             given static indices",
-            self.routine
-        ))
+        Error::Interpreter {
+            routine: self.routine.to_string(),
+            msg: format!(
+                "index {s} (used when {place}) is neither a loop iterator nor one of the \
+             given static indices"
+            ),
+        }
     }
 
     fn check_stmt(&self, c: &Llc, bound: &mut Vec<Bound>) -> Result<()> {
@@ -611,12 +616,10 @@ impl<'m> Machine<'m> {
             } => {
                 self.check_index(tn, "reading an index from", idcs, bound)?;
                 if !tn.prec().is_integer() {
-                    return Err(Error::Usage(format!(
-                        "routine {}: an index read from {} tensor {}",
-                        self.routine,
-                        tn.prec(),
-                        tn.name()
-                    )));
+                    return Err(Error::Interpreter {
+                        routine: self.routine.to_string(),
+                        msg: format!("an index read from {} tensor {}", tn.prec(), tn.name()),
+                    });
                 }
                 // The body runs only for values in 0..extent.
                 bound.push((*symbol, 0, *extent as i64 - 1));
@@ -713,13 +716,17 @@ impl<'m> Machine<'m> {
     }
 
     fn function(&self, name: &str) -> Result<ImportedFn> {
-        self.mem.functions.get(name).cloned().ok_or_else(|| {
-            Error::Usage(format!(
-                "routine {}: the imported C function {name:?} is not available to the \
-                 interpreter (register a stand-in with Memory::set_function)",
-                self.routine
-            ))
-        })
+        self.mem
+            .functions
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::Interpreter {
+                routine: self.routine.to_string(),
+                msg: format!(
+                    "the imported C function {name:?} is not available to the \
+                 interpreter (register a stand-in with Memory::set_function)"
+                ),
+            })
     }
 
     // ---- Running ----
@@ -741,11 +748,9 @@ impl<'m> Machine<'m> {
                     .ok()
                     .and_then(|c| c.checked_mul(v))
                     .and_then(|t| acc.checked_add(t))
-                    .ok_or_else(|| {
-                        Error::Usage(format!(
-                            "routine {}: index {ix} overflows when running",
-                            self.routine
-                        ))
+                    .ok_or_else(|| Error::Interpreter {
+                        routine: self.routine.to_string(),
+                        msg: format!("index {ix} overflows when running"),
                     })
             }),
         }
@@ -754,23 +759,27 @@ impl<'m> Machine<'m> {
     fn offset(&self, tn: &Tnode, idcs: &[AxisIndex]) -> Result<usize> {
         let dims = tn.dims();
         if idcs.len() != dims.len() {
-            return Err(Error::Usage(format!(
-                "routine {}: tensor {} (dims {dims:?}) indexed with {} indices",
-                self.routine,
-                tn.name(),
-                idcs.len()
-            )));
+            return Err(Error::Interpreter {
+                routine: self.routine.to_string(),
+                msg: format!(
+                    "tensor {} (dims {dims:?}) indexed with {} indices",
+                    tn.name(),
+                    idcs.len()
+                ),
+            });
         }
         let mut off = 0usize;
         for (axis, (ix, &d)) in idcs.iter().zip(dims).enumerate() {
             let i = self.index(ix)?;
             if i < 0 || i >= d as i64 {
-                return Err(Error::Usage(format!(
-                    "routine {}: index {i} ({ix}) on axis {axis} of tensor {} is out of bounds \
+                return Err(Error::Interpreter {
+                    routine: self.routine.to_string(),
+                    msg: format!(
+                        "index {i} ({ix}) on axis {axis} of tensor {} is out of bounds \
                      (extent {d})",
-                    self.routine,
-                    tn.name()
-                )));
+                        tn.name()
+                    ),
+                });
             }
             off = off * d + i as usize;
         }
@@ -905,13 +914,15 @@ impl<'m> Machine<'m> {
     ) -> Result<usize> {
         let off = self.offset(tn, idcs)?;
         if off + lanes > tn.numel() {
-            return Err(Error::Usage(format!(
-                "routine {}: {what} {lanes} lanes of tensor {} from offset {off} goes past its \
+            return Err(Error::Interpreter {
+                routine: self.routine.to_string(),
+                msg: format!(
+                    "{what} {lanes} lanes of tensor {} from offset {off} goes past its \
                  {} elements",
-                self.routine,
-                tn.name(),
-                tn.numel()
-            )));
+                    tn.name(),
+                    tn.numel()
+                ),
+            });
         }
         Ok(off)
     }
@@ -924,10 +935,10 @@ impl<'m> Machine<'m> {
             Vlv::Reg(r) => match self.vregs.get(&r.id) {
                 Some(v) => v.clone(),
                 None => {
-                    return Err(Error::Usage(format!(
-                        "routine {}: vector variable {} is read before it is set",
-                        self.routine, r.id
-                    )))
+                    return Err(Error::Interpreter {
+                        routine: self.routine.to_string(),
+                        msg: format!("vector variable {} is read before it is set", r.id),
+                    })
                 }
             },
             Vlv::Zero(t) => vec![0.0; t.lanes],
@@ -1016,12 +1027,14 @@ impl<'m> Machine<'m> {
     fn local(&self, id: &crate::loops::ScopeId) -> Result<f64> {
         match self.locals.get(&id.id) {
             Some(v) => Ok(*v),
-            None => Err(Error::Usage(format!(
-                "routine {}: local v{} of tensor {} is read outside its scope",
-                self.routine,
-                id.id,
-                id.tn.name()
-            ))),
+            None => Err(Error::Interpreter {
+                routine: self.routine.to_string(),
+                msg: format!(
+                    "local v{} of tensor {} is read outside its scope",
+                    id.id,
+                    id.tn.name()
+                ),
+            }),
         }
     }
 

@@ -449,15 +449,25 @@ impl RoutineBindings {
         self.entries.iter().map(|(s, _)| s)
     }
 
+    fn unknown(&self, name: &str) -> Error {
+        let known: Vec<&str> = self.entries.iter().map(|(s, _)| s.name.as_str()).collect();
+        Error::UnknownStaticIndex {
+            name: name.to_string(),
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
+        }
+    }
+
     /// Sets the value of the static index named `name`.
     pub fn set(&self, name: &str, value: i64) -> Result<()> {
         let k = self
             .entries
             .iter()
             .position(|(s, _)| s.name == name)
-            .ok_or_else(|| {
-                Error::Usage(format!("no static index named {name:?} in these bindings"))
-            })?;
+            .ok_or_else(|| self.unknown(name))?;
         self.check(k, value)?;
         self.entries[k].1.store(value, Ordering::SeqCst);
         Ok(())
@@ -469,9 +479,7 @@ impl RoutineBindings {
             .entries
             .iter()
             .position(|(s, _)| s.symbol == sym.symbol)
-            .ok_or_else(|| {
-                Error::Usage(format!("static index {:?} is not bound here", sym.name))
-            })?;
+            .ok_or_else(|| self.unknown(&sym.name))?;
         self.check(k, value)?;
         self.entries[k].1.store(value, Ordering::SeqCst);
         Ok(())

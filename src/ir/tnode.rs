@@ -114,19 +114,25 @@ impl TnodeBuilder {
 /// in the `int64_t` offsets of generated code).
 fn check_dims(name: &str, dims: &[usize], prec: Prec) -> Result<()> {
     if dims.is_empty() || dims.contains(&0) {
-        return Err(Error::Usage(format!(
-            "tensor {name}: dims {dims:?} must be non-empty and every dim at least 1"
-        )));
+        return Err(Error::Dims {
+            tensor: name.to_string(),
+            dims: dims.to_vec(),
+            problem: "must be non-empty and every dim at least 1".into(),
+        });
     }
     let bytes = dims
         .iter()
         .try_fold(prec.size_in_bytes(), |acc, &d| acc.checked_mul(d))
         .filter(|&b| b <= isize::MAX as usize);
     if bytes.is_none() {
-        return Err(Error::Usage(format!(
-            "tensor {name}: dims {dims:?} of precision {prec} are too large (more than {} bytes)",
-            isize::MAX
-        )));
+        return Err(Error::Dims {
+            tensor: name.to_string(),
+            dims: dims.to_vec(),
+            problem: format!(
+                "of precision {prec} are too large (more than {} bytes)",
+                isize::MAX
+            ),
+        });
     }
     Ok(())
 }
@@ -235,18 +241,16 @@ impl Tnode {
     /// Overwrites the host array's values; an error if not hosted or the length differs.
     pub fn set_host_values(&self, values: &[f64]) -> Result<()> {
         self.with_host_mut(|a| a.set_values(values))
-            .unwrap_or_else(|| {
-                Err(Error::Usage(format!(
-                    "tensor {} is not hosted",
-                    self.name()
-                )))
-            })
+            .unwrap_or_else(|| Err(self.not_hosted()))
     }
 }
 
 impl Tnode {
     fn not_hosted(&self) -> Error {
-        Error::Usage(format!("tensor {} is not hosted", self.name()))
+        Error::NotHosted {
+            what: String::new(),
+            tensor: self.name(),
+        }
     }
 
     /// A copy of the host array in its element type (`u8`, `u16`, `i32`, `u32`, `i64`, `u64`,
@@ -265,11 +269,11 @@ impl Tnode {
         self.with_host_mut(|a| {
             let dst = a.as_mut_slice::<T>()?;
             if dst.len() != values.len() {
-                return Err(Error::Usage(format!(
-                    "tensor {name} has {} elements, {} values given",
-                    dst.len(),
-                    values.len()
-                )));
+                return Err(Error::Count {
+                    what: format!("the values of tensor {name}"),
+                    expected: dst.len(),
+                    got: values.len(),
+                });
             }
             dst.copy_from_slice(values);
             Ok(())
