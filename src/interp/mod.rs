@@ -422,7 +422,8 @@ struct Machine<'m> {
     int_locals: HashMap<u32, u64>,
     /// Vector variables, lane by lane (each lane rounded to the vector's precision).
     vregs: HashMap<u32, Vec<f64>>,
-    /// Integer vector variables (`uint16`, `uint32`, `uint64` lanes), lane by lane: exact patterns.
+    /// Integer vector variables (`uint16`, `uint32`, `uint64` lanes), lane by lane: exact
+    /// patterns.
     int_vregs: HashMap<u32, Vec<u64>>,
 }
 
@@ -917,8 +918,8 @@ impl<'m> Machine<'m> {
         Ok(())
     }
 
-    /// Evaluates an integer vector (`uint16`, `uint32` or `uint64` lanes) lane by lane: exact patterns,
-    /// every operation wrapping modulo 2^bits of a lane.
+    /// Evaluates an integer vector (`uint16`, `uint32` or `uint64` lanes) lane by lane: exact
+    /// patterns, every operation wrapping modulo 2^bits of a lane.
     fn eval_int_vector(&mut self, v: &Vlv) -> Result<Vec<u64>> {
         let ty = v.ty();
         let bits = 8 * ty.prec.size_in_bytes() as u32;
