@@ -40,6 +40,11 @@ pub struct VectorTarget {
     /// single-precision result then multiply pairs of bfloat16 values instead of converting
     /// them to `float` (see `optimize/gemm.rs`).
     pub bf16_dot: bool,
+    /// Whether vectors of 64-bit integers multiply in one instruction (AVX-512DQ's
+    /// `vpmullq`). Without it the C compiler emulates the product (three 32-bit multiplies,
+    /// shifts and adds), so the 64-bit integer kernels keep registers free for its
+    /// temporaries (see `optimize/gemm.rs`).
+    pub int64_mul: bool,
     /// Level-1 data cache size in bytes.
     pub l1d_bytes: usize,
     /// Level-2 cache size in bytes (per core).
@@ -58,6 +63,7 @@ impl Default for VectorTarget {
             registers: 16,
             fma: false,
             bf16_dot: false,
+            int64_mul: false,
             l1d_bytes: 32 << 10,
             l2_bytes: 1 << 20,
             intrinsics: false,
@@ -71,5 +77,38 @@ impl VectorTarget {
     pub fn lanes(&self, prec: Prec) -> usize {
         let elem = if prec.computes_in_float() { 4 } else { 8 };
         (self.vector_bytes / elem).max(1)
+    }
+
+    /// Lanes of one vector of `bits`-bit integers (16, 32 or 64): the vector width, except that
+    /// x86 without AVX2 (SSE2 and AVX) has integer vectors of 16 bytes only; 1 when the target
+    /// has no vectors.
+    pub fn int_lanes(&self, bits: usize) -> usize {
+        let bytes = match self.isa {
+            _ if self.vector_bytes <= 4 => return 1,
+            Isa::Sse2 => self.vector_bytes.min(16),
+            _ => self.vector_bytes,
+        };
+        (bytes * 8 / bits.max(8)).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_lanes_follow_the_integer_vector_width() {
+        let t = |isa, vector_bytes| VectorTarget {
+            isa,
+            vector_bytes,
+            ..VectorTarget::default()
+        };
+        assert_eq!(t(Isa::Avx2, 32).int_lanes(32), 8);
+        assert_eq!(t(Isa::Avx512, 64).int_lanes(16), 32);
+        assert_eq!(t(Isa::Avx512, 64).int_lanes(64), 8);
+        // AVX without AVX2: 32-byte float vectors, 16-byte integer ones.
+        assert_eq!(t(Isa::Sse2, 32).int_lanes(32), 4);
+        assert_eq!(t(Isa::Neon, 16).int_lanes(64), 2);
+        assert_eq!(t(Isa::Generic, 4).int_lanes(16), 1);
     }
 }

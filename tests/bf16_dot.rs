@@ -215,6 +215,7 @@ fn dot_target() -> VectorTarget {
         registers: 32,
         fma: true,
         bf16_dot: true,
+        int64_mul: false,
         l1d_bytes: 2 << 10,
         l2_bytes: 16 << 10,
         intrinsics: false,

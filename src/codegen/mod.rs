@@ -856,6 +856,13 @@ impl Writer {
         match v {
             Vlv::Reg(r) => self.names.vreg(r.id),
             Vlv::Zero(t) => self.dialect.zero(*t),
+            Vlv::Splat(t, x) if t.prec.is_integer() => {
+                // As a statement storing into the lanes' precision computes and wraps it.
+                let cm = Cm::of(t.prec, x);
+                let x = self.expr(x, cm, pre, indent, &mut HashSet::new());
+                let x = store(t.prec, cm.compute, x);
+                self.dialect.splat(*t, &x)
+            }
             Vlv::Splat(t, x) => {
                 let cm = Cm::float(t.prec.computes_in_float());
                 let x = self.expr(x, cm, pre, indent, &mut HashSet::new());

@@ -9,6 +9,15 @@
 //! ([`VectorTarget::intrinsics`]) selects the intrinsics.
 //!
 //! Loads and stores never assume alignment (`loadu`, `vld1q`, `memcpy`).
+//!
+//! Integer vectors (`uint16`, `uint32` and `uint64` lanes, the integer GEMM kernels) are
+//! always spelled with vector extensions of unsigned lanes, also with `ARRAYJIT_INTRINSICS=1`:
+//! lane-wise arithmetic of vector extensions is done in the lanes' type (no promotion to
+//! `int`), and unsigned arithmetic wraps, so it is never undefined behaviour; GCC and Clang
+//! pick the instructions (`vpmullw`, `vpmulld`, `vpmullq` where AVX-512DQ has it, an emulated
+//! 64-bit product elsewhere). Their
+//! load and store helpers take untyped pointers, so that one helper moves the lanes of
+//! `int32_t` and `uint32_t` arrays alike (bit patterns, through `memcpy`).
 
 use crate::ir::{Binop, Prec};
 use crate::loops::VType;
@@ -185,10 +194,12 @@ impl Dialect {
         let e = t.prec.c_type();
         let bytes = t.lanes * t.prec.size_in_bytes();
         let lanes = vec!["x"; t.lanes].join(", ");
+        // Integer lanes move the bits of signed and unsigned arrays alike.
+        let p = if t.prec.is_integer() { "void" } else { e };
         format!(
             "typedef {e} {n} __attribute__((vector_size({bytes})));\n\
-             static inline {n} {n}_load(const {e} *p) {{ {n} v; memcpy(&v, p, sizeof v); return v; }}\n\
-             static inline void {n}_store({e} *p, {n} v) {{ memcpy(p, &v, sizeof v); }}\n\
+             static inline {n} {n}_load(const {p} *p) {{ {n} v; memcpy(&v, p, sizeof v); return v; }}\n\
+             static inline void {n}_store({p} *p, {n} v) {{ memcpy(p, &v, sizeof v); }}\n\
              static inline {n} {n}_splat({e} x) {{ return ({n}){{{lanes}}}; }}\n"
         )
     }
@@ -242,7 +253,7 @@ impl Dialect {
     /// types included).
     pub fn shuffle(&self, t: VType, a: &str, b: &str, idx: &[usize]) -> String {
         let idx: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
-        let esize = if t.prec == Prec::Double { 64 } else { 32 };
+        let esize = 8 * t.prec.size_in_bytes();
         format!(
             "AJ_SHUFFLE({}, aj_mask_i{esize}x{}, {a}, {b}, {})",
             self.ty(t),
@@ -280,12 +291,57 @@ impl Dialect {
     }
 }
 
-/// The name of the generic vector type for `t`, e.g. `aj_v16f`, `aj_v8d`.
+/// The name of the generic vector type for `t`, e.g. `aj_v16f`, `aj_v8d`, `aj_v8u32`.
 fn generic_name(t: VType) -> String {
     let e = match t.prec {
         Prec::Double => "d",
         Prec::Single => "f",
+        Prec::Uint16 => "u16",
+        Prec::Uint32 => "u32",
+        Prec::Uint64 => "u64",
         p => p.name(),
     };
     format!("aj_v{}{e}", t.lanes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Integer lanes are vector extensions of unsigned lanes even where the intrinsics spell
+    /// the float vectors, with untyped load and store helpers; their shuffles use masks of
+    /// the lanes' width.
+    #[test]
+    fn integer_vectors_are_unsigned_vector_extensions() {
+        let d = Dialect::new(VectorTarget {
+            isa: Isa::Avx2,
+            vector_bytes: 32,
+            fma: true,
+            intrinsics: true,
+            ..VectorTarget::default()
+        });
+        let ty = |prec, lanes| VType { prec, lanes };
+        assert_eq!(d.ty(ty(Prec::Single, 8)), "__m256");
+        assert_eq!(d.ty(ty(Prec::Uint32, 8)), "aj_v8u32");
+        assert_eq!(d.ty(ty(Prec::Uint64, 4)), "aj_v4u64");
+        assert_eq!(d.ty(ty(Prec::Uint16, 16)), "aj_v16u16");
+        let p = d.prelude(ty(Prec::Uint64, 4));
+        assert!(
+            p.contains("typedef uint64_t aj_v4u64 __attribute__((vector_size(32)));")
+                && p.contains("aj_v4u64_load(const void *p)")
+                && p.contains("aj_v4u64_store(void *p, aj_v4u64 v)"),
+            "{p}"
+        );
+        assert_eq!(
+            d.fma(ty(Prec::Uint32, 8), "a", "b", "c"),
+            "(a * b + c)",
+            "no intrinsic for integer lanes"
+        );
+        assert!(d
+            .shuffle(ty(Prec::Uint64, 4), "a", "b", &[0, 4, 1, 5])
+            .contains("aj_mask_i64x4"));
+        assert!(d
+            .shuffle(ty(Prec::Uint32, 8), "a", "b", &[0; 8])
+            .contains("aj_mask_i32x8"));
+    }
 }

@@ -299,6 +299,7 @@ impl Target {
             registers: self.vector_registers,
             fma: f.fma,
             bf16_dot: isa == Isa::Avx512 && self.vector_bytes == 64 && f.avx512bf16,
+            int64_mul: isa == Isa::Avx512 && f.avx512dq,
             l1d_bytes: self.caches.l1d,
             l2_bytes: self.caches.l2,
             intrinsics,

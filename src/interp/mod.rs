@@ -444,6 +444,9 @@ struct Machine<'m> {
     int_locals: HashMap<u32, u64>,
     /// Vector variables, lane by lane (each lane rounded to the vector's precision).
     vregs: HashMap<u32, Vec<f64>>,
+    /// Integer vector variables (`uint16`, `uint32`, `uint64` lanes), lane by lane: exact
+    /// patterns.
+    int_vregs: HashMap<u32, Vec<u64>>,
 }
 
 /// A loop iterator in scope during checking: its symbol and its range.
@@ -481,6 +484,7 @@ impl<'m> Machine<'m> {
             locals: HashMap::new(),
             int_locals: HashMap::new(),
             vregs: HashMap::new(),
+            int_vregs: HashMap::new(),
         })
     }
 
@@ -855,25 +859,13 @@ impl<'m> Machine<'m> {
             Llc::Set { tn, idcs, value } => {
                 let (v, bits) = self.eval_stored(tn.prec(), value)?;
                 let off = self.offset(tn, idcs)?;
-                let cells = self.mem.values_mut(tn)?;
-                cells[off] = v;
-                let derived: Option<Vec<u64>> = match (bits, self.mem.ints.contains_key(tn)) {
-                    (Some(_), false) => self
-                        .mem
-                        .nodes
-                        .get(tn)
-                        .map(|c| c.iter().map(|&x| int_bits_of_f64(x)).collect()),
-                    _ => None,
-                };
-                if let Some(d) = derived {
-                    self.mem.ints.insert(tn.clone(), d);
-                }
-                if let Some(b) = bits {
-                    if let Some(ints) = self.mem.ints.get_mut(tn) {
-                        ints[off] = b;
+                match bits {
+                    Some(b) => self.store_int(tn, off, b),
+                    None => {
+                        self.mem.values_mut(tn)?[off] = v;
+                        Ok(())
                     }
                 }
-                Ok(())
             }
             Llc::SetLocal(id, value) => {
                 let (v, bits) = self.eval_stored(id.tn.prec(), value)?;
@@ -884,9 +876,23 @@ impl<'m> Machine<'m> {
                 };
                 Ok(())
             }
+            Llc::VSet(r, value) if r.ty.prec.is_integer() => {
+                let v = self.eval_int_vector(value)?;
+                self.int_vregs.insert(r.id, v);
+                Ok(())
+            }
             Llc::VSet(r, value) => {
                 let v = self.eval_vector(value)?;
                 self.vregs.insert(r.id, v);
+                Ok(())
+            }
+            Llc::VStore { tn, idcs, value } if value.ty().prec.is_integer() => {
+                // Each lane's pattern, wrapped into the tensor's precision.
+                let v = self.eval_int_vector(value)?;
+                let off = self.vector_span(tn, idcs, v.len(), "writing")?;
+                for (i, bits) in v.into_iter().enumerate() {
+                    self.store_int(tn, off + i, bits)?;
+                }
                 Ok(())
             }
             Llc::VStore { tn, idcs, value } => {
@@ -925,6 +931,101 @@ impl<'m> Machine<'m> {
             });
         }
         Ok(off)
+    }
+
+    /// Stores the 64-bit pattern `bits` into cell `off` of the integer tensor `tn`, wrapped
+    /// into its precision, keeping the tensor's exact patterns.
+    fn store_int(&mut self, tn: &Tnode, off: usize, bits: u64) -> Result<()> {
+        let exact = tn.prec().wrap_int(bits);
+        self.mem.values_mut(tn)?[off] = exact as f64;
+        if !self.mem.ints.contains_key(tn) {
+            let derived: Vec<u64> = self
+                .mem
+                .values_mut(tn)?
+                .iter()
+                .map(|&x| int_bits_of_f64(x))
+                .collect();
+            self.mem.ints.insert(tn.clone(), derived);
+        }
+        if let Some(ints) = self.mem.ints.get_mut(tn) {
+            ints[off] = exact as u64;
+        }
+        Ok(())
+    }
+
+    /// Evaluates an integer vector (`uint16`, `uint32` or `uint64` lanes) lane by lane: exact
+    /// patterns, every operation wrapping modulo 2^bits of a lane.
+    fn eval_int_vector(&mut self, v: &Vlv) -> Result<Vec<u64>> {
+        let ty = v.ty();
+        let bits = 8 * ty.prec.size_in_bytes() as u32;
+        let wrap = |x: u64| {
+            if bits >= 64 {
+                x
+            } else {
+                x & ((1u64 << bits) - 1)
+            }
+        };
+        Ok(match v {
+            Vlv::Reg(r) => match self.int_vregs.get(&r.id) {
+                Some(v) => v.clone(),
+                None => {
+                    return Err(Error::Usage(format!(
+                        "routine {}: vector variable {} is read before it is set",
+                        self.routine, r.id
+                    )))
+                }
+            },
+            Vlv::Zero(t) => vec![0; t.lanes],
+            Vlv::Splat(t, x) => {
+                let (_, b) = self.eval_stored(t.prec, x)?;
+                vec![wrap(b.unwrap_or(0)); t.lanes]
+            }
+            Vlv::Load(t, tn, idcs) => {
+                let off = self.vector_span(tn, idcs, t.lanes, "reading")?;
+                let values = self.mem.values_mut(tn)?[off..off + t.lanes].to_vec();
+                match self.mem.ints.get(tn) {
+                    Some(exact) => exact[off..off + t.lanes].iter().map(|&b| wrap(b)).collect(),
+                    None => values.iter().map(|&x| wrap(int_bits_of_f64(x))).collect(),
+                }
+            }
+            Vlv::Fma(a, b, c) => {
+                let (a, b, c) = (
+                    self.eval_int_vector(a)?,
+                    self.eval_int_vector(b)?,
+                    self.eval_int_vector(c)?,
+                );
+                a.iter()
+                    .zip(&b)
+                    .zip(&c)
+                    .map(|((a, b), c)| wrap(a.wrapping_mul(*b).wrapping_add(*c)))
+                    .collect()
+            }
+            Vlv::Binop(op, a, b) => {
+                let (a, b) = (self.eval_int_vector(a)?, self.eval_int_vector(b)?);
+                let cx = IntCtx::new(ty.prec, Compute::U64);
+                a.iter()
+                    .zip(&b)
+                    .map(|(a, b)| wrap(op.interpret_int(*a, *b, cx)))
+                    .collect()
+            }
+            Vlv::Shuffle(a, b, idx) => {
+                let (a, b) = (self.eval_int_vector(a)?, self.eval_int_vector(b)?);
+                idx.iter()
+                    .map(|&i| if i < a.len() { a[i] } else { b[i - a.len()] })
+                    .collect()
+            }
+            Vlv::Repeat(a, times) => {
+                let a = self.eval_int_vector(a)?;
+                let n = a.len();
+                a.into_iter().cycle().take(n * times).collect()
+            }
+            Vlv::DotPairs(..) => {
+                return Err(Error::Usage(format!(
+                    "routine {}: dot products of bfloat16 pairs into {} lanes",
+                    self.routine, ty.prec
+                )))
+            }
+        })
     }
 
     /// Evaluates a vector lane by lane; every operation rounds to the vector's precision.

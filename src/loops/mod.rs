@@ -96,7 +96,8 @@ pub enum Llc {
     VSet(VReg, Vlv),
     /// `tn[idcs + lane] = value[lane]` for every lane: the vector's lanes go to consecutive
     /// elements of `tn` (in memory order) starting at the element `idcs`. `tn`'s precision is
-    /// the vector's precision.
+    /// the vector's precision, or, for integer lanes, an integer precision of the same width
+    /// (each lane's bit pattern is stored: as two's complement into a signed precision).
     VStore {
         /// The node written.
         tn: Tnode,
@@ -108,10 +109,12 @@ pub enum Llc {
 }
 
 /// The type of a vector: `lanes` values of precision `prec` (single: `float` lanes, double:
-/// `double` lanes).
+/// `double` lanes, bfloat16: the bit patterns of [`Vlv::DotPairs`]' operands; `uint16`,
+/// `uint32` and `uint64`: unsigned integer lanes whose arithmetic wraps modulo 2^bits, so that
+/// it is exact modular arithmetic and never undefined behaviour).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct VType {
-    /// Single or double.
+    /// Single, double, bfloat16, uint16, uint32 or uint64.
     pub prec: Prec,
     /// How many values.
     pub lanes: usize,
@@ -127,18 +130,26 @@ pub struct VReg {
 }
 
 /// Vector values, computed lane by lane in the vector's precision.
+///
+/// On integer vectors (`uint16`, `uint32`, `uint64` lanes) every operation is modular:
+/// `a * b + c`, `a + b`, `a - b` and `a * b` wrap modulo 2^bits of a lane.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Vlv {
     /// A vector variable's value.
     Reg(VReg),
     /// Every lane 0.
     Zero(VType),
-    /// Every lane equal to a scalar value (computed in the vector's precision).
+    /// Every lane equal to a scalar value (computed in the vector's precision; for integer
+    /// lanes, computed as a statement storing into the lanes' precision computes it, SPEC 9.1,
+    /// then wrapped into the lanes).
     Splat(VType, Box<Llv>),
     /// `lanes` consecutive elements of a tensor (in memory order) starting at the element
-    /// `idcs`; the tensor's precision is the vector's.
+    /// `idcs`; the tensor's precision is the vector's, or, for integer lanes, an integer
+    /// precision of the same width (`int32` into `uint32` lanes, `int64` into `uint64`): the
+    /// lanes then hold the elements' two's complement bit patterns.
     Load(VType, Tnode, Vec<AxisIndex>),
-    /// `a * b + c`, rounded once where the target has fused multiply-add (twice otherwise).
+    /// `a * b + c`, rounded once where the target has fused multiply-add (twice otherwise);
+    /// on integer lanes, exact modulo 2^bits.
     Fma(Box<Vlv>, Box<Vlv>, Box<Vlv>),
     /// A lane-wise binary operation (add, sub, mul, max, min).
     Binop(Binop, Box<Vlv>, Box<Vlv>),
@@ -250,6 +261,18 @@ impl Llc {
         }
         go(self, &mut out);
         out
+    }
+}
+
+impl VType {
+    /// Whether a vector of this type may be loaded from and stored into a tensor of precision
+    /// `p` ([`Vlv::Load`], [`Llc::VStore`]): `p` is the lanes' precision, or the lanes are
+    /// integers and `p` is an integer precision of the same width.
+    pub fn fits_memory_of(&self, p: Prec) -> bool {
+        p == self.prec
+            || (self.prec.is_integer()
+                && p.is_integer()
+                && p.size_in_bytes() == self.prec.size_in_bytes())
     }
 }
 

@@ -7,8 +7,9 @@
 //!   iterator;
 //! - every access has one index per axis of its tensor, and fixed indices are within the
 //!   axes;
-//! - vector loads and stores are of the tensor's own precision, and every vector variable
-//!   read is assigned somewhere;
+//! - vector loads and stores are of the tensor's own precision (or, for integer lanes, of an
+//!   integer precision of the lanes' width), and every vector variable read is assigned
+//!   somewhere;
 //! - a loop's bounds are not inverted beyond an empty range;
 //! - a lookup ([`Llc::Lookup`]) reads an integer tensor, its symbol is used only in its body.
 
@@ -142,7 +143,7 @@ impl Verifier {
             Llc::VSet(_, v) => self.vector(v),
             Llc::VStore { tn, idcs, value } => {
                 self.access(tn, idcs, "vector store to")?;
-                if value.ty().prec != tn.prec() {
+                if !value.ty().fits_memory_of(tn.prec()) {
                     return Err(format!(
                         "vector store of {} lanes into {} tensor {}",
                         value.ty().prec,
@@ -207,7 +208,7 @@ impl Verifier {
             Vlv::Splat(_, x) => self.value(x),
             Vlv::Load(t, tn, idcs) => {
                 self.access(tn, idcs, "vector load from")?;
-                if t.prec != tn.prec() {
+                if !t.fits_memory_of(tn.prec()) {
                     return Err(format!(
                         "vector load of {} lanes from {} tensor {}",
                         t.prec,
@@ -416,5 +417,38 @@ mod tests {
         assert!(verify(&code(Vlv::Reg(x), repeat(pair(2), 8)))
             .unwrap_err()
             .contains("repeated"));
+    }
+
+    /// Integer lanes load from and store into integer tensors of their width, signed or
+    /// unsigned (bit patterns); not into narrower, wider or floating tensors.
+    #[test]
+    fn integer_lanes_move_integers_of_their_width() {
+        let u32x8 = VType {
+            prec: Prec::Uint32,
+            lanes: 8,
+        };
+        let r = VReg { id: 1, ty: u32x8 };
+        let move_ = |from: Prec, to: Prec| {
+            let (a, b) = (
+                Tnode::new(&["a"], &[8], from).unwrap(),
+                Tnode::new(&["b"], &[8], to).unwrap(),
+            );
+            verify(&Llc::Seq(vec![
+                Llc::VSet(r, Vlv::Load(u32x8, a, vec![AxisIndex::Fixed(0)])),
+                Llc::VStore {
+                    tn: b,
+                    idcs: vec![AxisIndex::Fixed(0)],
+                    value: Vlv::Reg(r),
+                },
+            ]))
+        };
+        assert!(move_(Prec::Int32, Prec::Uint32).is_ok());
+        assert!(move_(Prec::Uint32, Prec::Int32).is_ok());
+        let e = move_(Prec::Uint16, Prec::Int32).unwrap_err();
+        assert!(e.contains("vector load of uint32 lanes from uint16"), "{e}");
+        let e = move_(Prec::Int32, Prec::Int64).unwrap_err();
+        assert!(e.contains("vector store of uint32 lanes into int64"), "{e}");
+        let e = move_(Prec::Single, Prec::Int32).unwrap_err();
+        assert!(e.contains("from single"), "{e}");
     }
 }
