@@ -969,10 +969,10 @@ impl<'m> Machine<'m> {
             Vlv::Reg(r) => match self.int_vregs.get(&r.id) {
                 Some(v) => v.clone(),
                 None => {
-                    return Err(Error::Usage(format!(
-                        "routine {}: vector variable {} is read before it is set",
-                        self.routine, r.id
-                    )))
+                    return Err(Error::Interpreter {
+                        routine: self.routine.to_string(),
+                        msg: format!("vector variable {} is read before it is set", r.id),
+                    })
                 }
             },
             Vlv::Zero(t) => vec![0; t.lanes],
@@ -1020,10 +1020,10 @@ impl<'m> Machine<'m> {
                 a.into_iter().cycle().take(n * times).collect()
             }
             Vlv::DotPairs(..) => {
-                return Err(Error::Usage(format!(
-                    "routine {}: dot products of bfloat16 pairs into {} lanes",
-                    self.routine, ty.prec
-                )))
+                return Err(Error::Interpreter {
+                    routine: self.routine.to_string(),
+                    msg: format!("dot products of bfloat16 pairs into {} lanes", ty.prec),
+                })
             }
         })
     }
