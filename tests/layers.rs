@@ -279,3 +279,55 @@ fn the_convnet_example_learns_bars_against_crosses() {
         .unwrap();
     assert!(acc >= 0.9, "accuracy {acc}\n{one}");
 }
+
+/// bfloat16 and fp8 host data are typed too (`half::bf16` and `arrayjit::ir::Fp8`, re-exported
+/// from `arrayjit::ir`): set exactly, doubled by a compiled routine, read back exactly.
+#[test]
+fn typed_host_access_of_the_narrow_floats() {
+    use arrayjit::ir::{bf16, Fp8};
+    let b = Tnode::hosted(&["b"], &[3], Prec::Bfloat16).unwrap();
+    let b2 = Tnode::hosted(&["b2"], &[3], Prec::Bfloat16).unwrap();
+    let f = Tnode::hosted(&["f"], &[3], Prec::Fp8).unwrap();
+    let f2 = Tnode::hosted(&["f2"], &[3], Prec::Fp8).unwrap();
+    // 1.5, -0.0078125 (2^-7) and the largest finite bfloat16 (0x7f7f).
+    b.set_host_slice(&[
+        bf16::from_f32(1.5),
+        bf16::from_f32(-0.0078125),
+        bf16::from_bits(0x7f7f),
+    ])
+    .unwrap();
+    // fp8 E5M2: 0.75 = 0x3a, -3.0 = 0xc2, 57344 (the largest finite) = 0x7b.
+    f.set_host_slice(&[
+        Fp8::from_bits(0x3a),
+        Fp8::from_f64(-3.0),
+        Fp8::from_bits(0x7b),
+    ])
+    .unwrap();
+    assert_eq!(Fp8::from_f64(-3.0).to_bits(), 0xc2);
+    assert_eq!(Fp8::from_bits(0x7b).to_f64(), 57344.0);
+    let code = arrayjit::ir::Assignments::seq([
+        nn::binary(&b2, Binop::Add, &b, &b, None).unwrap(),
+        nn::binary(&f2, Binop::Add, &f, &f, None).unwrap(),
+    ]);
+    compute(&code, &Bindings::empty(), &[&b2, &f2]);
+    // Doubling is exact, except that twice the largest finite value overflows to +inf.
+    let got: Vec<u16> = b2
+        .host_to_vec::<bf16>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(got, [0x4040, 0xbc80, 0x7f80]);
+    let got: Vec<u8> = f2
+        .host_to_vec::<Fp8>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bits())
+        .collect();
+    assert_eq!(got, [0x3e, 0xc6, 0x7c]); // 1.5, -6.0, +inf
+                                         // A precision mismatch names both precisions.
+    let e = b.host_to_vec::<f32>().err().unwrap().to_string();
+    assert!(e.contains("bfloat16") && e.contains("single"), "{e}");
+    let e = f.host_to_vec::<u8>().err().unwrap().to_string();
+    assert!(e.contains("fp8") && e.contains("byte"), "{e}");
+}

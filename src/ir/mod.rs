@@ -14,6 +14,7 @@ pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};
 pub use decisions::MemoryModes;
+pub use half::{bf16, f16};
 pub use indexing::{
     check_static_value, AxisIndex, Bindings, LinearIndex, Projections, RoutineBindings,
     StaticSymbol, Symbol,
@@ -21,5 +22,5 @@ pub use indexing::{
 pub use modes::{HostedMode, MemoryMode};
 pub use ndarray::{InitOp, Ndarray};
 pub use ops::{Binop, IntCtx, Ternop, Unop};
-pub use prec::{Compute, Prec};
+pub use prec::{Compute, Fp8, Prec};
 pub use tnode::{Tnode, TnodeBuilder};

@@ -1,11 +1,9 @@
 //! Host arrays: dense row-major buffers of one precision.
 
 pub use super::prec::f16_from_f64;
-use super::prec::{
-    bf16_of_f64, bf16_to_f64, byte_of_f64, fp8_of_f64, fp8_to_f64, int_bits_of_f64, Prec,
-};
+use super::prec::{bf16_of_f64, bf16_to_f64, byte_of_f64, int_bits_of_f64, Fp8, Prec};
 use crate::error::{Error, Result};
-use half::f16;
+use half::{bf16, f16};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -51,11 +49,9 @@ pub enum Data {
     Uint32(Vec<u32>),
     Int64(Vec<i64>),
     Uint64(Vec<u64>),
-    /// Bit patterns.
-    Fp8(Vec<u8>),
+    Fp8(Vec<Fp8>),
     Half(Vec<f16>),
-    /// Bit patterns.
-    Bfloat16(Vec<u16>),
+    Bfloat16(Vec<bf16>),
     Single(Vec<f32>),
     Double(Vec<f64>),
 }
@@ -228,8 +224,8 @@ impl Ndarray {
             Prec::Uint32 => Data::Uint32(vec![0; n]),
             Prec::Int64 => Data::Int64(vec![0; n]),
             Prec::Uint64 => Data::Uint64(vec![0; n]),
-            Prec::Fp8 => Data::Fp8(vec![0; n]),
-            Prec::Bfloat16 => Data::Bfloat16(vec![0; n]),
+            Prec::Fp8 => Data::Fp8(vec![Fp8::default(); n]),
+            Prec::Bfloat16 => Data::Bfloat16(vec![bf16::ZERO; n]),
             Prec::Half => Data::Half(vec![f16::ZERO; n]),
             Prec::Single => Data::Single(vec![0.0; n]),
             Prec::Double => Data::Double(vec![0.0; n]),
@@ -253,8 +249,8 @@ impl Ndarray {
             Prec::Uint32 => Data::Uint32(try_filled(n, 0, what)?),
             Prec::Int64 => Data::Int64(try_filled(n, 0, what)?),
             Prec::Uint64 => Data::Uint64(try_filled(n, 0, what)?),
-            Prec::Fp8 => Data::Fp8(try_filled(n, 0, what)?),
-            Prec::Bfloat16 => Data::Bfloat16(try_filled(n, 0, what)?),
+            Prec::Fp8 => Data::Fp8(try_filled(n, Fp8::default(), what)?),
+            Prec::Bfloat16 => Data::Bfloat16(try_filled(n, bf16::ZERO, what)?),
             Prec::Half => Data::Half(try_filled(n, f16::ZERO, what)?),
             Prec::Single => Data::Single(try_filled(n, 0.0, what)?),
             Prec::Double => Data::Double(try_filled(n, 0.0, what)?),
@@ -364,8 +360,8 @@ impl Ndarray {
             Data::Uint32(v) => v[i] as f64,
             Data::Int64(v) => v[i] as f64,
             Data::Uint64(v) => v[i] as f64,
-            Data::Fp8(v) => fp8_to_f64(v[i]),
-            Data::Bfloat16(v) => bf16_to_f64(v[i]),
+            Data::Fp8(v) => v[i].to_f64(),
+            Data::Bfloat16(v) => bf16_to_f64(v[i].to_bits()),
             Data::Half(v) => v[i].to_f64(),
             Data::Single(v) => v[i] as f64,
             Data::Double(v) => v[i],
@@ -382,8 +378,8 @@ impl Ndarray {
             Data::Uint32(v) => v[i] = int_bits_of_f64(x) as u32,
             Data::Int64(v) => v[i] = int_bits_of_f64(x) as i64,
             Data::Uint64(v) => v[i] = int_bits_of_f64(x),
-            Data::Fp8(v) => v[i] = fp8_of_f64(x),
-            Data::Bfloat16(v) => v[i] = bf16_of_f64(x),
+            Data::Fp8(v) => v[i] = Fp8::from_f64(x),
+            Data::Bfloat16(v) => v[i] = bf16::from_bits(bf16_of_f64(x)),
             Data::Half(v) => v[i] = f16_from_f64(x),
             Data::Single(v) => v[i] = x as f32,
             Data::Double(v) => v[i] = x,
@@ -481,8 +477,10 @@ impl Ndarray {
     /// The raw bytes (native byte order).
     pub fn as_bytes(&self) -> &[u8] {
         match &self.data {
-            Data::Byte(v) | Data::Fp8(v) => v,
-            Data::Uint16(v) | Data::Bfloat16(v) => bytes_of(v),
+            Data::Byte(v) => v,
+            Data::Fp8(v) => bytes_of(v),
+            Data::Uint16(v) => bytes_of(v),
+            Data::Bfloat16(v) => bytes_of(v),
             Data::Int32(v) => bytes_of(v),
             Data::Uint32(v) => bytes_of(v),
             Data::Int64(v) => bytes_of(v),
@@ -496,8 +494,10 @@ impl Ndarray {
     /// The raw bytes, mutable (native byte order).
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.data {
-            Data::Byte(v) | Data::Fp8(v) => v,
-            Data::Uint16(v) | Data::Bfloat16(v) => bytes_of_mut(v),
+            Data::Byte(v) => v,
+            Data::Fp8(v) => bytes_of_mut(v),
+            Data::Uint16(v) => bytes_of_mut(v),
+            Data::Bfloat16(v) => bytes_of_mut(v),
             Data::Int32(v) => bytes_of_mut(v),
             Data::Uint32(v) => bytes_of_mut(v),
             Data::Int64(v) => bytes_of_mut(v),
@@ -510,7 +510,10 @@ impl Ndarray {
 }
 
 /// Plain-old-data element types whose every bit pattern is valid.
+/// Plain number types: no padding, and every bit pattern is a valid value.
 trait Pod: Copy {}
+impl Pod for Fp8 {}
+impl Pod for bf16 {}
 impl Pod for f16 {}
 impl Pod for u16 {}
 impl Pod for i32 {}
@@ -558,6 +561,8 @@ element!(i32, Int32, Int32);
 element!(u32, Uint32, Uint32);
 element!(i64, Int64, Int64);
 element!(u64, Uint64, Uint64);
+element!(Fp8, Fp8, Fp8);
+element!(bf16, Bfloat16, Bfloat16);
 element!(f16, Half, Half);
 element!(f32, Single, Single);
 element!(f64, Double, Double);

@@ -332,6 +332,47 @@ pub fn fp8_to_f64(b: u8) -> f64 {
     half::f16::from_bits(u16::from(b) << 8).to_f64()
 }
 
+/// An fp8 E5M2 value (SPEC 9.1: the top byte of an IEEE half, with infinities and NaN; the
+/// `float8_e5m2` of `ml_dtypes`), the element type of `fp8` host arrays
+/// ([`crate::ir::Ndarray::as_slice`], [`crate::ir::Tnode::host_to_vec`]).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Fp8(u8);
+
+impl Fp8 {
+    /// The value with this bit pattern.
+    pub const fn from_bits(bits: u8) -> Fp8 {
+        Fp8(bits)
+    }
+    /// The bit pattern.
+    pub const fn to_bits(self) -> u8 {
+        self.0
+    }
+    /// `v` rounded to nearest, ties to even (beyond the largest finite value, ±infinity; NaN
+    /// stays NaN): how arrayjit stores into `fp8`.
+    pub fn from_f64(v: f64) -> Fp8 {
+        Fp8(fp8_of_f64(v))
+    }
+    /// `v` rounded as [`Fp8::from_f64`] does.
+    pub fn from_f32(v: f32) -> Fp8 {
+        Fp8(fp8_of_f64(f64::from(v)))
+    }
+    /// The value, exactly.
+    pub fn to_f64(self) -> f64 {
+        fp8_to_f64(self.0)
+    }
+    /// The value, exactly.
+    pub fn to_f32(self) -> f32 {
+        fp8_to_f64(self.0) as f32
+    }
+}
+
+impl fmt::Display for Fp8 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.to_f64(), f)
+    }
+}
+
 impl fmt::Display for Prec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

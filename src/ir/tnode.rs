@@ -254,8 +254,8 @@ impl Tnode {
     }
 
     /// A copy of the host array in its element type (`u8`, `u16`, `i32`, `u32`, `i64`, `u64`,
-    /// `f16`, `f32`, `f64`); [`Error::PrecisionMismatch`] when `T` is not the tensor's element
-    /// type.
+    /// `f16`, `bf16`, [`crate::ir::Fp8`], `f32`, `f64`); [`Error::PrecisionMismatch`] when `T` is
+    /// not the tensor's element type.
     pub fn host_to_vec<T: crate::ir::ndarray::Element>(&self) -> Result<Vec<T>> {
         self.with_host(|a| a.to_vec::<T>())
             .unwrap_or_else(|| Err(self.not_hosted()))
