@@ -237,6 +237,17 @@ pub enum Error {
         /// What went wrong.
         msg: String,
     },
+    /// A routine read tensors that nothing has written in its context (no routine, and no
+    /// copy from the host or another device): they would read as zeros. An error with strict
+    /// reads ([`crate::backend::CcBackend::with_strict`], on by default in debug builds),
+    /// else a warning ([`crate::backend::Routine::warnings`]).
+    #[error("routine {routine} reads {tensors} that nothing has written in its context (all zeros): run the routine computing them first, or copy them from the host")]
+    UnwrittenRead {
+        /// The routine's name.
+        routine: String,
+        /// The tensors' names, comma-separated.
+        tensors: String,
+    },
     /// Generated code returned a failure status.
     #[error("routine {routine}: part {part} of its code failed (status {status})")]
     RoutineFailed {

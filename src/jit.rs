@@ -47,7 +47,7 @@ use crate::optimize::Settings;
 
 /// Everything configurable about a [`Jit`]: a plain value; [`JitConfig::from_env`] is one
 /// way to build it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct JitConfig {
     /// The C compiler, its flags, the compile cache and the number of compile jobs; `None`:
     /// read from the environment at every compile (the variables documented in `docs/configuration.md`).
@@ -64,6 +64,25 @@ pub struct JitConfig {
     /// [`CompilerConfig::checked`]; either setting turns it on; `ARRAYJIT_CHECKED=1` sets
     /// the compiler configuration's).
     pub checked: bool,
+    /// Strict reads: a routine run that reads a tensor nothing has written in its context
+    /// (no routine, no upload, no copy) is [`Error::UnwrittenRead`] instead of silently reading
+    /// zeros (see [`CcBackend::with_strict`]). Default: on in debug builds
+    /// (`cfg!(debug_assertions)`), off in release builds, where it is a warning
+    /// ([`Routine::warnings`]).
+    pub strict: bool,
+}
+
+impl Default for JitConfig {
+    fn default() -> Self {
+        JitConfig {
+            compiler: None,
+            optimizer: Settings::default(),
+            devices: Config::default(),
+            synchronous: false,
+            checked: false,
+            strict: cfg!(debug_assertions),
+        }
+    }
 }
 
 impl JitConfig {
@@ -91,7 +110,8 @@ impl Jit {
             Some(c) => CcBackend::with_config(c, config.optimizer),
             None => CcBackend::with_settings(config.optimizer),
         }
-        .with_checked(config.checked);
+        .with_checked(config.checked)
+        .with_strict(config.strict);
         let backend: Box<dyn Backend> = if config.synchronous {
             Box::new(SyncBackend::with_cc(cc))
         } else {

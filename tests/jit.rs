@@ -164,3 +164,75 @@ fn trace_logs_every_stored_value() {
                    y[1, 0] = 6\ny[1, 1] = 8\ns[1] = 0\ns[1] = 6\ns[1] = 14\n";
     assert_eq!(log, format!("{one_run}{one_run}"));
 }
+
+/// No silent zeros: a routine reading a tensor that nothing has written in its context (a
+/// forgotten upload) fails with strict reads, the default in debug builds, naming the routine
+/// and the tensor; without strict reads it runs (reading zeros) and the routine reports the
+/// warning. After the upload both run and give the sums.
+#[test]
+fn reads_of_never_written_tensors_are_errors_or_warnings() {
+    assert_eq!(JitConfig::default().strict, cfg!(debug_assertions));
+    for strict in [true, false] {
+        let jit = Jit::new(JitConfig {
+            strict,
+            ..JitConfig::default()
+        })
+        .unwrap();
+        let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+        let s = output("s", &[2], Prec::Single);
+        let code = jit
+            .compile("sums", &Bindings::empty(), &sum_rows(&x, &s))
+            .unwrap();
+        let dev = jit.device().unwrap();
+        let r = jit.link(&jit.context(&dev).unwrap(), &code).unwrap();
+        // Forgot: jit.upload(r.context(), &x).
+        r.schedule().unwrap();
+        let res = jit.sync(&dev);
+        if strict {
+            // The device reports the task's error (Error::UnwrittenRead) by its text.
+            let e = res.unwrap_err().to_string();
+            assert!(
+                e.contains("routine sums reads x that nothing has written in its context")
+                    && e.contains("copy them from the host"),
+                "{e}"
+            );
+            assert!(r.warnings().is_empty());
+        } else {
+            res.unwrap();
+            jit.download(r.context(), &s).unwrap();
+            assert_eq!(s.host_to_vec::<f32>().unwrap(), [0.0, 0.0]);
+            let w = r.warnings();
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(w[0].contains("routine sums reads x that nothing has written"));
+        }
+        jit.upload(r.context(), &x).unwrap();
+        r.schedule().unwrap();
+        jit.download(r.context(), &s).unwrap();
+        assert_eq!(s.host_to_vec::<f32>().unwrap(), [3.0, 7.0]);
+        assert!(r.warnings().len() <= 1, "warned once at most");
+    }
+}
+
+/// On the no-device backend the run itself returns the typed error.
+#[test]
+fn strict_reads_give_a_typed_error_on_the_no_device_backend() {
+    use arrayjit::backend::{CcBackend, Config, MergeBuffer};
+    let be = CcBackend::new().with_strict(true);
+    be.initialize(Config::default());
+    let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
+    let s = output("s", &[2], Prec::Single);
+    let code = be
+        .compile(true, Some("sums"), &Bindings::empty(), &sum_rows(&x, &s))
+        .unwrap();
+    let r = be
+        .link(&[], &MergeBuffer::new(), &be.init("c").unwrap(), &code)
+        .unwrap();
+    match r.run() {
+        Err(arrayjit::Error::UnwrittenRead { routine, tensors }) => {
+            assert_eq!((routine.as_str(), tensors.as_str()), ("sums", "x"))
+        }
+        other => panic!("expected UnwrittenRead, got {other:?}"),
+    }
+    assert!(be.from_host(r.context(), &x).unwrap());
+    r.run().unwrap();
+}

@@ -83,8 +83,13 @@ struct RoutineInner {
     buffers: Arc<Vec<BufferPtr>>,
     merge_buffer: MergeBuffer,
     device: Option<Device>,
-    /// Whether the check for reads of never-written tensors ran (it warns once).
+    /// Whether the check for reads of never-written tensors passed or warned (it runs until
+    /// then, once per linked routine).
     warned_unwritten: Arc<AtomicBool>,
+    /// Whether reads of never-written tensors are an error ([`CcBackend::with_strict`]).
+    strict: bool,
+    /// The warnings of the runs so far ([`Routine::warnings`]).
+    warnings: Arc<Mutex<Vec<String>>>,
     /// The context buffers with whether the code writes them (see `Routine::accesses`).
     accesses: Arc<[(BufferPtr, bool)]>,
     /// The buffers a run locks (its context buffers and scratch; see `lock_planned`).
@@ -99,6 +104,17 @@ impl Routine {
     /// The routine's name.
     pub fn name(&self) -> &str {
         &self.0.name
+    }
+    /// What the runs so far warned about: the tensors a run read that nothing had written
+    /// in the routine's context (they read as zeros). With strict reads
+    /// ([`CcBackend::with_strict`], on by default in debug builds) such a run is an
+    /// [`Error::UnwrittenRead`] instead.
+    pub fn warnings(&self) -> Vec<String> {
+        self.0
+            .warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
     /// The static-index cells; set them before running.
     pub fn bindings(&self) -> &RoutineBindings {
@@ -324,7 +340,7 @@ impl RoutineInner {
             }
         };
         if !self.warned_unwritten.load(Ordering::Relaxed) {
-            self.warn_unwritten_reads();
+            self.check_unwritten_reads()?;
         }
         // The buffer table, on the stack for the usual routine; checked code finds its check
         // record after the buffers.
@@ -385,11 +401,12 @@ impl RoutineInner {
 }
 
 impl RoutineInner {
-    /// Warns (once per linked routine, through `tracing`) about the tensors the routine
-    /// reads that nothing has written in its context: they read as zeros, which usually
-    /// means a producer routine was not run first, or a tensor meant as an input is neither
-    /// hosted nor computed.
-    fn warn_unwritten_reads(&self) {
+    /// Checks the tensors the routine reads that nothing has written in its context: they
+    /// read as zeros, which usually means a producer routine was not run first, or a tensor
+    /// meant as an input was not copied from the host. With strict reads that is
+    /// [`Error::UnwrittenRead`] (checked again at the next run); otherwise a warning, once per
+    /// linked routine, through `tracing` and [`Routine::warnings`].
+    fn check_unwritten_reads(&self) -> Result<()> {
         let sig = &self.compiled.sig;
         let unwritten: Vec<String> = sig
             .buffers
@@ -400,17 +417,26 @@ impl RoutineInner {
             .map(|((tn, _), _)| tn.name())
             .collect();
         if !unwritten.is_empty() {
+            let e = Error::UnwrittenRead {
+                routine: self.name.to_string(),
+                tensors: unwritten.join(", "),
+            };
+            if self.strict {
+                return Err(e);
+            }
             tracing::warn!(
                 target: "arrayjit::backend",
                 routine = %self.name,
                 tensors = %unwritten.join(", "),
-                "routine {} reads {} that nothing has written in its context (all zeros): \
-                 run the routine computing them first, or copy them from the host",
-                self.name,
-                unwritten.join(", ")
+                "{e}"
             );
+            self.warnings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(e.to_string());
         }
         self.warned_unwritten.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -431,6 +457,9 @@ pub struct CcBackend {
     /// starts from them, and a routine contradicting an earlier one is an error naming the
     /// node).
     pipeline: Pipeline,
+    /// Whether a run reading tensors that nothing has written is an error
+    /// ([`CcBackend::with_strict`]).
+    strict: bool,
 }
 
 impl Default for CcBackend {
@@ -453,12 +482,22 @@ impl CcBackend {
         self
     }
 
+    /// The backend with strict reads on or off: with strict reads, a run of a routine that
+    /// reads a tensor nothing has written in its context (neither a routine, nor a copy from
+    /// the host or another device) is [`Error::UnwrittenRead`] instead of reading zeros; off,
+    /// it is a warning ([`Routine::warnings`] and `tracing`). On by default in debug builds
+    /// (`cfg!(debug_assertions)`), off in release builds.
+    pub fn with_strict(self, strict: bool) -> CcBackend {
+        CcBackend { strict, ..self }
+    }
+
     /// A backend with the given optimizer settings (e.g. optimization off).
     pub fn with_settings(settings: Settings) -> CcBackend {
         CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             pipeline: Pipeline::new(settings, None, false),
+            strict: cfg!(debug_assertions),
         }
     }
 
@@ -470,6 +509,7 @@ impl CcBackend {
             initialized: AtomicBool::new(false),
             config: Mutex::new(Config::default()),
             pipeline: Pipeline::new(settings, Some(compiler), false),
+            strict: cfg!(debug_assertions),
         }
     }
 
@@ -682,6 +722,7 @@ impl CcBackend {
     }
 
     fn make_routine(
+        &self,
         name: &str,
         bindings: &Bindings,
         compiled: Arc<Compiled>,
@@ -736,6 +777,7 @@ impl CcBackend {
             buffers = buffers.len(),
             "linked"
         );
+        let strict = self.strict;
         let on = ctx
             .device()
             .map(|d| format!(" on {}", d.name()))
@@ -754,6 +796,8 @@ impl CcBackend {
             buffers: Arc::new(buffers),
             merge_buffer: merge_buffer.clone(),
             warned_unwritten: Arc::default(),
+            strict,
+            warnings: Arc::default(),
             lock_plan,
             accesses,
         })))
@@ -779,7 +823,7 @@ impl CcBackend {
                     .ok_or_else(|| Error::Internal("no routine was compiled".into()))?,
             ),
         };
-        Self::make_routine(
+        self.make_routine(
             &code.name,
             &code.bindings,
             compiled,
@@ -810,15 +854,16 @@ impl CcBackend {
                     let c = compiled
                         .next()
                         .ok_or_else(|| Error::Internal("a batch entry was not compiled".into()))?;
-                    let r = Self::make_routine(
-                        &e.name,
-                        &batch.bindings,
-                        c,
-                        &ctx,
-                        from_prior_context,
-                        merge_buffer,
-                    )
-                    .map_err(|err| Error::in_routine(&e.name, err))?;
+                    let r = self
+                        .make_routine(
+                            &e.name,
+                            &batch.bindings,
+                            c,
+                            &ctx,
+                            from_prior_context,
+                            merge_buffer,
+                        )
+                        .map_err(|err| Error::in_routine(&e.name, err))?;
                     ctx = r.context().clone();
                     out.push(Some(r));
                 }

@@ -25,17 +25,26 @@ pub use mpi::MpiBackend;
 use crate::error::{Error, Result};
 
 /// A backend chosen by name: `multicore`, `sync`, or `mpi` ([`MpiBackend`], which
-/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]).
+/// initializes MPI; without the cargo feature `mpi`, [`Error::MpiNotBuilt`]), compiling with
+/// a default [`CcBackend`].
 ///
 /// [`MpiBackend`]: https://docs.rs/arrayjit/latest/arrayjit/backend/mpi/struct.MpiBackend.html
 pub fn backend_by_name(name: &str) -> Result<Box<dyn Backend>> {
+    backend_named(name, CcBackend::new())
+}
+
+/// As [`backend_by_name`], compiling with a configured compiler backend `cc`.
+pub fn backend_named(name: &str, cc: CcBackend) -> Result<Box<dyn Backend>> {
     match name {
-        "multicore" => Ok(Box::new(MulticoreBackend::new())),
-        "sync" => Ok(Box::new(SyncBackend::new())),
+        "multicore" => Ok(Box::new(MulticoreBackend::with_cc(cc))),
+        "sync" => Ok(Box::new(SyncBackend::with_cc(cc))),
         #[cfg(feature = "mpi")]
-        "mpi" => Ok(Box::new(mpi::MpiBackend::new()?)),
+        "mpi" => Ok(Box::new(mpi::MpiBackend::with_cc(cc)?)),
         #[cfg(not(feature = "mpi"))]
-        "mpi" => Err(Error::MpiNotBuilt),
+        "mpi" => {
+            drop(cc);
+            Err(Error::MpiNotBuilt)
+        }
         other => Err(Error::UnknownBackend {
             name: other.to_string(),
         }),

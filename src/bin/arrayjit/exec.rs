@@ -6,15 +6,21 @@ use crate::program::format::MergeDecl;
 use crate::program::locate::json_path;
 use crate::steps::{self, quote, Machine};
 use arrayjit::backend::{
-    backend_by_name, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
+    backend_named, Backend, CcBackend, Config, Context, Device, MergeBuffer, MergeBufferUse,
     Routine,
 };
 use arrayjit::ir::Tnode;
 use std::collections::HashSet;
 use std::time::Instant;
 
+/// The compiler backend of the CLI: reads of never-written tensors are warnings, printed on
+/// stderr, not errors (strict reads are off).
+fn cc() -> CcBackend {
+    CcBackend::new().with_strict(false)
+}
+
 fn backend() -> CcBackend {
-    let be = CcBackend::new();
+    let be = cc();
     be.initialize(Config::default());
     be
 }
@@ -138,7 +144,7 @@ impl Job {
         if built.devices.is_none() {
             return Ok(Job { be: None });
         }
-        let be = backend_by_name(&built.backend)
+        let be = backend_named(&built.backend, cc())
             .map_err(|e| ProgramError::nowhere(format!("choosing the backend: {e}")))?;
         Ok(Job { be: Some(be) })
     }
