@@ -25,35 +25,21 @@
 //! `relu(y)`:
 //!
 //! ```
-//! use arrayjit::ir::einsum::projections;
-//! use arrayjit::ir::{Assignments, Bindings, Binop, Buffer, InitOp, MemoryMode, Prec, Tnode, Unop};
+//! use arrayjit::ir::build::relu;
+//! use arrayjit::ir::{Assignments, Bindings, MemoryMode, Prec, Tnode};
 //! use arrayjit::{Jit, JitConfig};
 //!
 //! # fn main() -> arrayjit::Result<()> {
-//! let fill = |v: &[f64]| InitOp::ConstantFill { values: v.to_vec(), strict: true };
-//! let x = Tnode::with_init(&["x"], &[2, 3], Prec::Single, &fill(&[1., 2., 3., 4., 5., 6.]))?;
-//! let w = Tnode::with_init(&["w"], &[3, 2], Prec::Single, &fill(&[1., 0., 0., 1., 1., -1.]))?;
-//! let y = Tnode::new(&["y"], &[2, 2], Prec::Single)?;
+//! let x = Tnode::hosted(&["x"], &[2, 3], Prec::Single)?;
+//! let w = Tnode::hosted(&["w"], &[3, 2], Prec::Single)?;
+//! let y = Tnode::new(&["y"], &[2, 2], Prec::Single)?; // an intermediate
 //! let s = Tnode::hosted(&["s"], &[2], Prec::Single)?;
+//! x.set_host_slice(&[1f32, 2., 3., 4., 5., 6.])?;
+//! w.set_host_slice(&[1f32, 0., 0., 1., 1., -1.])?;
 //! let none = Bindings::empty();
 //! let code = Assignments::seq([
-//!     Assignments::AccumBinop {
-//!         initialize_neutral: true,
-//!         accum: Binop::Add,
-//!         op: Binop::Mul,
-//!         lhs: y.clone(),
-//!         rhs1: Buffer::Node(x.clone()),
-//!         rhs2: Buffer::Node(w.clone()),
-//!         projections: projections("ij,jk->ik", y.dims(), &[x.dims(), w.dims()], &none)?,
-//!     },
-//!     Assignments::AccumUnop {
-//!         initialize_neutral: true,
-//!         accum: Binop::Add,
-//!         op: Unop::Relu,
-//!         lhs: s.clone(),
-//!         rhs: Buffer::Node(y.clone()),
-//!         projections: projections("ik->i", s.dims(), &[y.dims()], &none)?,
-//!     },
+//!     y.assign((&x * &w).sum("ij,jk->ik"))?, // y = x @ w
+//!     s.assign(relu(&y).sum("ik->i"))?,      // s = the row sums of relu(y)
 //! ]);
 //! let jit = Jit::new(JitConfig::default())?;
 //! let compiled = jit.compile("forward", &none, &code)?;

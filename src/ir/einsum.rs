@@ -81,6 +81,61 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// The dims of a result that `spec` leaves implicit: for each entry of the result term, the
+/// extent its letter has in the arguments (`rhs_dims`, in order), or 1 where no argument gives
+/// the letter an extent other than 1. Used to give an intermediate tensor its dims
+/// ([`crate::ir::build`]).
+///
+/// # Errors
+///
+/// [`Error::Spec`] as [`projections`] for a malformed spec or a wrong number of arguments or
+/// axes, and when a result entry is not a plain letter (a digit, a static index or an affine
+/// entry: the result's extent there is not determined by the spec).
+pub fn result_dims(spec: &str, rhs_dims: &[&[usize]]) -> Result<Vec<usize>> {
+    let err = |msg: String| Error::Spec {
+        spec: spec.to_string(),
+        msg,
+    };
+    let (rhs_terms, lhs_term) = parse(spec)?;
+    if rhs_terms.len() != rhs_dims.len() {
+        return Err(err(format!(
+            "expected {} arguments, spec has {}",
+            rhs_dims.len(),
+            rhs_terms.len()
+        )));
+    }
+    for (k, (t, d)) in rhs_terms.iter().zip(rhs_dims).enumerate() {
+        if t.entries.len() != d.len() {
+            return Err(err(format!(
+                "term '{}' of {} has {} but its dims {d:?} have {}",
+                t.text,
+                Operand::Arg(k),
+                plural(t.entries.len(), "axis", "axes"),
+                d.len()
+            )));
+        }
+    }
+    lhs_term
+        .entries
+        .iter()
+        .map(|(entry, pos)| match entry {
+            Entry::Letter(c) => Ok(rhs_terms
+                .iter()
+                .zip(rhs_dims)
+                .flat_map(|(t, d)| t.entries.iter().zip(d.iter()))
+                .filter(|((e, _), &dim)| matches!(e, Entry::Letter(l) if l == c) && dim != 1)
+                .map(|(_, &dim)| dim)
+                .next()
+                .unwrap_or(1)),
+            _ => Err(err(format!(
+                "the result's entry at position {pos} (term '{}') is not a plain letter, so \
+                 the result's dims are not determined by the spec: give it a tensor",
+                lhs_term.text
+            ))),
+        })
+        .collect()
+}
+
 /// Builds projections from an einsum-style spec.
 ///
 /// `spec` is e.g. `"ij,jk->ik"` (binary) or `"ij->ji"` (unary); `lhs_dims` are the dims of the

@@ -2,6 +2,7 @@
 //! the operation table, and assignments.
 
 pub mod assignments;
+pub mod build;
 pub mod decisions;
 pub mod einsum;
 pub mod indexing;
