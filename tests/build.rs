@@ -33,7 +33,7 @@ fn softmax_of_a_dense_layer() {
         h.assign((&x * &w).sum("ij,jk->ik")).unwrap(),
         z.assign(relu((&h + &b).spec("ik,k->ik"))).unwrap(),
         m.assign(z.max_over("ik->i")).unwrap(),
-        e.assign(exp(&z - (&m).spec("i->ik"))).unwrap(),
+        e.assign(exp(&z - m.spec("i->ik"))).unwrap(),
         s.assign(e.sum("ik->i")).unwrap(),
         p.assign((&e / &s).spec("ik,i->ik")).unwrap(),
     ]);
@@ -81,7 +81,7 @@ fn accumulate_broadcast_nesting_and_every_operation() {
         t.accumulate(Binop::Add, (&a * &a).sum("ij,ij->i")).unwrap(),
         // q = a < 0 ? a * 10 : max(a, 2)
         q.assign(select(
-            Binop::Lt.of(&a, &input("zero", &[1, 1], Prec::Single, &[0.])),
+            Binop::Lt.of(&a, input("zero", &[1, 1], Prec::Single, &[0.])),
             &a * &r,
             Binop::Max.of(&a, &a),
         ))

@@ -14,9 +14,9 @@
 //! let m = Tnode::new(&["m"], &[4], Prec::Single)?;
 //! let code = Assignments::seq([
 //!     h.assign((&x * &w).sum("ij,jk->ik"))?,       // h = x @ w
-//!     y.assign(relu(&h + (&b).spec("k->ik")))?,     // y = relu(h + b), b broadcast
+//!     y.assign(relu(&h + b.spec("k->ik")))?,     // y = relu(h + b), b broadcast
 //!     m.assign(y.max_over("ik->i"))?,                // m = the row maxima of y
-//!     y.assign(exp(&y - (&m).spec("i->ik")))?,      // y = exp(y - m)
+//!     y.assign(exp(&y - m.spec("i->ik")))?,      // y = exp(y - m)
 //! ]);
 //! # let _ = code;
 //! # Ok(())
@@ -35,7 +35,7 @@
 //!   missing from the result, starting from the neutral element.
 //! - An argument that is itself an expression becomes an intermediate tensor of its own
 //!   (dims from the spec, precision from its arguments), which the optimizer inlines when it
-//!   can (a virtual node): `exp(&y - (&m).spec("i->ik"))` computes `y - m` per element inside
+//!   can (a virtual node): `exp(&y - m.spec("i->ik"))` computes `y - m` per element inside
 //!   the loop of `exp`.
 //! - [`Tnode::assign`] overwrites the result (`y = e`); [`Tnode::accumulate`] combines it
 //!   with its old value (`y = y + e` with [`Binop::Add`]).
@@ -378,7 +378,7 @@ impl Ternop {
 }
 
 impl Tnode {
-    /// This tensor mapped onto a result by `spec` (`(&b).spec("k->ik")` broadcasts `b` over
+    /// This tensor mapped onto a result by `spec` (`b.spec("k->ik")` broadcasts `b` over
     /// `i`), as an argument of an operation.
     pub fn spec(&self, spec: &str) -> Expr {
         Expr::from(self).spec(spec)
