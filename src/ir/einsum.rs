@@ -81,6 +81,34 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// Checks that the spec has one term per argument (`terms` of `args`) and that every
+/// operand's term has one entry per axis.
+fn check_operands(
+    spec: &str,
+    terms: usize,
+    args: usize,
+    operands: &[(Operand, &Term, &[usize])],
+) -> Result<()> {
+    let err = |msg: String| Error::Spec {
+        spec: spec.to_string(),
+        msg,
+    };
+    if terms != args {
+        return Err(err(format!("expected {args} arguments, spec has {terms}")));
+    }
+    for &(operand, term, dims) in operands {
+        if term.entries.len() != dims.len() {
+            return Err(err(format!(
+                "term '{}' of {operand} has {} but its dims {dims:?} have {}",
+                term.text,
+                plural(term.entries.len(), "axis", "axes"),
+                dims.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The dims of a result that `spec` leaves implicit: for each entry of the result term, the
 /// extent its letter has in the arguments (`rhs_dims`, in order), or 1 where no argument gives
 /// the letter an extent other than 1. Used to give an intermediate tensor its dims
@@ -97,24 +125,13 @@ pub fn result_dims(spec: &str, rhs_dims: &[&[usize]]) -> Result<Vec<usize>> {
         msg,
     };
     let (rhs_terms, lhs_term) = parse(spec)?;
-    if rhs_terms.len() != rhs_dims.len() {
-        return Err(err(format!(
-            "expected {} arguments, spec has {}",
-            rhs_dims.len(),
-            rhs_terms.len()
-        )));
-    }
-    for (k, (t, d)) in rhs_terms.iter().zip(rhs_dims).enumerate() {
-        if t.entries.len() != d.len() {
-            return Err(err(format!(
-                "term '{}' of {} has {} but its dims {d:?} have {}",
-                t.text,
-                Operand::Arg(k),
-                plural(t.entries.len(), "axis", "axes"),
-                d.len()
-            )));
-        }
-    }
+    let operands: Vec<(Operand, &Term, &[usize])> = rhs_terms
+        .iter()
+        .zip(rhs_dims)
+        .enumerate()
+        .map(|(k, (t, d))| (Operand::Arg(k), t, *d))
+        .collect();
+    check_operands(spec, rhs_terms.len(), rhs_dims.len(), &operands)?;
     lhs_term
         .entries
         .iter()
@@ -181,15 +198,6 @@ pub fn projections(
         msg,
     };
     let (rhs_terms, lhs_term) = parse(spec)?;
-
-    if rhs_terms.len() != rhs_dims.len() {
-        return Err(err(format!(
-            "expected {} arguments, spec has {}",
-            rhs_dims.len(),
-            rhs_terms.len()
-        )));
-    }
-
     // Every operand with its term and dims: the arguments in order, then the result.
     let operands: Vec<(Operand, &Term, &[usize])> = rhs_terms
         .iter()
@@ -198,17 +206,7 @@ pub fn projections(
         .map(|(k, (t, d))| (Operand::Arg(k), t, *d))
         .chain(std::iter::once((Operand::Result, &lhs_term, lhs_dims)))
         .collect();
-
-    for &(operand, term, dims) in &operands {
-        if term.entries.len() != dims.len() {
-            return Err(err(format!(
-                "term '{}' of {operand} has {} but its dims {dims:?} have {}",
-                term.text,
-                plural(term.entries.len(), "axis", "axes"),
-                dims.len()
-            )));
-        }
-    }
+    check_operands(spec, rhs_terms.len(), rhs_dims.len(), &operands)?;
 
     // Validate entries and find every letter's extent.
     let mut extents: Vec<(char, Option<Extent>)> = vec![];
