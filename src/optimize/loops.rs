@@ -69,8 +69,10 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
                     Some(Llc::ZeroOut(t)) => Some(t.clone()),
                     _ => None,
                 };
+                let small = super::taps::reduction_points(&c)
+                    .is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
                 let c = match (target, &c) {
-                    (Some(t), Llc::For { .. }) => {
+                    (Some(t), Llc::For { .. }) if !small => {
                         match super::gemm::rewrite(c, t, zero_filled.as_ref()) {
                             Ok(k) => {
                                 if k.folded_zero_fill {
@@ -79,6 +81,26 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
                                 out.locals.extend(k.locals);
                                 out.written_first.extend(k.written_first);
                                 stmts.push(k.code);
+                                for r in k.rest {
+                                    stmts.push(pass(r, target, out));
+                                }
+                                continue;
+                            }
+                            Err(c) => c,
+                        }
+                    }
+                    _ => c,
+                };
+                // A tap kernel (depthwise convolutions, pooling) may fold the fill before it.
+                let c = match (target, &c) {
+                    (Some(t), Llc::For { .. }) => {
+                        let fill = stmts.last().and_then(super::taps::fill_of);
+                        match tap_kernel(c, t, fill, out) {
+                            Ok((k, folded)) => {
+                                if folded {
+                                    stmts.pop();
+                                }
+                                stmts.push(k);
                                 continue;
                             }
                             Err(c) => c,
@@ -91,13 +113,29 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
             Llc::Seq(stmts)
         }
         c @ Llc::For { .. } => {
+            let small = super::taps::reduction_points(&c)
+                .is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
             let c = match target {
-                Some(t) => match super::gemm::rewrite(c, t, None) {
+                Some(t) if !small => match super::gemm::rewrite(c, t, None) {
                     Ok(k) => {
                         out.locals.extend(k.locals);
                         out.written_first.extend(k.written_first);
-                        return k.code;
+                        if k.rest.is_empty() {
+                            return k.code;
+                        }
+                        let mut stmts = vec![k.code];
+                        for r in k.rest {
+                            stmts.push(pass(r, target, out));
+                        }
+                        return Llc::Seq(stmts);
                     }
+                    Err(c) => c,
+                },
+                _ => c,
+            };
+            let c = match target {
+                Some(t) => match tap_kernel(c, t, None, out) {
+                    Ok((k, _)) => return k,
                     Err(c) => c,
                 },
                 None => c,
@@ -106,6 +144,22 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
         }
         c => c,
     }
+}
+
+/// A tap kernel ([`super::taps`]) for a nest, with the parts it leaves to the scalar code
+/// through the scalar passes; with whether it folded `fill`.
+fn tap_kernel(
+    c: Llc,
+    target: &VectorTarget,
+    fill: Option<(Tnode, f64)>,
+    out: &mut LoopResult,
+) -> Result<(Llc, bool), Llc> {
+    let k = super::taps::rewrite(c, target, fill)?;
+    let mut stmts = vec![k.code];
+    for r in k.rest {
+        stmts.push(pass(r, Some(target), out));
+    }
+    Ok((Llc::Seq(stmts), k.folded_fill))
 }
 
 struct Loop {
