@@ -758,6 +758,7 @@ fn affine_reference(
     }
     let init = match accum {
         Binop::Max => f64::NEG_INFINITY,
+        Binop::Min => f64::INFINITY,
         _ => 0.0,
     };
     let mut out = vec![init; cd.iter().product()];
@@ -794,8 +795,10 @@ fn affine_reference(
         };
         out[co] = match accum {
             Binop::Add => out[co] + v,
-            // IEEE maximumNumber: a NaN operand is ignored (no -0 in these inputs).
+            // IEEE maximumNumber and minimumNumber: a NaN operand is ignored (no -0 in these
+            // inputs).
             Binop::Max => out[co].max(v),
+            Binop::Min => out[co].min(v),
             _ => unreachable!(),
         };
     }
@@ -814,9 +817,19 @@ struct TapCase {
     op: Binop,
     poison: Vec<(usize, f64)>,
     kernel: &'static str,
+    /// The precision of every tensor.
+    prec: Prec,
+    /// Cells of `x` set to NaN.
+    x_nan: Vec<usize>,
 }
 
-fn tap_case(spec: &'static str, xd: &[usize], wd: &[usize], yd: &[usize], kernel: &'static str) -> TapCase {
+fn tap_case(
+    spec: &'static str,
+    xd: &[usize],
+    wd: &[usize],
+    yd: &[usize],
+    kernel: &'static str,
+) -> TapCase {
     TapCase {
         spec,
         xd: xd.to_vec(),
@@ -826,6 +839,8 @@ fn tap_case(spec: &'static str, xd: &[usize], wd: &[usize], yd: &[usize], kernel
         op: Binop::Mul,
         poison: vec![],
         kernel,
+        prec: Prec::Single,
+        x_nan: vec![],
     }
 }
 
@@ -833,7 +848,10 @@ fn tap_case(spec: &'static str, xd: &[usize], wd: &[usize], yd: &[usize], kernel
 /// AVX-512 target and for SSE2 (other blockings), each compared exactly (NaN equal to NaN)
 /// with [`affine_reference`]; the C must name the kernel.
 fn check_tap_case(c: &TapCase) {
-    let xv = values(c.xd.iter().product(), 11);
+    let mut xv = values(c.xd.iter().product(), 11);
+    for &at in &c.x_nan {
+        xv[at] = f64::NAN;
+    }
     let mut wv = values(c.wd.iter().product(), 12);
     for &(at, v) in &c.poison {
         wv[at] = v;
@@ -844,9 +862,9 @@ fn check_tap_case(c: &TapCase) {
         assert!(want.iter().any(|v| v.is_finite()) && want.iter().any(|v| !v.is_finite()));
     }
     let make = || {
-        let x = input("x", &c.xd, Prec::Single, &xv);
-        let w = input("w", &c.wd, Prec::Single, &wv);
-        let y = output("y", &c.yd, Prec::Single);
+        let x = input("x", &c.xd, c.prec, &xv);
+        let w = input("w", &c.wd, c.prec, &wv);
+        let y = output("y", &c.yd, c.prec);
         let asg = Assignments::AccumBinop {
             initialize_neutral: true,
             accum: c.accum,
@@ -981,8 +999,33 @@ fn depthwise_convolutions_and_pooling_use_the_tap_kernels_exactly() {
             )
         },
     ];
-    // NaN inputs in a max-pool are ignored (maximumNumber), as the scalar code does.
+    // Doubles (4 lanes on AVX2, 8 on AVX-512), and a min-pool with padding.
     cases.push(TapCase {
+        prec: Prec::Double,
+        poison: vec![(w3(0, 2, 1, 21), f64::NAN)],
+        ..tap_case(
+            "b(h+i-1)(v+j-1)c,ijc->bhvc",
+            &[1, 4, 13, 21],
+            &[3, 3, 21],
+            &[1, 4, 13, 21],
+            tap,
+        )
+    });
+    cases.push(TapCase {
+        accum: Binop::Min,
+        op: Binop::Arg1,
+        ..tap_case(
+            "b(h+i-1)(v+j-1)c,ij->bhvc",
+            &[1, 5, 12, 17],
+            &[3, 3],
+            &[1, 5, 12, 17],
+            tap,
+        )
+    });
+    // NaN inputs in a max-pool are ignored (maximumNumber), as the scalar code does: the
+    // window of output (0, 0, channel 0) is all NaN (its maximum is the fill, -inf).
+    cases.push(TapCase {
+        x_nan: vec![0, 32, 256, 288, 3, 5 * 32 + 7],
         accum: Binop::Max,
         op: Binop::Arg1,
         ..tap_case(
@@ -1034,7 +1077,13 @@ fn one_dimensional_convolutions_use_the_kernels_exactly() {
         // 33 taps: a GEMM over the rows where every tap is in range.
         TapCase {
             poison: vec![(0, f64::INFINITY), (32 * 36 + 7, f64::NAN)],
-            ..tap_case("b(o+k-16),kd->bod", &[2, 100], &[33, 36], &[2, 100, 36], gemm)
+            ..tap_case(
+                "b(o+k-16),kd->bod",
+                &[2, 100],
+                &[33, 36],
+                &[2, 100, 36],
+                gemm,
+            )
         },
         TapCase {
             poison: vec![(0, f64::INFINITY), (2 * 32 * 40 + 5, f64::NAN)],
@@ -1056,5 +1105,136 @@ fn one_dimensional_convolutions_use_the_kernels_exactly() {
     ];
     for c in &cases {
         check_tap_case(c);
+    }
+}
+
+/// Tap kernels through SSE2, AVX2 (+FMA) and AVX-512 code (this machine runs all three),
+/// spelled with intrinsics and with vector extensions: a single-precision depthwise
+/// convolution and a double-precision max-pool with padding (`AJ_VMAX` on each vector type).
+#[test]
+fn tap_kernels_on_every_x86_instruction_set_compute_the_same() {
+    let (xd, wd, yd) = ([1usize, 6, 21, 27], [3usize, 3, 27], [1usize, 6, 21, 27]);
+    let (pd, kd) = ([1usize, 9, 14, 13], [3usize, 3]);
+    let md = [1usize, 5, 7, 13];
+    let (x, w, p) = (
+        values(xd.iter().product(), 3),
+        values(wd.iter().product(), 4),
+        values(pd.iter().product(), 5),
+    );
+    let (dw, pool) = (
+        "b(h+i-1)(v+j-1)c,ijc->bhvc",
+        "b(2*h+i-1)(2*v+j-1)c,ij->bhvc",
+    );
+    let want_y = affine_reference(dw, &xd, &x, &wd, &w, &yd, Binop::Add, Binop::Mul);
+    let want_m = affine_reference(pool, &pd, &p, &kd, &[0.0; 9], &md, Binop::Max, Binop::Arg1);
+    let prog = json!({
+        "tensors": [
+            {"name": "x", "dims": xd, "init": {"values": x}},
+            {"name": "w", "dims": wd, "init": {"values": w}},
+            {"name": "y", "dims": yd},
+            {"name": "p", "dims": pd, "prec": "double", "init": {"values": p}},
+            {"name": "k", "dims": kd, "prec": "double", "init": {"values": vec![0.0; 9]}},
+            {"name": "m", "dims": md, "prec": "double"}
+        ],
+        "routines": [{"name": "r", "code": [
+            {"assign": "y", "accum": "add", "init_neutral": true, "op": "mul",
+             "args": ["x", "w"], "logic": dw},
+            {"assign": "m", "accum": "max", "init_neutral": true, "op": "arg1",
+             "args": ["p", "k"], "logic": pool}]}],
+        "run": [{"routine": "r"}],
+        "print": ["y", "m"]
+    });
+    for (arch, intrinsics) in [
+        ("-march=x86-64", true),
+        ("-march=x86-64-v3", true),
+        ("-march=native", true),
+        ("-march=x86-64", false),
+        ("-march=x86-64-v3", false),
+        ("-march=native", false),
+    ] {
+        let got = run_cli(&prog, arch, intrinsics, "");
+        for (name, want, single) in [("y", &want_y, true), ("m", &want_m, false)] {
+            let got: Vec<f64> = got[name]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .map(|v| if single { v as f32 as f64 } else { v })
+                .collect();
+            assert_eq!(&got, want, "{name}: {arch} intrinsics {intrinsics}");
+        }
+    }
+}
+
+/// Tap kernels for NEON (intrinsics and vector extensions) compile to vector multiply-adds
+/// and, for max-pooling, to vector compares (the lane-wise maximumNumber of `AJ_VMAX`); checked
+/// in the assembly of a cross compiler, as for the GEMM kernels.
+#[test]
+fn neon_tap_kernels_compile_to_vector_code() {
+    let cc = "aarch64-linux-gnu-gcc";
+    if !installed(cc) {
+        assert!(
+            std::env::var_os("ARRAYJIT_REQUIRE_CROSS").is_none(),
+            "{cc} is required (ARRAYJIT_REQUIRE_CROSS is set)"
+        );
+        eprintln!("note: {cc} is not installed; the NEON assembly check did not run");
+        return;
+    }
+    for intrinsics in [true, false] {
+        let neon = VectorTarget {
+            isa: Isa::Neon,
+            vector_bytes: 16,
+            registers: 32,
+            fma: true,
+            bf16_dot: false,
+            l1d_bytes: 64 << 10,
+            l2_bytes: 1 << 20,
+            intrinsics,
+        };
+        for (accum, op, spec, wd, want) in [
+            (
+                Binop::Add,
+                Binop::Mul,
+                "b(h+i-1)(v+j-1)c,ijc->bhvc",
+                vec![3usize, 3, 32],
+                "fmla",
+            ),
+            (
+                Binop::Max,
+                Binop::Arg1,
+                "b(h+i-1)(v+j-1)c,ij->bhvc",
+                vec![3usize, 3],
+                "fcmgt",
+            ),
+        ] {
+            let xd = [1usize, 6, 20, 32];
+            let x = input("x", &xd, Prec::Single, &values(xd.iter().product(), 1));
+            let w = input("w", &wd, Prec::Single, &values(wd.iter().product(), 2));
+            let y = output("y", &xd, Prec::Single);
+            let asg = Assignments::AccumBinop {
+                initialize_neutral: true,
+                accum,
+                op,
+                lhs: y,
+                rhs1: Buffer::Node(x),
+                rhs2: Buffer::Node(w),
+                projections: projections(spec, &xd, &[&xd, &wd], &Bindings::empty()).unwrap(),
+            };
+            let settings = Settings {
+                target: Some(neon),
+                ..Settings::default()
+            };
+            let o = optimize::optimize("taps", arrayjit::lower::lower(&asg).unwrap(), &settings)
+                .unwrap();
+            let (src, _) =
+                arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &neon).unwrap();
+            assert!(src.contains("tap kernel for y"), "{src}");
+            let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+            let found = asm.lines().any(|l| l.contains(want) && l.contains(".4s"));
+            assert!(
+                found,
+                "{spec} intrinsics {intrinsics}: no vector {want}\n{asm}"
+            );
+        }
     }
 }

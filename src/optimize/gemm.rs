@@ -51,7 +51,12 @@
 //!   unrolled, one kernel per value (at most 32), each over exactly the rows
 //!   where its guards hold (an affine guard holds on a contiguous range of rows). The kernels
 //!   share the packed buffers;
-//! - a guard mentioning the columns or the reduction declines the rewrite.
+//! - a guard mentioning the rows and the reduction (`o+k-1` of a 1-D convolution whose
+//!   reduction is the window) may mention nothing else: the kernel runs over the *interior*
+//!   rows, where the guard holds for every step of the reduction (so it needs no guard), and
+//!   the rows before and after are left to the scalar passes as the guarded nest restricted to
+//!   them ([`Kernel::rest`]);
+//! - any other guard mentioning the columns or the reduction declines the rewrite.
 //!
 //! When the whole of `y` is packed at once (one reduction block, one run of panels), the outer
 //! loops that do not move `y` (a convolution's output rows, a batch over `x` only) are moved
@@ -401,10 +406,7 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
         if ix.coef(kr.index) != 0 {
             // The rows and the reduction only: the rows are split (see `rewrite`).
             if ix.coef(mr.index) == 0
-                || ix
-                    .symbols()
-                    .iter()
-                    .any(|&s| s != mr.index && s != kr.index)
+                || ix.symbols().iter().any(|&s| s != mr.index && s != kr.index)
             {
                 return None;
             }

@@ -48,7 +48,9 @@ pub struct LoopResult {
 }
 
 /// Runs the loop-nest passes. With a vector target, contractions become GEMM kernels
-/// ([`super::gemm`]) first.
+/// ([`super::gemm`]) first, and accumulations over a few taps that are pointwise along a
+/// contiguous axis (depthwise convolutions, pooling) tap kernels ([`super::taps`]); a
+/// reduction of at most [`super::taps::TAPS_BEFORE_GEMM`] points tries the tap kernel first.
 pub fn optimize_loops(code: Llc, target: Option<&VectorTarget>) -> LoopResult {
     let mut out = LoopResult {
         code: Llc::Noop,

@@ -272,13 +272,17 @@ fn vreg(ty: VType) -> VReg {
 
 fn subst_idcs(idcs: &[AxisIndex], subs: &[(Symbol, AxisIndex)]) -> Option<Vec<AxisIndex>> {
     idcs.iter()
-        .map(|&ix| subs.iter().try_fold(ix, |ix, &(s, by)| ix.substitute(s, by)))
+        .map(|&ix| {
+            subs.iter()
+                .try_fold(ix, |ix, &(s, by)| ix.substitute(s, by))
+        })
         .collect()
 }
 
 fn subst_all(c: &Llc, subs: &[(Symbol, AxisIndex)]) -> Option<Llc> {
     crate::loops::map_indices(c, &mut |ix| {
-        subs.iter().try_fold(ix, |ix, &(s, by)| ix.substitute(s, by))
+        subs.iter()
+            .try_fold(ix, |ix, &(s, by)| ix.substitute(s, by))
     })
 }
 
@@ -389,7 +393,12 @@ struct Shape<'a> {
 
 fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Option<Taps> {
     let (loops, guards, body) = nest_parts(nest);
-    let Llc::Set { tn: c, idcs: pc, value } = body else {
+    let Llc::Set {
+        tn: c,
+        idcs: pc,
+        value,
+    } = body
+    else {
         return None;
     };
     if !matches!(c.prec(), Prec::Single | Prec::Double) || loops.len() < 2 {
@@ -444,7 +453,11 @@ fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Optio
     if !contiguous || !vectorizable(e, ch.index) {
         return None;
     }
-    let taps: Vec<Loop> = loops.iter().filter(|l| !written(l.index)).copied().collect();
+    let taps: Vec<Loop> = loops
+        .iter()
+        .filter(|l| !written(l.index))
+        .copied()
+        .collect();
     let points = taps
         .iter()
         .try_fold(1i64, |a, t| a.checked_mul(t.extent()))?;
@@ -495,8 +508,7 @@ fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Optio
             });
             reuse
                 && rest_guards.iter().all(|(ix, _)| {
-                    ix.coef(l.index) == 0
-                        || ix.symbols().iter().all(|&s| s == l.index || is_tap(s))
+                    ix.coef(l.index) == 0 || ix.symbols().iter().all(|&s| s == l.index || is_tap(s))
                 })
         })
         .copied();
@@ -674,9 +686,8 @@ impl Shape<'_> {
         }
         if rem > 0 {
             let start = from + blocks * p;
-            let px: Vec<(Symbol, AxisIndex)> = (0..rem)
-                .map(|k| (v, AxisIndex::Fixed(start + k)))
-                .collect();
+            let px: Vec<(Symbol, AxisIndex)> =
+                (0..rem).map(|k| (v, AxisIndex::Fixed(start + k))).collect();
             out.push(self.channels(&px, guards, border)?);
         }
         Some(Llc::Seq(out))
