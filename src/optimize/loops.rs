@@ -66,48 +66,18 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
         Llc::Seq(v) => {
             let mut stmts: Vec<Llc> = Vec::with_capacity(v.len());
             for c in v {
-                // A zero fill just before a contraction may be folded into its kernel.
-                let zero_filled = match stmts.last() {
-                    Some(Llc::ZeroOut(t)) => Some(t.clone()),
-                    _ => None,
-                };
-                let small = super::taps::reduction_points(&c)
-                    .is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
+                // A fill just before a kernel's nest may be folded into the kernel.
                 let c = match (target, &c) {
-                    (Some(t), Llc::For { .. }) if !small => {
-                        match super::gemm::rewrite(c, t, zero_filled.as_ref()) {
-                            Ok(k) => {
-                                if k.folded_zero_fill {
-                                    stmts.pop();
-                                }
-                                out.locals.extend(k.locals);
-                                out.written_first.extend(k.written_first);
-                                stmts.push(k.code);
-                                for r in k.rest {
-                                    stmts.push(pass(r, target, out));
-                                }
-                                continue;
+                    (Some(t), Llc::For { .. }) => match kernel(c, t, stmts.last(), out) {
+                        Ok((k, folded)) => {
+                            if folded {
+                                stmts.pop();
                             }
-                            Err(c) => c,
+                            stmts.push(k);
+                            continue;
                         }
-                    }
-                    _ => c,
-                };
-                // A tap kernel (depthwise convolutions, pooling) may fold the fill before it.
-                let c = match (target, &c) {
-                    (Some(t), Llc::For { .. }) => {
-                        let fill = stmts.last().and_then(super::taps::fill_of);
-                        match tap_kernel(c, t, fill, out) {
-                            Ok((k, folded)) => {
-                                if folded {
-                                    stmts.pop();
-                                }
-                                stmts.push(k);
-                                continue;
-                            }
-                            Err(c) => c,
-                        }
-                    }
+                        Err(c) => c,
+                    },
                     _ => c,
                 };
                 stmts.push(pass(c, target, out));
@@ -115,28 +85,8 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
             Llc::Seq(stmts)
         }
         c @ Llc::For { .. } => {
-            let small = super::taps::reduction_points(&c)
-                .is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
             let c = match target {
-                Some(t) if !small => match super::gemm::rewrite(c, t, None) {
-                    Ok(k) => {
-                        out.locals.extend(k.locals);
-                        out.written_first.extend(k.written_first);
-                        if k.rest.is_empty() {
-                            return k.code;
-                        }
-                        let mut stmts = vec![k.code];
-                        for r in k.rest {
-                            stmts.push(pass(r, target, out));
-                        }
-                        return Llc::Seq(stmts);
-                    }
-                    Err(c) => c,
-                },
-                _ => c,
-            };
-            let c = match target {
-                Some(t) => match tap_kernel(c, t, None, out) {
+                Some(t) => match kernel(c, t, None, out) {
                     Ok((k, _)) => return k,
                     Err(c) => c,
                 },
@@ -145,6 +95,53 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
             vectorize_reduction(tile_contraction(interchange(c)), &mut out.locals)
         }
         c => c,
+    }
+}
+
+/// The nest as a GEMM kernel or a tap kernel, tried in that order except for reductions of at
+/// most [`super::taps::TAPS_BEFORE_GEMM`] points; with whether the kernel folded the fill
+/// `before` it (the statement just before the nest).
+fn kernel(
+    c: Llc,
+    t: &VectorTarget,
+    before: Option<&Llc>,
+    out: &mut LoopResult,
+) -> Result<(Llc, bool), Llc> {
+    let small =
+        super::taps::reduction_points(&c).is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
+    let fill = before.and_then(super::taps::fill_of);
+    let zero_filled = match before {
+        Some(Llc::ZeroOut(z)) => Some(z.clone()),
+        _ => None,
+    };
+    let gemm = |c: Llc, out: &mut LoopResult| match super::gemm::rewrite(c, t, zero_filled.as_ref())
+    {
+        Ok(k) => {
+            out.locals.extend(k.locals);
+            out.written_first.extend(k.written_first);
+            if k.rest.is_empty() {
+                return Ok((k.code, k.folded_zero_fill));
+            }
+            let mut stmts = vec![k.code];
+            for r in k.rest {
+                stmts.push(pass(r, Some(t), out));
+            }
+            Ok((Llc::Seq(stmts), k.folded_zero_fill))
+        }
+        Err(c) => Err(c),
+    };
+    if small {
+        let c = match tap_kernel(c, t, fill, out) {
+            Ok(k) => return Ok(k),
+            Err(c) => c,
+        };
+        gemm(c, out)
+    } else {
+        let c = match gemm(c, out) {
+            Ok(k) => return Ok(k),
+            Err(c) => c,
+        };
+        tap_kernel(c, t, fill, out)
     }
 }
 
