@@ -106,6 +106,8 @@ pub struct Coverage {
     pub reduction_cases: usize,
     pub reductions: usize,
     pub reductions_inexact: usize,
+    /// Per window layout (depthwise, pooling): generated, computed by a tap kernel.
+    pub windows: BTreeMap<&'static str, (usize, usize)>,
     /// Cases with tap kernels, and how many.
     pub tap_cases: usize,
     pub taps: usize,
@@ -166,7 +168,12 @@ impl Coverage {
         for b in &p.big {
             let name = &p.tensors[b.lhs].name;
             let gemm = paths.kernels.iter().any(|k| &k.result == name);
-            if b.kind != "long reduction" {
+            if b.kind == "window" {
+                let e = self.windows.entry(b.layout).or_default();
+                e.0 += 1;
+                e.1 += usize::from(paths.taps.contains(name));
+            }
+            if !matches!(b.kind, "long reduction" | "window") {
                 let e = self.layouts.entry(b.layout).or_default();
                 e.0 += 1;
                 e.1 += usize::from(gemm);
@@ -181,7 +188,7 @@ impl Coverage {
             if !gemm && !paths.reductions.contains(name) && !paths.taps.contains(name) {
                 self.big_scalar += 1;
             }
-            if b.kind != "long reduction" && !gemm {
+            if !matches!(b.kind, "long reduction" | "window") && !gemm {
                 let why = why_not_gemm(p, b, inlined);
                 let e = self.not_gemm.entry(why).or_default();
                 e.0 += 1;
@@ -229,6 +236,11 @@ impl Coverage {
         self.reduction_cases += o.reduction_cases;
         self.reductions += o.reductions;
         self.reductions_inexact += o.reductions_inexact;
+        for (k, (a, b)) in o.windows {
+            let e = self.windows.entry(k).or_default();
+            e.0 += a;
+            e.1 += b;
+        }
         self.tap_cases += o.tap_cases;
         self.taps += o.taps;
         self.big_scalar += o.big_scalar;
@@ -246,8 +258,13 @@ impl Coverage {
             .iter()
             .map(|(k, (g, h))| format!("{k} {h}/{g}"))
             .collect();
+        let windows: Vec<String> = self
+            .windows
+            .iter()
+            .map(|(k, (g, h))| format!("{k} {h}/{g}"))
+            .collect();
         format!(
-            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); tap kernels in {} cases: {}; large statements computed by no kernel: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
+            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); tap kernels in {} cases: {} (windows by tap kernel/generated: {}); large statements computed by no kernel: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
             self.big,
             self.gemm_cases,
             self.kernels,
@@ -262,6 +279,7 @@ impl Coverage {
             self.reductions_inexact,
             self.tap_cases,
             self.taps,
+            windows.join(", "),
             self.big_scalar,
             layouts.join(", "),
             self.not_gemm
