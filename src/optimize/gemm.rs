@@ -573,7 +573,8 @@ fn local(label: &[&str], dims: &[usize], prec: Prec, locals: &mut Vec<Tnode>) ->
     Some(t)
 }
 
-fn vreg(ty: VType) -> VReg {
+/// A fresh vector variable (unique in the process, so in every C function).
+pub(super) fn vreg(ty: VType) -> VReg {
     VReg {
         id: NEXT_VREG.fetch_add(1, Ordering::Relaxed),
         ty,

@@ -34,13 +34,19 @@
 //! taps (`h+i-1`) sit inside the tap loops, at the innermost loop they mention, or around the
 //! block when they mention no tap. No skipped point is read or computed.
 //!
+//! **The fill.** When the statement just before the nest fills the result with a constant
+//! (`init_neutral`: zeros, `-inf` for max) and the nest writes every cell, the accumulators
+//! start from the constant instead of being loaded, and the fill is dropped
+//! ([`Taps::folded_fill`]): exactly the values the fill and the loads would give, with the
+//! result written once. Guards that skip whole blocks then sit inside the block (it still
+//! stores the constant), and the channels left to the scalar nest get their own fill first.
+//!
 //! Only single- and double-precision results are rewritten (half and byte results round at
 //! every step in the scalar code, which vectors of the compute type would not).
 
 use crate::ir::{AxisIndex, Binop, Prec, Symbol, Tnode};
 use crate::loops::{visit_value, visit_value_indices, Llc, Llv, VReg, VType, Vlv};
 use crate::target::VectorTarget;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The most tap points (the product of the tap loops' extents) a kernel runs per block: the
 /// operands of one block stay in cache for windows up to this size; longer reductions are
@@ -65,9 +71,6 @@ pub fn reduction_points(c: &Llc) -> Option<i64> {
         .filter(|l| !idcs.contains(&AxisIndex::Iterator(l.index)))
         .try_fold(1i64, |a, l| a.checked_mul(l.extent().max(0)))
 }
-
-/// Vector variable ids, apart from the GEMM kernels' (distinct names in one C function).
-static NEXT_VREG: AtomicU32 = AtomicU32::new(1 << 30);
 
 /// A tap nest rewritten as a kernel.
 pub struct Taps {
@@ -263,11 +266,10 @@ pub(super) fn interior_range(
     Some((lo, hi))
 }
 
+/// A fresh vector variable (numbered with the GEMM kernels' ones: distinct names in one C
+/// function).
 fn vreg(ty: VType) -> VReg {
-    VReg {
-        id: NEXT_VREG.fetch_add(1, Ordering::Relaxed),
-        ty,
-    }
+    super::gemm::vreg(ty)
 }
 
 fn subst_idcs(idcs: &[AxisIndex], subs: &[(Symbol, AxisIndex)]) -> Option<Vec<AxisIndex>> {
