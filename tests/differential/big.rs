@@ -576,12 +576,12 @@ impl Gen {
             Self::window_entry('h', 'i', (sh, dh, ph)),
             Self::window_entry('v', 'j', (sw, dw, pw))
         );
-        let terms = vec![
+        let terms = [
             x_term,
             if pool { "ij" } else { "ijc" }.to_string(),
             "bhvc".to_string(),
         ];
-        let dims = vec![
+        let dims = [
             vec![batch, h, w, c],
             if pool { vec![kh, kw] } else { vec![kh, kw, c] },
             vec![batch, oh, ow, c],
@@ -589,7 +589,7 @@ impl Gen {
         let q = (SUM_BUDGET / (kh * kw) as f64).sqrt().min(4.0);
         let prec = self.result_prec();
         // Mostly inputs of the result's precision (the tap kernels' case).
-        let mut arg = |g: &mut Self, d: &[usize]| {
+        let arg = |g: &mut Self, d: &[usize]| {
             if g.rng.chance(60) {
                 let values = g.scaled_values(prec, d.iter().product(), q);
                 g.new_tensor(Kind::Input, d.to_vec(), prec, values)
@@ -607,7 +607,7 @@ impl Gen {
             (Binop::Mul, vec![Binop::Add, Binop::Add, Binop::Sub])
         };
         self.rng.shuffle(&mut accums);
-        for attempt in 0..3 {
+        for (attempt, &accum) in accums.iter().enumerate() {
             let n0 = self.p.tensors.len();
             let prec = if attempt == 0 {
                 prec
@@ -618,7 +618,7 @@ impl Gen {
             let shape = self.shape_of(&logic, &dims[2], &dims[..2]);
             let stmt = Stmt::Accum {
                 lhs,
-                accum: accums[attempt],
+                accum,
                 init: self.rng.chance(80),
                 op: Op::Bin(op),
                 args: args.clone(),
