@@ -450,6 +450,27 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
 #define AJ_SHUFFLE(T, M, a, b, ...) ((T)__builtin_shuffle((a), (b), (M){__VA_ARGS__}))
 #endif
 
+/* AJ_VMAX(a, b), AJ_VMIN(a, b): aj_max_f/aj_min_f (and the double ones) lane by lane on
+   GCC/Clang vectors of floats or doubles (intrinsics' types included): a NaN operand is
+   ignored (two NaNs give a), +0 is larger than -0, equal operands are merged bitwise. The
+   comparisons give lanes of all ones or zeros of the same width; the casts reinterpret bits. */
+#define AJ_VMAX(a, b)                                                                          \
+  __extension__({                                                                              \
+    __typeof__(a) aj_vx = (a), aj_vy = (b);                                                    \
+    __typeof__(aj_vx > aj_vy) aj_ia = (__typeof__(aj_vx > aj_vy))aj_vx,                        \
+                              aj_ib = (__typeof__(aj_vx > aj_vy))aj_vy,                        \
+                              aj_ta = (aj_vx > aj_vy) | (aj_vy != aj_vy), aj_eq = aj_vx == aj_vy; \
+    (__typeof__(aj_vx))((aj_ia & aj_ta) | (aj_ib & ~(aj_ta | aj_eq)) | (aj_ia & aj_ib & aj_eq)); \
+  })
+#define AJ_VMIN(a, b)                                                                          \
+  __extension__({                                                                              \
+    __typeof__(a) aj_vx = (a), aj_vy = (b);                                                    \
+    __typeof__(aj_vx > aj_vy) aj_ia = (__typeof__(aj_vx > aj_vy))aj_vx,                        \
+                              aj_ib = (__typeof__(aj_vx > aj_vy))aj_vy,                        \
+                              aj_ta = (aj_vx < aj_vy) | (aj_vy != aj_vy), aj_eq = aj_vx == aj_vy; \
+    (__typeof__(aj_vx))((aj_ia & aj_ta) | (aj_ib & ~(aj_ta | aj_eq)) | ((aj_ia | aj_ib) & aj_eq)); \
+  })
+
 /* Local arrays larger than this many bytes are allocated on the heap, not the stack. */
 #define AJ_MAX_STACK_BYTES 16384
 

@@ -16,7 +16,7 @@
 //! the program in the JSON program-file format (`arrayjit run prog.json` reruns it), and
 //! fails the test. At the end the test prints what was covered: statements, precisions,
 //! how many cells were compared exactly and within tolerances, which of the optimizer's
-//! kernel paths the compiled cases took (GEMM kernels, vectorized reductions; per
+//! kernel paths the compiled cases took (GEMM kernels, vectorized reductions, tap kernels; per
 //! contraction layout, and why the others were not rewritten), and where the time went.
 //!
 //! Environment: `ARRAYJIT_FUZZ_CASES=N` (default 300), `ARRAYJIT_FUZZ_SEED=S` (base seed; case

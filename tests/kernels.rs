@@ -698,3 +698,550 @@ fn convolutions_use_the_kernels_exactly() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tap kernels (`src/optimize/taps.rs`) and 1-D convolutions through the kernels
+
+/// One entry of a spec term: `Σ coef·letter + offset`.
+type Entry = (Vec<(char, i64)>, i64);
+
+/// The entries of one term: a plain letter, or an affine entry in parentheses.
+fn entries(term: &str) -> Vec<Entry> {
+    let mut out = vec![];
+    let mut chars = term.chars();
+    while let Some(c) = chars.next() {
+        if c != '(' {
+            out.push((vec![(c, 1)], 0));
+            continue;
+        }
+        let inner: String = chars.by_ref().take_while(|&c| c != ')').collect();
+        let (mut terms, mut offset) = (vec![], 0i64);
+        for (k, part) in inner.replace('-', "+-").split('+').enumerate() {
+            if part.is_empty() {
+                assert!(k == 0);
+                continue;
+            }
+            match part.split_once('*') {
+                Some((coef, l)) => terms.push((l.chars().next().unwrap(), coef.parse().unwrap())),
+                None => match part.parse::<i64>() {
+                    Ok(n) => offset += n,
+                    Err(_) => terms.push((part.chars().next().unwrap(), 1)),
+                },
+            }
+        }
+        out.push((terms, offset));
+    }
+    out
+}
+
+/// `c = init; c[lhs] = c[lhs] accum op(x[a], y[b])` over every point of the letters, computed
+/// here from SPEC 9.3: extents from the plain-letter entries, and a point at which any entry
+/// falls outside its axis is skipped (never read, never multiplied). `Arg1` takes `x` alone.
+#[allow(clippy::too_many_arguments)]
+fn affine_reference(
+    spec: &str,
+    xd: &[usize],
+    x: &[f64],
+    yd: &[usize],
+    y: &[f64],
+    cd: &[usize],
+    accum: Binop,
+    op: Binop,
+) -> Vec<f64> {
+    let (args, res) = spec.split_once("->").unwrap();
+    let (xs, ys) = args.split_once(',').unwrap();
+    let terms = [(entries(xs), xd), (entries(ys), yd), (entries(res), cd)];
+    let mut extent: Vec<(char, usize)> = vec![];
+    for (es, dims) in &terms {
+        for ((t, off), &d) in es.iter().zip(dims.iter()) {
+            if let [(l, 1)] = t.as_slice() {
+                if *off == 0 && !extent.iter().any(|e| e.0 == *l) {
+                    extent.push((*l, d));
+                }
+            }
+        }
+    }
+    let init = match accum {
+        Binop::Max => f64::NEG_INFINITY,
+        Binop::Min => f64::INFINITY,
+        _ => 0.0,
+    };
+    let mut out = vec![init; cd.iter().product()];
+    let total: usize = extent.iter().map(|e| e.1).product();
+    for point in 0..total {
+        let mut at: HashMap<char, i64> = HashMap::new();
+        let mut rest = point;
+        for &(l, e) in extent.iter().rev() {
+            at.insert(l, (rest % e) as i64);
+            rest /= e;
+        }
+        let offset = |es: &[Entry], dims: &[usize]| -> Option<usize> {
+            let mut off = 0usize;
+            for ((t, o), &d) in es.iter().zip(dims) {
+                let v: i64 = t.iter().map(|(l, c)| c * at[l]).sum::<i64>() + o;
+                if v < 0 || v >= d as i64 {
+                    return None;
+                }
+                off = off * d + v as usize;
+            }
+            Some(off)
+        };
+        let (Some(xo), Some(yo), Some(co)) = (
+            offset(&terms[0].0, xd),
+            offset(&terms[1].0, yd),
+            offset(&terms[2].0, cd),
+        ) else {
+            continue;
+        };
+        let v = match op {
+            Binop::Mul => x[xo] * y[yo],
+            Binop::Arg1 => x[xo],
+            _ => unreachable!(),
+        };
+        out[co] = match accum {
+            Binop::Add => out[co] + v,
+            // IEEE maximumNumber and minimumNumber: a NaN operand is ignored (no -0 in these
+            // inputs).
+            Binop::Max => out[co].max(v),
+            Binop::Min => out[co].min(v),
+            _ => unreachable!(),
+        };
+    }
+    out
+}
+
+/// A tap or convolution case: spec, dims of `x`, `w`, `y`, the accumulation and operation,
+/// cells of `w` set to infinities and NaNs (taps that only padded points meet for some
+/// outputs), and the kernel the C must show.
+struct TapCase {
+    spec: &'static str,
+    xd: Vec<usize>,
+    wd: Vec<usize>,
+    yd: Vec<usize>,
+    accum: Binop,
+    op: Binop,
+    poison: Vec<(usize, f64)>,
+    kernel: &'static str,
+    /// The precision of every tensor.
+    prec: Prec,
+    /// Cells of `x` set to NaN.
+    x_nan: Vec<usize>,
+}
+
+fn tap_case(
+    spec: &'static str,
+    xd: &[usize],
+    wd: &[usize],
+    yd: &[usize],
+    kernel: &'static str,
+) -> TapCase {
+    TapCase {
+        spec,
+        xd: xd.to_vec(),
+        wd: wd.to_vec(),
+        yd: yd.to_vec(),
+        accum: Binop::Add,
+        op: Binop::Mul,
+        poison: vec![],
+        kernel,
+        prec: Prec::Single,
+        x_nan: vec![],
+    }
+}
+
+/// Runs a case compiled for this machine, and interpreted on the code optimized for an
+/// AVX-512 target and for SSE2 (other blockings), each compared exactly (NaN equal to NaN)
+/// with [`affine_reference`]; the C must name the kernel.
+fn check_tap_case(c: &TapCase) {
+    let mut xv = values(c.xd.iter().product(), 11);
+    for &at in &c.x_nan {
+        xv[at] = f64::NAN;
+    }
+    let mut wv = values(c.wd.iter().product(), 12);
+    for &(at, v) in &c.poison {
+        wv[at] = v;
+    }
+    let want = affine_reference(c.spec, &c.xd, &xv, &c.wd, &wv, &c.yd, c.accum, c.op);
+    if !c.poison.is_empty() {
+        // Some outputs are finite only because the poisoned taps were skipped.
+        assert!(want.iter().any(|v| v.is_finite()) && want.iter().any(|v| !v.is_finite()));
+    }
+    let make = || {
+        let x = input("x", &c.xd, c.prec, &xv);
+        let w = input("w", &c.wd, c.prec, &wv);
+        let y = output("y", &c.yd, c.prec);
+        let asg = Assignments::AccumBinop {
+            initialize_neutral: true,
+            accum: c.accum,
+            op: c.op,
+            lhs: y.clone(),
+            rhs1: Buffer::Node(x.clone()),
+            rhs2: Buffer::Node(w.clone()),
+            projections: projections(c.spec, &c.yd, &[&c.xd, &c.wd], &Bindings::empty()).unwrap(),
+        };
+        (asg, [x, w, y])
+    };
+    let (asg, [_, _, y]) = make();
+    let (got, src) = compute(&asg, &Bindings::empty(), &[&y]);
+    assert!(src.contains(c.kernel), "{}: no {}\n{src}", c.spec, c.kernel);
+    let bad = same(&got[0], &want);
+    assert!(
+        bad.is_none(),
+        "{}: cell {bad:?}: {:?} vs {:?}\n{src}",
+        c.spec,
+        bad.map(|i| got[0][i]),
+        bad.map(|i| want[i])
+    );
+    let avx512 = VectorTarget {
+        isa: Isa::Avx512,
+        vector_bytes: 64,
+        registers: 32,
+        fma: true,
+        bf16_dot: false,
+        int64_mul: true,
+        l1d_bytes: 48 << 10,
+        l2_bytes: 2 << 20,
+        intrinsics: false,
+    };
+    let sse2 = VectorTarget {
+        isa: Isa::Sse2,
+        vector_bytes: 16,
+        registers: 16,
+        fma: false,
+        ..avx512
+    };
+    for target in [avx512, sse2] {
+        let (asg, [x, w, y]) = make();
+        let settings = Settings {
+            target: Some(target),
+            ..Settings::default()
+        };
+        let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
+        let doc = arrayjit::loops::to_doc(&o.code);
+        let mut mem = Memory::new();
+        mem.load_from_hosts([&x, &w, &y]);
+        interp::run_optimized(&o, &[], &mut mem).unwrap();
+        let bad = same(mem.get(&y).unwrap(), &want);
+        assert!(
+            bad.is_none(),
+            "{} interpreted ({:?}): cell {bad:?}\n{doc}",
+            c.spec,
+            target.isa
+        );
+    }
+}
+
+/// Depthwise convolutions and pooling with padding, stride, dilation, padding larger than the
+/// window (output rows that meet no input), channel counts that are multiples of no vector
+/// width, and weights holding infinities and NaNs at taps that only padded points meet for
+/// some outputs: through the tap kernel, equal to the reference that skips those points.
+#[test]
+fn depthwise_convolutions_and_pooling_use_the_tap_kernels_exactly() {
+    let tap = "tap kernel for y";
+    let w3 = |i: usize, j: usize, c: usize, cs: usize| (i * 3 + j) * cs + c;
+    let mut cases = vec![
+        TapCase {
+            poison: vec![
+                (w3(0, 0, 3, 37), f64::INFINITY),
+                (w3(0, 1, 4, 37), f64::NAN),
+                (w3(2, 2, 36, 37), f64::NEG_INFINITY),
+                (w3(1, 0, 0, 37), f64::NAN),
+            ],
+            ..tap_case(
+                "b(h+i-1)(v+j-1)c,ijc->bhvc",
+                &[2, 5, 23, 37],
+                &[3, 3, 37],
+                &[2, 5, 23, 37],
+                tap,
+            )
+        },
+        tap_case(
+            "b(2*h+i-1)(2*v+j-1)c,ijc->bhvc",
+            &[1, 9, 31, 16],
+            &[3, 3, 16],
+            &[1, 5, 16, 16],
+            tap,
+        ),
+        // Dilation 2 (padding 2).
+        tap_case(
+            "b(h+2*i-2)(v+2*j-2)c,ijc->bhvc",
+            &[1, 6, 19, 24],
+            &[3, 3, 24],
+            &[1, 6, 19, 24],
+            tap,
+        ),
+        // Padding 4 around a 3×3 window: output rows and columns 0, 1, 8, 9 meet no input.
+        TapCase {
+            poison: vec![(w3(0, 0, 5, 8), f64::INFINITY)],
+            ..tap_case(
+                "b(h+i-4)(v+j-4)c,ijc->bhvc",
+                &[1, 4, 4, 8],
+                &[3, 3, 8],
+                &[1, 10, 10, 8],
+                tap,
+            )
+        },
+        // Max-pool 3×3, stride 2, padding 1 (the padding takes no part: inputs are negative
+        // as well as positive), and a sum pool.
+        TapCase {
+            accum: Binop::Max,
+            op: Binop::Arg1,
+            ..tap_case(
+                "b(2*h+i-1)(2*v+j-1)c,ij->bhvc",
+                &[1, 11, 21, 20],
+                &[3, 3],
+                &[1, 6, 11, 20],
+                tap,
+            )
+        },
+        TapCase {
+            op: Binop::Arg1,
+            ..tap_case(
+                "b(h+i-1)(v+j-1)c,ij->bhvc",
+                &[1, 7, 9, 19],
+                &[3, 3],
+                &[1, 7, 9, 19],
+                tap,
+            )
+        },
+    ];
+    // Doubles (4 lanes on AVX2, 8 on AVX-512), and a min-pool with padding.
+    cases.push(TapCase {
+        prec: Prec::Double,
+        poison: vec![(w3(0, 2, 1, 21), f64::NAN)],
+        ..tap_case(
+            "b(h+i-1)(v+j-1)c,ijc->bhvc",
+            &[1, 4, 13, 21],
+            &[3, 3, 21],
+            &[1, 4, 13, 21],
+            tap,
+        )
+    });
+    cases.push(TapCase {
+        accum: Binop::Min,
+        op: Binop::Arg1,
+        ..tap_case(
+            "b(h+i-1)(v+j-1)c,ij->bhvc",
+            &[1, 5, 12, 17],
+            &[3, 3],
+            &[1, 5, 12, 17],
+            tap,
+        )
+    });
+    // NaN inputs in a max-pool are ignored (maximumNumber), as the scalar code does: the
+    // window of output (0, 0, channel 0) is all NaN (its maximum is the fill, -inf).
+    cases.push(TapCase {
+        x_nan: vec![0, 32, 256, 288, 3, 5 * 32 + 7],
+        accum: Binop::Max,
+        op: Binop::Arg1,
+        ..tap_case(
+            "b(2*h+i)(2*v+j)c,ij->bhvc",
+            &[1, 8, 8, 32],
+            &[2, 2],
+            &[1, 4, 4, 32],
+            tap,
+        )
+    });
+    for c in &cases {
+        check_tap_case(c);
+    }
+}
+
+/// 1-D convolutions whose padding guard involves the reduction letter: of one channel
+/// (`(o+k-1),k->o`, the output axis is the contiguous one; batched with output channels,
+/// `b(o+k-2),kd->bod`) through the tap kernel; with a long window, through the GEMM kernel
+/// over the interior rows (the border rows stay guarded scalar code); with input channels
+/// through the GEMM kernel. Stride 2, dilation 2, padding larger than the window, lengths that
+/// are multiples of no vector width, and infinite and NaN weights next to the padding.
+#[test]
+fn one_dimensional_convolutions_use_the_kernels_exactly() {
+    let tap = "tap kernel for y";
+    let gemm = "GEMM kernel for y";
+    let cases = vec![
+        TapCase {
+            poison: vec![(0, f64::INFINITY)],
+            ..tap_case("(o+k-1),k->o", &[45], &[3], &[45], tap)
+        },
+        TapCase {
+            poison: vec![(2, f64::NAN)],
+            ..tap_case("(o+k-1),k->o", &[45], &[3], &[45], tap)
+        },
+        TapCase {
+            poison: vec![(0, f64::NEG_INFINITY)],
+            ..tap_case("b(2*o+k-1),kd->bod", &[2, 77], &[3, 24], &[2, 39, 24], tap)
+        },
+        tap_case("(o+2*k-2),k->o", &[50], &[3], &[50], tap),
+        // Padding 6 around a window of 3: outputs 0..=3 and 54.. meet no input.
+        TapCase {
+            poison: vec![(1, f64::NAN)],
+            ..tap_case("(o+k-6),k->o", &[50], &[3], &[60], tap)
+        },
+        TapCase {
+            poison: vec![(0, f64::INFINITY), (4 * 40 + 39, f64::NAN)],
+            ..tap_case("b(o+k-2),kd->bod", &[3, 70], &[5, 40], &[3, 70, 40], tap)
+        },
+        // 33 taps: a GEMM over the rows where every tap is in range.
+        TapCase {
+            poison: vec![(0, f64::INFINITY), (32 * 36 + 7, f64::NAN)],
+            ..tap_case(
+                "b(o+k-16),kd->bod",
+                &[2, 100],
+                &[33, 36],
+                &[2, 100, 36],
+                gemm,
+            )
+        },
+        TapCase {
+            poison: vec![(0, f64::INFINITY), (2 * 32 * 40 + 5, f64::NAN)],
+            ..tap_case(
+                "b(o+k-1)c,kcd->bod",
+                &[2, 150, 32],
+                &[3, 32, 40],
+                &[2, 150, 40],
+                gemm,
+            )
+        },
+        tap_case(
+            "b(2*o+2*k-2)c,kcd->bod",
+            &[1, 131, 33],
+            &[3, 33, 34],
+            &[1, 66, 34],
+            gemm,
+        ),
+    ];
+    for c in &cases {
+        check_tap_case(c);
+    }
+}
+
+/// Tap kernels through SSE2, AVX2 (+FMA) and AVX-512 code (this machine runs all three),
+/// spelled with intrinsics and with vector extensions: a single-precision depthwise
+/// convolution and a double-precision max-pool with padding (`AJ_VMAX` on each vector type).
+#[test]
+fn tap_kernels_on_every_x86_instruction_set_compute_the_same() {
+    let (xd, wd, yd) = ([1usize, 6, 21, 27], [3usize, 3, 27], [1usize, 6, 21, 27]);
+    let (pd, kd) = ([1usize, 9, 14, 13], [3usize, 3]);
+    let md = [1usize, 5, 7, 13];
+    let (x, w, p) = (
+        values(xd.iter().product(), 3),
+        values(wd.iter().product(), 4),
+        values(pd.iter().product(), 5),
+    );
+    let (dw, pool) = (
+        "b(h+i-1)(v+j-1)c,ijc->bhvc",
+        "b(2*h+i-1)(2*v+j-1)c,ij->bhvc",
+    );
+    let want_y = affine_reference(dw, &xd, &x, &wd, &w, &yd, Binop::Add, Binop::Mul);
+    let want_m = affine_reference(pool, &pd, &p, &kd, &[0.0; 9], &md, Binop::Max, Binop::Arg1);
+    let prog = json!({
+        "tensors": [
+            {"name": "x", "dims": xd, "init": {"values": x}},
+            {"name": "w", "dims": wd, "init": {"values": w}},
+            {"name": "y", "dims": yd},
+            {"name": "p", "dims": pd, "prec": "double", "init": {"values": p}},
+            {"name": "k", "dims": kd, "prec": "double", "init": {"values": vec![0.0; 9]}},
+            {"name": "m", "dims": md, "prec": "double"}
+        ],
+        "routines": [{"name": "r", "code": [
+            {"assign": "y", "accum": "add", "init_neutral": true, "op": "mul",
+             "args": ["x", "w"], "logic": dw},
+            {"assign": "m", "accum": "max", "init_neutral": true, "op": "arg1",
+             "args": ["p", "k"], "logic": pool}]}],
+        "run": [{"routine": "r"}],
+        "print": ["y", "m"]
+    });
+    for (arch, intrinsics) in [
+        ("-march=x86-64", true),
+        ("-march=x86-64-v3", true),
+        ("-march=native", true),
+        ("-march=x86-64", false),
+        ("-march=x86-64-v3", false),
+        ("-march=native", false),
+    ] {
+        let got = run_cli(&prog, arch, intrinsics, "");
+        for (name, want, single) in [("y", &want_y, true), ("m", &want_m, false)] {
+            let got: Vec<f64> = got[name]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .map(|v| if single { v as f32 as f64 } else { v })
+                .collect();
+            assert_eq!(&got, want, "{name}: {arch} intrinsics {intrinsics}");
+        }
+    }
+}
+
+/// Tap kernels for NEON (intrinsics and vector extensions) compile to vector multiply-adds
+/// and, for max-pooling, to vector compares (the lane-wise maximumNumber of `AJ_VMAX`); checked
+/// in the assembly of a cross compiler, as for the GEMM kernels.
+#[test]
+fn neon_tap_kernels_compile_to_vector_code() {
+    let cc = "aarch64-linux-gnu-gcc";
+    if !installed(cc) {
+        assert!(
+            std::env::var_os("ARRAYJIT_REQUIRE_CROSS").is_none(),
+            "{cc} is required (ARRAYJIT_REQUIRE_CROSS is set)"
+        );
+        eprintln!("note: {cc} is not installed; the NEON assembly check did not run");
+        return;
+    }
+    for intrinsics in [true, false] {
+        let neon = VectorTarget {
+            isa: Isa::Neon,
+            vector_bytes: 16,
+            registers: 32,
+            fma: true,
+            bf16_dot: false,
+            int64_mul: false,
+            l1d_bytes: 64 << 10,
+            l2_bytes: 1 << 20,
+            intrinsics,
+        };
+        for (accum, op, spec, wd, want) in [
+            (
+                Binop::Add,
+                Binop::Mul,
+                "b(h+i-1)(v+j-1)c,ijc->bhvc",
+                vec![3usize, 3, 32],
+                "fmla",
+            ),
+            (
+                Binop::Max,
+                Binop::Arg1,
+                "b(h+i-1)(v+j-1)c,ij->bhvc",
+                vec![3usize, 3],
+                "fcmgt",
+            ),
+        ] {
+            let xd = [1usize, 6, 20, 32];
+            let x = input("x", &xd, Prec::Single, &values(xd.iter().product(), 1));
+            let w = input("w", &wd, Prec::Single, &values(wd.iter().product(), 2));
+            let y = output("y", &xd, Prec::Single);
+            let asg = Assignments::AccumBinop {
+                initialize_neutral: true,
+                accum,
+                op,
+                lhs: y,
+                rhs1: Buffer::Node(x),
+                rhs2: Buffer::Node(w),
+                projections: projections(spec, &xd, &[&xd, &wd], &Bindings::empty()).unwrap(),
+            };
+            let settings = Settings {
+                target: Some(neon),
+                ..Settings::default()
+            };
+            let o = optimize::optimize("taps", arrayjit::lower::lower(&asg).unwrap(), &settings)
+                .unwrap();
+            let (src, _) =
+                arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &neon).unwrap();
+            assert!(src.contains("tap kernel for y"), "{src}");
+            let asm = assembly(cc, &["-O2", "-march=armv8-a"], &src);
+            let found = asm.lines().any(|l| l.contains(want) && l.contains(".4s"));
+            assert!(
+                found,
+                "{spec} intrinsics {intrinsics}: no vector {want}\n{asm}"
+            );
+        }
+    }
+}

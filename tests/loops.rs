@@ -411,9 +411,15 @@ fn depthwise_convolution_runs_the_channel_loop_innermost_outside_the_guards() {
         };
         let (code, src) = check_four_ways(&make, &depthwise_ref(&xv, [hh, ww, cc], &wv));
         if cc > 1 {
-            // b-h-v-i-j-c: the channel loop is innermost, with no guard inside it.
+            // b-h-v-i-j-c: the channel loop is innermost, with no guard inside it (the loop
+            // passes without a vector target).
             assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
-            assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+            // For this machine: a tap kernel (`tests/kernels.rs` checks those), or that loop
+            // when the channels are fewer than a vector.
+            assert!(
+                src.contains("tap kernel for y") || c_has_plain_inner_loop(&src, cc as i64),
+                "{src}"
+            );
         }
     }
 }
@@ -504,7 +510,12 @@ fn padded_max_pool_with_nan_and_signed_zeros_keeps_its_values() {
     };
     let (code, src) = check_four_ways(&make, &want);
     assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
-    assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+    // A tap kernel for this machine, or the plain loop when the channels are fewer than a
+    // vector.
+    assert!(
+        src.contains("tap kernel for y") || c_has_plain_inner_loop(&src, cc as i64),
+        "{src}"
+    );
 }
 
 #[test]
@@ -543,7 +554,12 @@ fn strided_max_pool_runs_the_channel_loop_innermost() {
     };
     let (code, src) = check_four_ways(&make, &want);
     assert_eq!(innermost_loop(&code), Some((cc as i64, false)), "{src}");
-    assert!(c_has_plain_inner_loop(&src, cc as i64), "{src}");
+    // A tap kernel for this machine, or the plain loop when the channels are fewer than a
+    // vector.
+    assert!(
+        src.contains("tap kernel for y") || c_has_plain_inner_loop(&src, cc as i64),
+        "{src}"
+    );
 }
 
 #[test]

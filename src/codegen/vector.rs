@@ -282,6 +282,11 @@ impl Dialect {
             Binop::Add => (native.as_ref().map(|n| n.add), "+"),
             Binop::Sub => (native.as_ref().map(|n| n.sub), "-"),
             Binop::Mul => (native.as_ref().map(|n| n.mul), "*"),
+            // IEEE maximumNumber / minimumNumber lane by lane, as the scalar `aj_max_f`
+            // (the runtime header's `AJ_VMAX`, bit masks on GCC/Clang vectors, which the
+            // intrinsics' types are too).
+            Binop::Max => return Some(format!("AJ_VMAX({a}, {b})")),
+            Binop::Min => return Some(format!("AJ_VMIN({a}, {b})")),
             _ => return None,
         };
         Some(match f {

@@ -51,7 +51,12 @@
 //!   unrolled, one kernel per value (at most 32), each over exactly the rows
 //!   where its guards hold (an affine guard holds on a contiguous range of rows). The kernels
 //!   share the packed buffers;
-//! - a guard mentioning the columns or the reduction declines the rewrite.
+//! - a guard mentioning the rows and the reduction (`o+k-1` of a 1-D convolution whose
+//!   reduction is the window) may mention nothing else: the kernel runs over the *interior*
+//!   rows, where the guard holds for every step of the reduction (so it needs no guard), and
+//!   the rows before and after are left to the scalar passes as the guarded nest restricted to
+//!   them ([`Kernel::rest`]);
+//! - any other guard mentioning the columns or the reduction declines the rewrite.
 //!
 //! When the whole of `y` is packed at once (one reduction block, one run of panels), the outer
 //! loops that do not move `y` (a convolution's output rows, a batch over `x` only) are moved
@@ -140,6 +145,10 @@ struct Contraction {
     /// The outer loops whose iterators appear in a guard with the row iterator: they are
     /// unrolled into one specialized kernel per value, each over the rows where the guard holds.
     unroll: Vec<Loop>,
+    /// The guards on the rows and the reduction (`o+k-1` of a 1-D convolution whose only
+    /// reduction is the window): the kernel runs over the rows where they hold for every step
+    /// of the reduction, the other rows are left to the scalar nest (see [`rewrite`]).
+    split: Vec<(AxisIndex, usize)>,
 }
 
 /// A contraction rewritten as a GEMM kernel.
@@ -154,6 +163,9 @@ pub struct Kernel {
     /// Whether the zero fill of the result just before the nest was folded into the kernel
     /// (then the caller drops it).
     pub folded_zero_fill: bool,
+    /// The parts of the nest left to the scalar passes, run after the kernel: the nest
+    /// restricted to the rows the kernel does not cover (see [`Contraction::split`]).
+    pub rest: Vec<Llc>,
 }
 
 /// Rewrites a contraction nest as a GEMM kernel; gives the nest back unchanged if it is not
@@ -165,9 +177,33 @@ pub fn rewrite(
     target: &VectorTarget,
     zero_filled: Option<&Tnode>,
 ) -> Result<Kernel, Llc> {
-    let Some(con) = match_contraction(&nest) else {
+    let Some(mut con) = match_contraction(&nest) else {
         return Err(nest);
     };
+    // Guards on the rows and the reduction: the kernel takes the interior rows, where every
+    // step of the reduction passes them, with no such guard (so no skipped point is packed);
+    // the rows before and after stay the guarded scalar nest.
+    let mut rest = vec![];
+    if !con.split.is_empty() {
+        let (m, m_from) = (con.m.0, con.m_from as i64);
+        let m_to = m_from + con.m.1 as i64 - 1;
+        let k = (con.k.0, 0, con.k.1 as i64 - 1);
+        let Some((lo, hi)) = super::taps::interior_range(&con.split, m, m_from, m_to, &[k]) else {
+            return Err(nest);
+        };
+        if lo > hi {
+            return Err(nest);
+        }
+        if m_from < lo {
+            rest.push(super::taps::restrict(&nest, m, m_from, lo - 1));
+        }
+        if hi < m_to {
+            rest.push(super::taps::restrict(&nest, m, hi + 1, m_to));
+        }
+        con.m_from = lo as usize;
+        con.m.1 = (hi - lo + 1) as usize;
+        con.split.clear();
+    }
     let w = kernel_type(con.c.prec(), target).lanes;
     let (m, n, k) = (con.m.1, con.n.1, con.k.1);
     if w < 2 || n < w || m < 2 || k < 4 || m.saturating_mul(n).saturating_mul(k) < MIN_WORK {
@@ -188,6 +224,7 @@ pub fn rewrite(
             locals,
             written_first,
             folded_zero_fill: fold,
+            rest,
         }),
         None => Err(nest),
     }
@@ -440,10 +477,23 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
     // Guards may not involve the columns or the reduction (a panel would mix skipped and
     // computed points); the outer iterators appearing in a guard with the rows are unrolled.
     let mut unrolled: Vec<Symbol> = vec![];
-    for (ix, _) in &guards {
-        if ix.coef(col.index) != 0 || ix.coef(kr.index) != 0 {
+    let mut split = vec![];
+    let mut kept = vec![];
+    for &(ix, d) in &guards {
+        if ix.coef(col.index) != 0 {
             return None;
         }
+        if ix.coef(kr.index) != 0 {
+            // The rows and the reduction only: the rows are split (see `rewrite`).
+            if ix.coef(mr.index) == 0
+                || ix.symbols().iter().any(|&s| s != mr.index && s != kr.index)
+            {
+                return None;
+            }
+            split.push((ix, d));
+            continue;
+        }
+        kept.push((ix, d));
         if ix.coef(mr.index) != 0 {
             for s in ix.symbols() {
                 if s != mr.index && !unrolled.contains(&s) {
@@ -483,8 +533,9 @@ fn match_contraction(nest: &Llc) -> Option<Contraction> {
         n: (col.index, extent(col)),
         k: (kr.index, extent(kr)),
         m_from: usize::try_from(mr.from).ok()?,
-        guards,
+        guards: kept,
         unroll,
+        split,
     })
 }
 
@@ -559,6 +610,7 @@ fn specialize(con: &Contraction) -> Option<Vec<Contraction>> {
             m_from: lo as usize,
             guards,
             unroll: vec![],
+            split: vec![],
         });
     }
     Some(out)
@@ -601,7 +653,8 @@ fn local(label: &[&str], dims: &[usize], prec: Prec, locals: &mut Vec<Tnode>) ->
     Some(t)
 }
 
-fn vreg(ty: VType) -> VReg {
+/// A fresh vector variable (unique in the process, so in every C function).
+pub(super) fn vreg(ty: VType) -> VReg {
     VReg {
         id: NEXT_VREG.fetch_add(1, Ordering::Relaxed),
         ty,

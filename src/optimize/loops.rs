@@ -48,7 +48,9 @@ pub struct LoopResult {
 }
 
 /// Runs the loop-nest passes. With a vector target, contractions become GEMM kernels
-/// ([`super::gemm`]) first.
+/// ([`super::gemm`]) first, and accumulations over a few taps that are pointwise along a
+/// contiguous axis (depthwise convolutions, pooling) tap kernels ([`super::taps`]); a
+/// reduction of at most [`super::taps::TAPS_BEFORE_GEMM`] points tries the tap kernel first.
 pub fn optimize_loops(code: Llc, target: Option<&VectorTarget>) -> LoopResult {
     let mut out = LoopResult {
         code: Llc::Noop,
@@ -64,26 +66,18 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
         Llc::Seq(v) => {
             let mut stmts: Vec<Llc> = Vec::with_capacity(v.len());
             for c in v {
-                // A zero fill just before a contraction may be folded into its kernel.
-                let zero_filled = match stmts.last() {
-                    Some(Llc::ZeroOut(t)) => Some(t.clone()),
-                    _ => None,
-                };
+                // A fill just before a kernel's nest may be folded into the kernel.
                 let c = match (target, &c) {
-                    (Some(t), Llc::For { .. }) => {
-                        match super::gemm::rewrite(c, t, zero_filled.as_ref()) {
-                            Ok(k) => {
-                                if k.folded_zero_fill {
-                                    stmts.pop();
-                                }
-                                out.locals.extend(k.locals);
-                                out.written_first.extend(k.written_first);
-                                stmts.push(k.code);
-                                continue;
+                    (Some(t), Llc::For { .. }) => match kernel(c, t, stmts.last(), out) {
+                        Ok((k, folded)) => {
+                            if folded {
+                                stmts.pop();
                             }
-                            Err(c) => c,
+                            stmts.push(k);
+                            continue;
                         }
-                    }
+                        Err(c) => c,
+                    },
                     _ => c,
                 };
                 stmts.push(pass(c, target, out));
@@ -92,12 +86,8 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
         }
         c @ Llc::For { .. } => {
             let c = match target {
-                Some(t) => match super::gemm::rewrite(c, t, None) {
-                    Ok(k) => {
-                        out.locals.extend(k.locals);
-                        out.written_first.extend(k.written_first);
-                        return k.code;
-                    }
+                Some(t) => match kernel(c, t, None, out) {
+                    Ok((k, _)) => return k,
                     Err(c) => c,
                 },
                 None => c,
@@ -106,6 +96,69 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
         }
         c => c,
     }
+}
+
+/// The nest as a GEMM kernel or a tap kernel, tried in that order except for reductions of at
+/// most [`super::taps::TAPS_BEFORE_GEMM`] points; with whether the kernel folded the fill
+/// `before` it (the statement just before the nest).
+fn kernel(
+    c: Llc,
+    t: &VectorTarget,
+    before: Option<&Llc>,
+    out: &mut LoopResult,
+) -> Result<(Llc, bool), Llc> {
+    let small =
+        super::taps::reduction_points(&c).is_some_and(|n| n <= super::taps::TAPS_BEFORE_GEMM);
+    let fill = before.and_then(super::taps::fill_of);
+    let zero_filled = match before {
+        Some(Llc::ZeroOut(z)) => Some(z.clone()),
+        _ => None,
+    };
+    let gemm = |c: Llc, out: &mut LoopResult| match super::gemm::rewrite(c, t, zero_filled.as_ref())
+    {
+        Ok(k) => {
+            out.locals.extend(k.locals);
+            out.written_first.extend(k.written_first);
+            if k.rest.is_empty() {
+                return Ok((k.code, k.folded_zero_fill));
+            }
+            let mut stmts = vec![k.code];
+            for r in k.rest {
+                stmts.push(pass(r, Some(t), out));
+            }
+            Ok((Llc::Seq(stmts), k.folded_zero_fill))
+        }
+        Err(c) => Err(c),
+    };
+    if small {
+        let c = match tap_kernel(c, t, fill, out) {
+            Ok(k) => return Ok(k),
+            Err(c) => c,
+        };
+        gemm(c, out)
+    } else {
+        let c = match gemm(c, out) {
+            Ok(k) => return Ok(k),
+            Err(c) => c,
+        };
+        tap_kernel(c, t, fill, out)
+    }
+}
+
+/// A tap kernel ([`super::taps`]) for a nest, with the parts it leaves to the scalar code
+/// through the scalar passes; with whether it folded `fill`.
+fn tap_kernel(
+    c: Llc,
+    target: &VectorTarget,
+    fill: Option<(Tnode, f64)>,
+    out: &mut LoopResult,
+) -> Result<(Llc, bool), Llc> {
+    let k = super::taps::rewrite(c, target, fill)?;
+    let mut stmts = vec![k.code];
+    for r in k.rest {
+        stmts.push(pass(r, Some(target), out));
+    }
+    Ok((Llc::Seq(stmts), k.folded_fill))
 }
 
 struct Loop {

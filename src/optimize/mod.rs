@@ -5,6 +5,7 @@ mod fuse;
 mod gemm;
 mod loops;
 mod simplify;
+mod taps;
 mod trace;
 mod virtualize;
 

@@ -1,7 +1,9 @@
 //! Large statements: contractions (matrix products in every layout) with extents up to about
 //! 70, long contractions and long reductions (hundreds to thousands of terms), and a few wide
 //! ones, so that the optimizer's GEMM kernels (`optimize/gemm.rs`), vectorized reductions and
-//! cache tiling (`optimize/loops.rs`) run on random data, against the interpreter.
+//! cache tiling (`optimize/loops.rs`) run on random data, against the interpreter; and
+//! windows (depthwise convolutions and pooling with padding, stride and dilation: the tap
+//! kernels of `optimize/taps.rs`).
 //!
 //! Extents avoid being multiples of the kernels' tiles (14 × 32 floats, 14 × 16 doubles with
 //! AVX-512; 6 × 16 with AVX2) half of the time and sit right around them otherwise; operand
@@ -515,6 +517,122 @@ impl Gen {
                     mnk: (0, 0, 0),
                 });
                 self.read_back(c);
+                return true;
+            }
+            self.rollback(n0);
+        }
+        self.restore(saved);
+        false
+    }
+
+    /// An affine entry `(s·out + d·tap - p)`, without coefficients of 1 and offsets of 0.
+    fn window_entry(out: char, tap: char, (s, d, p): (usize, usize, usize)) -> String {
+        let coef = |c: usize, l: char| {
+            if c == 1 {
+                l.to_string()
+            } else {
+                format!("{c}*{l}")
+            }
+        };
+        let off = if p == 0 {
+            String::new()
+        } else {
+            format!("-{p}")
+        };
+        format!("({}+{}{off})", coef(s, out), coef(d, tap))
+    }
+
+    /// A window over NHWC data (the tap kernels' case): a depthwise convolution
+    /// `b(s·h+d·i-p)(s·v+d·j-p)c,ijc->bhvc` (mul, accumulated with add or sub) or a pooling
+    /// `...,ij->bhvc` (arg1, accumulated with max, min or add), with windows of 2-3 × 2-4,
+    /// stride and dilation 1-2, padding from 0 to beyond the window (outputs that meet no
+    /// input), and channel counts around the vector widths. Returns whether one was committed
+    /// (otherwise the generator's state is unchanged).
+    pub fn gen_window(&mut self) -> bool {
+        let saved = self.save();
+        let batch = 1 + self.rng.below(2);
+        let (kh, kw) = (2 + self.rng.below(2), 2 + self.rng.below(3));
+        let (sh, sw) = (1 + self.rng.below(2), 1 + self.rng.below(2));
+        let (dh, dw) = (1 + self.rng.below(2), 1 + self.rng.below(2));
+        let (ph, pw) = (
+            self.rng.below(dh * (kh - 1) + 3),
+            self.rng.below(dw * (kw - 1) + 3),
+        );
+        let h = self.extent(1, 12, EDGES);
+        let w = self.extent(2, 40, EDGES);
+        // Every output the window reaches with some tap, sometimes one more.
+        let out = |n: usize, k: usize, s: usize, d: usize, p: usize| {
+            ((n + 2 * p).saturating_sub(d * (k - 1) + 1) / s + 1).max(2)
+        };
+        let oh = out(h, kh, sh, dh, ph) + self.rng.below(2);
+        let ow = out(w, kw, sw, dw, pw) + self.rng.below(2);
+        let mut c = self.extent(2, 70, EDGES);
+        while c > 2 && batch * oh * ow * c * kh * kw > MAX_WORK {
+            c /= 2;
+        }
+        let pool = self.rng.chance(40);
+        let x_term = format!(
+            "b{}{}c",
+            Self::window_entry('h', 'i', (sh, dh, ph)),
+            Self::window_entry('v', 'j', (sw, dw, pw))
+        );
+        let terms = [
+            x_term,
+            if pool { "ij" } else { "ijc" }.to_string(),
+            "bhvc".to_string(),
+        ];
+        let dims = [
+            vec![batch, h, w, c],
+            if pool { vec![kh, kw] } else { vec![kh, kw, c] },
+            vec![batch, oh, ow, c],
+        ];
+        let q = (SUM_BUDGET / (kh * kw) as f64).sqrt().min(4.0);
+        let prec = self.result_prec();
+        // Mostly inputs of the result's precision (the tap kernels' case).
+        let arg = |g: &mut Self, d: &[usize]| {
+            if g.rng.chance(60) {
+                let values = g.scaled_values(prec, d.iter().product(), q);
+                g.new_tensor(Kind::Input, d.to_vec(), prec, values)
+            } else {
+                g.operand(d, q, prec)
+            }
+        };
+        let x = arg(self, &dims[0]);
+        let k = arg(self, &dims[1]);
+        let args = vec![x, k];
+        let logic = format!("{},{}->{}", terms[0], terms[1], terms[2]);
+        let (op, mut accums) = if pool {
+            (Binop::Arg1, vec![Binop::Max, Binop::Min, Binop::Add])
+        } else {
+            (Binop::Mul, vec![Binop::Add, Binop::Add, Binop::Sub])
+        };
+        self.rng.shuffle(&mut accums);
+        for (attempt, &accum) in accums.iter().enumerate() {
+            let n0 = self.p.tensors.len();
+            let prec = if attempt == 0 {
+                prec
+            } else {
+                self.result_prec()
+            };
+            let lhs = self.big_result(&dims[2], prec);
+            let shape = self.shape_of(&logic, &dims[2], &dims[..2]);
+            let stmt = Stmt::Accum {
+                lhs,
+                accum,
+                init: self.rng.chance(80),
+                op: Op::Bin(op),
+                args: args.clone(),
+                logic: logic.clone(),
+                shape,
+            };
+            if self.try_commit(stmt) {
+                self.p.big.push(Big {
+                    lhs,
+                    kind: "window",
+                    layout: if pool { "pooling" } else { "depthwise" },
+                    mnk: (oh * ow, c, kh * kw),
+                });
+                self.read_back(lhs);
                 return true;
             }
             self.rollback(n0);

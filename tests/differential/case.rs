@@ -147,7 +147,8 @@ pub struct Program {
 pub struct Big {
     /// Its result.
     pub lhs: usize,
-    /// `"contraction"`, `"long contraction"`, `"wide contraction"` or `"long reduction"`.
+    /// `"contraction"`, `"long contraction"`, `"wide contraction"`, `"long reduction"` or
+    /// `"window"` (a depthwise convolution or pooling, layout `"depthwise"` or `"pooling"`).
     pub kind: &'static str,
     /// The layout (its name in [`super::big::LAYOUTS`] or [`super::big::REDUCTIONS`]).
     pub layout: &'static str,

@@ -54,12 +54,23 @@ pub struct Paths {
     pub kernels: Vec<Kernel>,
     /// The results of vectorized reductions.
     pub reductions: Vec<String>,
+    /// The results of tap kernels (`optimize/taps.rs`, recognized by their comment
+    /// `tap kernel for NAME: ...`).
+    pub taps: Vec<String>,
 }
 
 pub fn paths(o: &Optimized) -> Paths {
     let mut p = Paths::default();
     visit_llc(&o.code, &mut |c| match c {
-        Llc::Comment(text) => p.kernels.extend(Kernel::parse(text)),
+        Llc::Comment(text) => {
+            p.kernels.extend(Kernel::parse(text));
+            if let Some((name, _)) = text
+                .strip_prefix("tap kernel for ")
+                .and_then(|r| r.split_once(':'))
+            {
+                p.taps.push(name.to_string());
+            }
+        }
         Llc::Set { tn, .. } => {
             if let [name, acc] = tn.label() {
                 if acc == "acc" && !p.reductions.contains(name) {
@@ -95,7 +106,12 @@ pub struct Coverage {
     pub reduction_cases: usize,
     pub reductions: usize,
     pub reductions_inexact: usize,
-    /// Large statements whose result was computed by neither path.
+    /// Per window layout (depthwise, pooling): generated, computed by a tap kernel.
+    pub windows: BTreeMap<&'static str, (usize, usize)>,
+    /// Cases with tap kernels, and how many.
+    pub tap_cases: usize,
+    pub taps: usize,
+    /// Large statements whose result was computed by no kernel path.
     pub big_scalar: usize,
     /// Contractions not computed by a GEMM kernel, by reason: how many, and a few seeds.
     pub not_gemm: BTreeMap<&'static str, (usize, Vec<u64>)>,
@@ -152,7 +168,12 @@ impl Coverage {
         for b in &p.big {
             let name = &p.tensors[b.lhs].name;
             let gemm = paths.kernels.iter().any(|k| &k.result == name);
-            if b.kind != "long reduction" {
+            if b.kind == "window" {
+                let e = self.windows.entry(b.layout).or_default();
+                e.0 += 1;
+                e.1 += usize::from(paths.taps.contains(name));
+            }
+            if !matches!(b.kind, "long reduction" | "window") {
                 let e = self.layouts.entry(b.layout).or_default();
                 e.0 += 1;
                 e.1 += usize::from(gemm);
@@ -164,10 +185,10 @@ impl Coverage {
                 _ => false,
             });
             self.kernels_computed_operand += usize::from(gemm && computed);
-            if !gemm && !paths.reductions.contains(name) {
+            if !gemm && !paths.reductions.contains(name) && !paths.taps.contains(name) {
                 self.big_scalar += 1;
             }
-            if b.kind != "long reduction" && !gemm {
+            if !matches!(b.kind, "long reduction" | "window") && !gemm {
                 let why = why_not_gemm(p, b, inlined);
                 let e = self.not_gemm.entry(why).or_default();
                 e.0 += 1;
@@ -186,6 +207,8 @@ impl Coverage {
             self.kernels_of_big +=
                 usize::from(p.big.iter().any(|b| p.tensors[b.lhs].name == k.result));
         }
+        self.tap_cases += usize::from(!paths.taps.is_empty());
+        self.taps += paths.taps.len();
         self.reduction_cases += usize::from(!paths.reductions.is_empty());
         for r in &paths.reductions {
             self.reductions += 1;
@@ -213,6 +236,13 @@ impl Coverage {
         self.reduction_cases += o.reduction_cases;
         self.reductions += o.reductions;
         self.reductions_inexact += o.reductions_inexact;
+        for (k, (a, b)) in o.windows {
+            let e = self.windows.entry(k).or_default();
+            e.0 += a;
+            e.1 += b;
+        }
+        self.tap_cases += o.tap_cases;
+        self.taps += o.taps;
         self.big_scalar += o.big_scalar;
         for (k, (n, seeds)) in o.not_gemm {
             let e = self.not_gemm.entry(k).or_default();
@@ -228,8 +258,13 @@ impl Coverage {
             .iter()
             .map(|(k, (g, h))| format!("{k} {h}/{g}"))
             .collect();
+        let windows: Vec<String> = self
+            .windows
+            .iter()
+            .map(|(k, (g, h))| format!("{k} {h}/{g}"))
+            .collect();
         format!(
-            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); large statements computed by neither: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
+            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); tap kernels in {} cases: {} (windows by tap kernel/generated: {}); large statements computed by no kernel: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
             self.big,
             self.gemm_cases,
             self.kernels,
@@ -242,6 +277,9 @@ impl Coverage {
             self.reduction_cases,
             self.reductions,
             self.reductions_inexact,
+            self.tap_cases,
+            self.taps,
+            windows.join(", "),
             self.big_scalar,
             layouts.join(", "),
             self.not_gemm

@@ -775,11 +775,12 @@ pub fn generate(seed: u64) -> Program {
     let roll = g.rng.below(1000);
     let share = big_share();
     let big = if roll < share {
-        match roll * 19 / share {
+        match roll * 21 / share {
             0..=11 => Some("contraction"),
             12..=14 => Some("long contraction"),
             15..=17 => Some("long reduction"),
-            _ => Some("wide contraction"),
+            18 => Some("wide contraction"),
+            _ => Some("window"),
         }
     } else {
         None
@@ -793,6 +794,7 @@ pub fn generate(seed: u64) -> Program {
             for _ in 0..3 {
                 let done = match big {
                     Some("long reduction") => g.gen_long_reduction(),
+                    Some("window") => g.gen_window(),
                     Some(kind) => g.gen_contraction(kind),
                     None => true,
                 };
