@@ -474,6 +474,48 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
 /* Local arrays larger than this many bytes are allocated on the heap, not the stack. */
 #define AJ_MAX_STACK_BYTES 16384
 
+/* ---- Parallel regions (see the Rust side, backend/team.rs: the layout of aj_team_t must
+ * match `AjTeam`). ----
+ *
+ * A routine's parallel regions run their loop's iterations in chunks on a thread team: the
+ * entry point gets the team as its last argument. A chunk function runs iterations lo..hi
+ * (inclusive) on the thread numbered `tid` (0 for the calling thread, below `threads`) and
+ * returns 0, or a status that stops the region. */
+typedef struct aj_team aj_team_t;
+typedef int (*aj_chunk_fn)(void *ctx, int64_t lo, int64_t hi, int64_t tid);
+struct aj_team {
+  /* How many threads may run chunks at once (1: everything runs inline). */
+  int64_t threads;
+  /* Runs fn over from..to in chunks of at least `grain` iterations on the team's threads
+   * (the calling thread among them) and returns once every chunk has finished: 0, or the
+   * first non-zero status a chunk returned (after which no new chunk starts). */
+  int (*run)(const aj_team_t *team, aj_chunk_fn fn, void *ctx, int64_t from, int64_t to,
+             int64_t grain);
+  /* At least `bytes` bytes of memory of thread `tid` alone, 64-byte aligned, kept until its
+   * next call on that thread; 0 when it cannot be had. */
+  void *(*scratch)(const aj_team_t *team, int64_t tid, int64_t bytes);
+  const void *state;
+};
+_Static_assert(sizeof(aj_team_t) == sizeof(int64_t) + 3 * sizeof(void *),
+               "aj_team_t must match the Rust AjTeam");
+
+/* The status of a routine whose thread could not get scratch memory for a region. */
+#define AJ_STATUS_NO_MEMORY 4
+
+/* Runs a parallel region: on the team when it has several threads and the loop more than
+ * one grain of iterations, else inline on this thread. */
+static inline int aj_parallel(const aj_team_t *team, aj_chunk_fn fn, void *ctx, int64_t from,
+                              int64_t to, int64_t grain) {
+  if (to < from) return 0;
+  if (team == 0 || team->threads <= 1 || to - from < grain) return fn(ctx, from, to, 0);
+  return team->run(team, fn, ctx, from, to, grain);
+}
+
+/* Scratch memory of thread `tid` for a chunk's large private arrays (0 without a team). */
+static inline void *aj_scratch(const aj_team_t *team, int64_t tid, int64_t bytes) {
+  return team == 0 ? 0 : team->scratch(team, tid, bytes);
+}
+
 /* ---- Bounds-checked mode and trace logs (generated files define AJ_CHECKED or AJ_TRACE
  * before including this header; nothing below exists otherwise). ---- */
 
@@ -532,6 +574,13 @@ __attribute__((cold, noinline)) static int aj_out_of_bounds(aj_check_t *c, int32
   }
   for (int32_t k = 0; k < n; ++k) c->extents[k] = ext[k];
   return AJ_STATUS_OUT_OF_BOUNDS;
+}
+
+/* A parallel region's chunk met an out-of-bounds access, recorded in its own record `own`:
+ * the first chunk of the region to get here (`claim` goes from 0 to 1) reports it in the
+ * routine's record. */
+static inline void aj_check_publish(aj_check_t *shared, const aj_check_t *own, int32_t *claim) {
+  if (__atomic_exchange_n(claim, 1, __ATOMIC_ACQ_REL) == 0) *shared = *own;
 }
 #endif
 

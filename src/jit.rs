@@ -64,6 +64,13 @@ pub struct JitConfig {
     /// [`CompilerConfig::checked`]; either setting turns it on; `ARRAYJIT_CHECKED=1` sets
     /// the compiler configuration's).
     pub checked: bool,
+    /// Threads per device for the parallel regions of routines (see
+    /// [`MulticoreBackend`]): `None` (the default) uses the machine's cores, shared out
+    /// among the devices in use (one device gets them all; data-parallel devices get
+    /// disjoint shares); `Some(n)`: `n` threads per device, and `cores / n` physical devices.
+    /// With `synchronous`, `None` means one thread. Results are the same bits for any number
+    /// of threads.
+    pub threads: Option<usize>,
     /// Strict reads: a routine run that reads a tensor nothing has written in its context
     /// (no routine, no upload, no copy) is [`Error::UnwrittenRead`] instead of silently reading
     /// zeros (see [`CcBackend::with_strict`]). Default: on in debug builds
@@ -80,6 +87,7 @@ impl Default for JitConfig {
             devices: Config::default(),
             synchronous: false,
             checked: false,
+            threads: None,
             strict: cfg!(debug_assertions),
         }
     }
@@ -112,6 +120,10 @@ impl Jit {
         }
         .with_checked(config.checked)
         .with_strict(config.strict);
+        let cc = match config.threads {
+            Some(n) => cc.with_threads(n),
+            None => cc,
+        };
         let backend: Box<dyn Backend> = if config.synchronous {
             Box::new(SyncBackend::with_cc(cc))
         } else {

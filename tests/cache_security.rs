@@ -21,7 +21,7 @@ use arrayjit::compile::{compile_and_load, CompilerConfig, EntryFn, LoadedLibrary
 
 /// `f` writes `2 * s[0]` into `b[0][0]`: for 21, 42.
 const DOUBLER: &str = r#"#include "arrayjit.h"
-int f(void *const *b, const int64_t *s, const void *m) {
+int f(void *const *b, const int64_t *s, const void *m, const void *t) {
   (void)m;
   ((double *)b[0])[0] = s[0] * 2.0;
   return 0;
@@ -56,7 +56,14 @@ fn call(lib: &LoadedLibrary) -> f64 {
     let statics = [21i64];
     // SAFETY: `f` is DOUBLER's `f`, which writes one double into buffers[0] and reads
     // statics[0]; `lib` is alive.
-    unsafe { f(buffers.as_ptr(), statics.as_ptr(), std::ptr::null()) };
+    unsafe {
+        f(
+            buffers.as_ptr(),
+            statics.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
     out[0]
 }
 

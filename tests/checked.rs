@@ -301,7 +301,7 @@ fn the_check_record_of_a_vector_access() {
         extents: [i64; 16],
     }
     const SRC: &str = "#define AJ_CHECKED 1\n#include \"arrayjit.h\"\n\
-        int f(void *const *buffers, const int64_t *statics, const void *merge_buffer) {\n\
+        int f(void *const *buffers, const int64_t *statics, const void *merge_buffer, const void *team) {\n\
           (void)merge_buffer;\n\
           aj_check_t *aj_chk = (aj_check_t *)buffers[0];\n\
           int64_t i = statics[0], j = statics[1];\n\
@@ -330,7 +330,14 @@ fn the_check_record_of_a_vector_access() {
         // SAFETY: `f` (SRC above) reads statics[0..2] and writes at most one aj_check_t
         // through buffers[0], which points at `r`, a Record of the same layout (272 bytes,
         // asserted by the header); `lib` outlives the call.
-        let status = unsafe { f(buffers.as_ptr(), statics.as_ptr(), std::ptr::null()) };
+        let status = unsafe {
+            f(
+                buffers.as_ptr(),
+                statics.as_ptr(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
         (status, r)
     };
     let (status, r) = call(1, 3);

@@ -10,7 +10,7 @@ use arrayjit::compile::{compile_and_load, CompilerConfig, DebugFile, EntryFn, Lo
 use arrayjit::Error;
 
 const DOUBLER: &str = r#"#include "arrayjit.h"
-int f(void *const *b, const int64_t *s, const void *m) {
+int f(void *const *b, const int64_t *s, const void *m, const void *t) {
   (void)m;
   ((double *)b[0])[0] = s[0] * 2.0;
   return 0;
@@ -18,7 +18,7 @@ int f(void *const *b, const int64_t *s, const void *m) {
 "#;
 
 const SYNTAX_ERROR: &str = r#"#include "arrayjit.h"
-int f(void *const *b, const int64_t *s, const void *m) {
+int f(void *const *b, const int64_t *s, const void *m, const void *t) {
   this is not C
 }
 "#;
@@ -50,7 +50,14 @@ fn call(f: EntryFn, s: i64) -> f64 {
     let statics = [s];
     // SAFETY: `f` is DOUBLER's `f`, which writes one double into buffers[0] and reads statics[0];
     // its library is kept alive by the caller.
-    unsafe { f(buffers.as_ptr(), statics.as_ptr(), std::ptr::null()) };
+    unsafe {
+        f(
+            buffers.as_ptr(),
+            statics.as_ptr(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
     out[0]
 }
 
@@ -662,7 +669,7 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 const TRIPLER: &str = r#"#include "arrayjit.h"
-int f(void *const *b, const int64_t *s, const void *m) {
+int f(void *const *b, const int64_t *s, const void *m, const void *t) {
   (void)m;
   ((double *)b[0])[0] = s[0] * 3.0;
   return 0;

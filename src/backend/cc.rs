@@ -6,6 +6,7 @@ use super::context::Context;
 use super::device::Device;
 pub use super::task::{MergeBuffer, Task};
 use super::task::{Runnable, StaticValues};
+use super::team::{AjTeam, Team};
 use crate::codegen::RoutineSignature;
 use crate::compile::CompilerConfig;
 use crate::error::{Error, Result};
@@ -18,7 +19,7 @@ pub use crate::pipeline::Occupancy;
 use crate::pipeline::{Compilation, Compiled, Generation, Pipeline};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// How many virtual devices a backend suggests (see the devices layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -94,6 +95,9 @@ struct RoutineInner {
     accesses: Arc<[(BufferPtr, bool)]>,
     /// The buffers a run locks (its context buffers and scratch; see `lock_planned`).
     lock_plan: Arc<[(BufferPtr, bool)]>,
+    /// The thread team running its parallel regions: its device's, or the no-device
+    /// backend's (`None`: one thread).
+    team: Option<Arc<Team>>,
 }
 
 impl Routine {
@@ -244,6 +248,8 @@ struct CheckRecord {
 
 /// `AJ_CHECK_MAX_AXES` of the runtime header.
 const CHECK_MAX_AXES: usize = 16;
+/// `AJ_STATUS_NO_MEMORY` of the runtime header.
+const AJ_STATUS_NO_MEMORY: i32 = 4;
 const _: () = assert!(std::mem::size_of::<CheckRecord>() == 272);
 
 impl CheckRecord {
@@ -362,6 +368,7 @@ impl RoutineInner {
             &heap
         };
         let merge_ptr = merge.map_or(std::ptr::null(), |b| b.as_ptr() as *const u8);
+        let team = self.team.as_ref().map_or_else(AjTeam::single, |t| t.view());
         let _ = &self.compiled.libs;
         for (part, entry) in self.compiled.entries.iter().enumerate() {
             // SAFETY: every part's entry point was generated for this routine's tables:
@@ -373,7 +380,8 @@ impl RoutineInner {
             // (`sig.checked`) also gets a pointer to `record`, a live `aj_check_t` of the
             // same layout, as the table's last entry, and checks every access itself, so
             // that static values need not be checked for it.
-            let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr) };
+            // `team` is a live `aj_team_t` whose state (the team) `self.team` keeps alive.
+            let status = unsafe { entry(ptrs.as_ptr(), values.as_ptr(), merge_ptr, team.as_ptr()) };
             if sig.checked && record.failed != 0 {
                 // The code stopped at the access: what it wrote before stays written.
                 for (b, &w) in self.buffers.iter().zip(&sig.writes) {
@@ -382,6 +390,16 @@ impl RoutineInner {
                     }
                 }
                 return Err(record.to_error(&self.name, &sig.check_tensors));
+            }
+            if status == AJ_STATUS_NO_MEMORY {
+                return Err(Error::OutOfMemory {
+                    what: format!(
+                        "scratch memory of a thread running routine {} (its parallel regions' \
+                         private arrays)",
+                        self.name
+                    ),
+                    bytes: self.team.as_ref().map_or(0, |t| t.failed_bytes() as usize),
+                });
             }
             if status != 0 {
                 return Err(Error::RoutineFailed {
@@ -460,6 +478,10 @@ pub struct CcBackend {
     /// Whether a run reading tensors that nothing has written is an error
     /// ([`CcBackend::with_strict`]).
     strict: bool,
+    /// Threads per device ([`CcBackend::with_threads`]; `None`: the backend decides).
+    threads: Option<usize>,
+    /// The team of routines linked without a device (created at the first such link).
+    team: OnceLock<Option<Arc<Team>>>,
 }
 
 impl Default for CcBackend {
@@ -491,6 +513,52 @@ impl CcBackend {
         CcBackend { strict, ..self }
     }
 
+    /// The backend running routines' parallel regions on `threads` threads (at least 1):
+    /// those linked without a device on a team of the calling thread and `threads - 1`
+    /// helper threads (pinned to the first cores the process may use, unless
+    /// `ARRAYJIT_PIN_WORKERS=0`), and, for the device backends built on it
+    /// ([`MulticoreBackend::with_cc`](super::MulticoreBackend::with_cc), ...), that many
+    /// threads per device. Without it, routines linked without a device run on one thread, and
+    /// the device backends choose (see their documentation). Results are the same bits for
+    /// any number of threads.
+    pub fn with_threads(self, threads: usize) -> CcBackend {
+        CcBackend {
+            threads: Some(threads.max(1)),
+            team: OnceLock::new(),
+            ..self
+        }
+    }
+
+    /// The threads per device set by [`CcBackend::with_threads`], if any.
+    pub fn threads(&self) -> Option<usize> {
+        self.threads
+    }
+
+    /// The team of routines linked without a device.
+    fn no_device_team(&self) -> Option<Arc<Team>> {
+        self.team
+            .get_or_init(|| {
+                let n = self.threads.unwrap_or(1);
+                (n > 1).then(|| {
+                    let team = Team::new("arrayjit-cc", n);
+                    let pin =
+                        crate::compile::env_boolean("ARRAYJIT_PIN_WORKERS", true).unwrap_or(true);
+                    let cores: Vec<Option<usize>> = (0..n)
+                        .map(|k| {
+                            if pin {
+                                super::device::allowed_core(k)
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    team.set_cores(&cores);
+                    team
+                })
+            })
+            .clone()
+    }
+
     /// A backend with the given optimizer settings (e.g. optimization off).
     pub fn with_settings(settings: Settings) -> CcBackend {
         CcBackend {
@@ -498,6 +566,8 @@ impl CcBackend {
             config: Mutex::new(Config::default()),
             pipeline: Pipeline::new(settings, None, false),
             strict: cfg!(debug_assertions),
+            threads: None,
+            team: OnceLock::new(),
         }
     }
 
@@ -510,6 +580,8 @@ impl CcBackend {
             config: Mutex::new(Config::default()),
             pipeline: Pipeline::new(settings, Some(compiler), false),
             strict: cfg!(debug_assertions),
+            threads: None,
+            team: OnceLock::new(),
         }
     }
 
@@ -782,7 +854,12 @@ impl CcBackend {
             .device()
             .map(|d| format!(" on {}", d.name()))
             .unwrap_or_default();
+        let team = match ctx.device() {
+            Some(d) => d.team().cloned(),
+            None => self.no_device_team(),
+        };
         Ok(Routine(Arc::new(RoutineInner {
+            team,
             task_description: format!("routine {name}{on}").into(),
             device: ctx.device().cloned(),
             context: ctx,

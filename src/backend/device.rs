@@ -20,6 +20,7 @@ use super::buffer::{BufferPtr, DeviceBuffer};
 use super::counter::{spin_until, Counter};
 pub use super::counter::{DONE_SPIN, FAR_AHEAD};
 use super::task::{MergeBuffer, Task};
+use super::team::Team;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::fmt;
@@ -334,6 +335,9 @@ struct Queue {
     /// Whether tasks run on a worker thread (false: at once, on the scheduling thread).
     threaded: bool,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The thread team running the parallel regions of the device's routines (`None`: one
+    /// thread).
+    team: Option<Arc<Team>>,
 }
 
 impl Drop for Queue {
@@ -386,7 +390,7 @@ pub(crate) fn allowed_core(i: usize) -> Option<usize> {
 
 /// Pins the calling thread to CPU `core`; a failure is reported through `tracing` (the
 /// thread then runs wherever the kernel puts it).
-fn pin_current_thread(core: usize) {
+pub(crate) fn pin_current_thread(core: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET sets bit `core` (checked
     // below CPU_SETSIZE); sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
     let rc = unsafe {
@@ -445,9 +449,10 @@ impl Device {
         physical: PhysicalDevice,
         subordinal: usize,
         core: Option<usize>,
+        team: Option<Arc<Team>>,
     ) -> Result<Device> {
         let queue_name = format!("{}:{}", physical.backend, physical.ordinal);
-        Device::spawn_worker(physical, subordinal, queue_name, core)
+        Device::spawn_worker(physical, subordinal, queue_name, core, team)
     }
 
     /// A device whose tasks run on a new worker thread, whose queue (and thread) has a name of
@@ -458,7 +463,7 @@ impl Device {
         subordinal: usize,
         queue_name: String,
     ) -> Result<Device> {
-        Device::spawn_worker(physical, subordinal, queue_name, None)
+        Device::spawn_worker(physical, subordinal, queue_name, None, None)
     }
 
     fn spawn_worker(
@@ -466,6 +471,7 @@ impl Device {
         subordinal: usize,
         queue_name: String,
         core: Option<usize>,
+        team: Option<Arc<Team>>,
     ) -> Result<Device> {
         let shared = Arc::new(Shared::new(queue_name.clone()));
         let worker_shared = shared.clone();
@@ -483,17 +489,24 @@ impl Device {
             shared,
             threaded: true,
             worker: Mutex::new(Some(handle)),
+            team,
         };
         Ok(Device::new(physical, subordinal, Arc::new(queue)))
     }
 
-    /// A device whose tasks run at once on the scheduling thread.
-    pub(crate) fn synchronous(physical: PhysicalDevice, subordinal: usize) -> Device {
+    /// A device whose tasks run at once on the scheduling thread (its routines' parallel
+    /// regions on `team` too, with that thread among the team's).
+    pub(crate) fn synchronous(
+        physical: PhysicalDevice,
+        subordinal: usize,
+        team: Option<Arc<Team>>,
+    ) -> Device {
         let name = format!("{}:{}:{}", physical.backend, physical.ordinal, subordinal);
         let queue = Queue {
             shared: Arc::new(Shared::new(name)),
             threaded: false,
             worker: Mutex::new(None),
+            team,
         };
         Device::new(physical, subordinal, Arc::new(queue))
     }
@@ -505,7 +518,7 @@ impl Device {
     /// complete.
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn remote(physical: PhysicalDevice, subordinal: usize) -> Device {
-        let mut d = Device::synchronous(physical, subordinal);
+        let mut d = Device::synchronous(physical, subordinal, None);
         if let Some(inner) = Arc::get_mut(&mut d.0) {
             inner.remote = true;
         }
@@ -885,6 +898,17 @@ impl Device {
     /// scheduled on it is skipped here, and runs in the owning process.
     pub fn is_remote(&self) -> bool {
         self.0.remote
+    }
+
+    /// The thread team running the parallel regions of the device's routines (shared by
+    /// the virtual devices of a physical device); `None`: they run on one thread.
+    pub fn team(&self) -> Option<&Arc<Team>> {
+        self.0.queue.team.as_ref()
+    }
+
+    /// How many threads run the parallel regions of the device's routines now.
+    pub fn threads(&self) -> usize {
+        self.team().map_or(1, |t| t.threads())
     }
 
     /// Whether the device runs tasks on a worker thread.

@@ -10,6 +10,7 @@ use super::cc::{CcBackend, Code, CodeBatch, Config, Occupancy, Routine, Task};
 use super::context::Context;
 use super::device::{Device, Event, PhysicalDevice};
 use super::reduce;
+use super::team::Team;
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Ndarray, Tnode};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -713,19 +714,34 @@ pub(crate) fn prepare_transfer_in_process(
     }))))
 }
 
-/// One worker thread and one FIFO queue per physical device (each core of the machine),
-/// shared by the virtual devices created on it.
+/// One worker thread and one FIFO queue per physical device, shared by the virtual devices
+/// created on it, and a thread team per physical device running the parallel regions of its
+/// routines (the worker and helper threads, see [`super::team`]).
 ///
-/// By default each worker is pinned to a core of its own (physical device `i` to the `i`-th
-/// CPU the process may run on; see [`MulticoreBackend::with_pinning`]): unpinned, the kernel
-/// may start two workers on one core and take milliseconds to move one, and a step in which
-/// devices wait for each other then runs their work one after the other.
+/// How cores are shared:
+/// - with a number of threads per device ([`CcBackend::with_threads`] on the compiler
+///   backend given to [`MulticoreBackend::with_cc`], `JitConfig::threads`, the CLI's
+///   `--threads`), there are `cores / threads` physical devices (at least one), and physical
+///   device `i` owns cores `i·threads ..` (modulo the cores the process may use);
+/// - otherwise (the default) there is a physical device per core, as in the seed's multicore
+///   backend, and the cores are shared out among the physical devices that have a worker:
+///   each device's worker keeps its own core, and the cores of no worker are dealt to the
+///   devices' teams in equal contiguous shares. So one device (a `Jit`'s, a single-device
+///   program's) uses every core, and data-parallel devices use disjoint cores.
+///
+/// By default each worker and helper is pinned to its core (physical device `i`'s worker to
+/// the `i`-th CPU the process may run on; see [`MulticoreBackend::with_pinning`]): unpinned,
+/// the kernel may start two workers on one core and take milliseconds to move one, and a
+/// step in which devices wait for each other then runs their work one after the other.
 #[derive(Default)]
 pub struct MulticoreBackend {
     core: DeviceCore,
     /// Whether workers are pinned to cores; `None`: as `ARRAYJIT_PIN_WORKERS` says (read
     /// when a worker starts), on by default.
     pin: Option<bool>,
+    /// The teams of the physical devices with a worker, by ordinal (weak: a team lives as
+    /// long as its devices).
+    teams: Mutex<Vec<(usize, std::sync::Weak<Team>)>>,
 }
 
 impl MulticoreBackend {
@@ -740,6 +756,45 @@ impl MulticoreBackend {
         MulticoreBackend {
             core: DeviceCore::with_cc(cc),
             pin: None,
+            teams: Mutex::default(),
+        }
+    }
+
+    /// Threads per physical device: the compiler backend's setting
+    /// ([`CcBackend::with_threads`]), or `None` (one physical device per core, the cores
+    /// shared out among the devices in use).
+    pub fn threads_per_device(&self) -> Option<usize> {
+        self.core.cc.threads()
+    }
+
+    /// The cores the process may run on (at least one entry: `None` when unknown).
+    fn cores() -> Vec<Option<usize>> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..n).map(super::device::allowed_core).collect()
+    }
+
+    /// Deals the cores without a worker out to the teams of the devices with one (the
+    /// default sharing, see the type's documentation).
+    fn share_cores(&self, pin: bool) {
+        let mut teams = self.teams.lock().unwrap_or_else(|p| p.into_inner());
+        teams.retain(|(_, t)| t.strong_count() > 0);
+        teams.sort_by_key(|(o, _)| *o);
+        let cores = Self::cores();
+        let c = cores.len();
+        let live: Vec<(usize, Arc<Team>)> = teams
+            .iter()
+            .filter_map(|(o, t)| t.upgrade().map(|t| (*o, t)))
+            .collect();
+        let workers: Vec<usize> = live.iter().map(|(o, _)| o % c).collect();
+        let free: Vec<usize> = (0..c).filter(|k| !workers.contains(k)).collect();
+        let p = live.len().max(1);
+        for (r, (o, team)) in live.iter().enumerate() {
+            let mine = &free[r * free.len() / p..(r + 1) * free.len() / p];
+            let list: Vec<Option<usize>> = std::iter::once(*o % c)
+                .chain(mine.iter().copied())
+                .map(|k| if pin { cores[k] } else { None })
+                .collect();
+            team.set_cores(&list);
         }
     }
 
@@ -757,12 +812,20 @@ impl Backend for MulticoreBackend {
     fn name(&self) -> &'static str {
         "multicore"
     }
+    fn unsafe_cleanup(&self) {
+        self.cleanup()
+    }
     fn core(&self) -> &DeviceCore {
         &self.core
     }
-    /// The machine's available parallelism.
+    /// The machine's available parallelism, divided by the threads per device when set
+    /// (at least 1).
     fn num_physical_devices(&self) -> usize {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match self.threads_per_device() {
+            Some(t) => (cores / t.max(1)).max(1),
+            None => cores,
+        }
     }
     /// `PhysicalDevicesOnly` and `MostParallelDevices`: 1 (a core runs one thread at a time);
     /// `ForParallelCopying`: 2 (so copies overlap with computation).
@@ -777,12 +840,53 @@ impl Backend for MulticoreBackend {
             Some(p) => p,
             None => crate::compile::env_boolean("ARRAYJIT_PIN_WORKERS", true)?,
         };
-        let core = if pin {
-            super::device::allowed_core(physical.ordinal)
-        } else {
-            None
-        };
-        Device::with_worker(physical.clone(), subordinal, core)
+        let o = physical.ordinal;
+        match self.threads_per_device() {
+            Some(t) => {
+                // Cores o·t .. o·t + t - 1 (modulo the allowed ones).
+                let cores: Vec<Option<usize>> = (0..t)
+                    .map(|k| {
+                        if pin {
+                            super::device::allowed_core(o * t + k)
+                        } else {
+                            None
+                        }
+                    })
+                    .collect();
+                let team = Team::new(&format!("multicore:{o}"), t);
+                team.set_cores(&cores);
+                Device::with_worker(physical.clone(), subordinal, cores[0], Some(team))
+            }
+            None => {
+                let core = if pin {
+                    super::device::allowed_core(o)
+                } else {
+                    None
+                };
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let team = Team::new(&format!("multicore:{o}"), n);
+                let d =
+                    Device::with_worker(physical.clone(), subordinal, core, Some(team.clone()))?;
+                self.teams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((o, Arc::downgrade(&team)));
+                self.share_cores(pin);
+                Ok(d)
+            }
+        }
+    }
+}
+
+impl MulticoreBackend {
+    /// [`Backend::unsafe_cleanup`]'s work, forgetting the teams too.
+    fn cleanup(&self) {
+        let devices: Vec<Device> = std::mem::take(&mut *self.core.devices());
+        for d in devices {
+            d.release();
+        }
+        self.core.cc.unsafe_cleanup();
+        self.teams.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -826,8 +930,17 @@ impl Backend for SyncBackend {
     fn suggested_num_virtual_devices(&self, _device: &PhysicalDevice) -> usize {
         1
     }
+    /// The device runs its routines' parallel regions on the calling thread and, with
+    /// threads set on the compiler backend ([`CcBackend::with_threads`]), helper threads
+    /// (unpinned).
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
-        Ok(Device::synchronous(physical.clone(), subordinal))
+        let team = self
+            .core
+            .cc
+            .threads()
+            .filter(|&t| t > 1)
+            .map(|t| Team::new(&format!("sync:{}", physical.ordinal), t));
+        Ok(Device::synchronous(physical.clone(), subordinal, team))
     }
 }
 

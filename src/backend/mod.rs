@@ -12,6 +12,7 @@ pub mod mpi;
 mod reduce;
 pub mod sexp;
 pub mod task;
+pub mod team;
 
 pub use buffer::{BufferPtr, DeviceBuffer};
 pub use cc::{CcBackend, Code, CodeBatch, Config, MergeBuffer, Routine, Task};
@@ -21,6 +22,7 @@ pub use device::{Device, Event, PhysicalDevice};
 pub use devices::{Backend, MergeBufferUse, MulticoreBackend, SyncBackend, Transfer};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiBackend;
+pub use team::Team;
 
 use crate::error::{Error, Result};
 

@@ -27,6 +27,10 @@ pub fn nests(c: Llc) -> Llc {
             }
             c
         }
+        Llc::Parallel(mut p) => {
+            p.body = nests(std::mem::replace(&mut p.body, Llc::Noop));
+            Llc::Parallel(p)
+        }
         Llc::If { guards, body } => Llc::If {
             guards,
             body: Box::new(nests(*body)),

@@ -2,7 +2,8 @@
 //!
 //! Every routine becomes a readable function `static int NAME_routine(params...)` plus a fixed-signature
 //! entry point `int NAME_routine_entry(void *const *buffers, const int64_t *statics,
-//! const void *merge_buffer)` that the loader calls; it returns 0.
+//! const void *merge_buffer, const aj_team_t *team)` that the loader calls; it returns 0.
+//! `team` is the thread team that runs the routine's parallel regions (see `regions.rs`).
 //!
 //! Parameters of the readable function, in order: the merge buffer (`const T *merge_buffer`)
 //! if the routine reads one; the static indices (`int`), in the order of the routine's
@@ -39,6 +40,7 @@
 
 mod collapse;
 mod names;
+mod regions;
 mod vector;
 
 pub use names::{sanitize_comment, sanitize_ident};
@@ -263,6 +265,10 @@ pub fn generate(
         checked: options.checked,
         checks: vec![],
         check_table: vec![],
+        part_name: String::new(),
+        regions: vec![],
+        region_count: 0,
+        merge_ctype: None,
     };
     let mut parts = vec![];
     let mut sigs = vec![];
@@ -292,6 +298,14 @@ struct Writer {
     checks: Vec<String>,
     /// The routine's tensors named by its checks, by index.
     check_table: Vec<Tnode>,
+    /// The C name of the part being written (its parallel regions are named after it).
+    part_name: String,
+    /// The functions of the parallel regions of the part being written (see `regions.rs`).
+    regions: Vec<String>,
+    /// How many parallel regions the part has so far.
+    region_count: usize,
+    /// The C type of the merge buffer's elements, when the part reads it.
+    merge_ctype: Option<&'static str>,
 }
 
 /// The inside of a C string literal spelling the bytes `s`: bytes other than
@@ -595,6 +609,22 @@ impl Writer {
                 );
                 self.stmt(body, indent + 1, out);
                 let _ = writeln!(out, "{pad}}}");
+            }
+            Llc::Parallel(p) => {
+                if self.trace_dir.is_some() {
+                    // Trace logs list the stores in the plain loop's order: the region runs
+                    // as that loop, on the calling thread.
+                    let n = self.names.symbol(p.index);
+                    let _ = writeln!(
+                        out,
+                        "{pad}for (int64_t {n} = {}; {n} <= {}; ++{n}) {{",
+                        p.from, p.to
+                    );
+                    self.stmt(&p.body, indent + 1, out);
+                    let _ = writeln!(out, "{pad}}}");
+                } else {
+                    self.region(p, indent, out);
+                }
             }
             Llc::If { guards, body } => {
                 // `0 <= e < n` as one unsigned comparison; `e` is computed in int64_t, and
@@ -948,7 +978,11 @@ impl Writer {
             c => vec![c],
         };
         let groups = split_parts(top);
-        let uses: Vec<Uses> = groups.iter().map(|g| Uses::of(g)).collect();
+        // Arrays private to parallel regions live in the regions' own functions.
+        let uses: Vec<Uses> = groups
+            .iter()
+            .map(|g| Uses::shared_of(g, self.trace_dir.is_none()))
+            .collect();
         // Local arrays used by one part live in that part's frame, whose size is budgeted:
         // the smallest go on the stack while they fit in MAX_FRAME_BYTES (each at most
         // MAX_STACK_BYTES). The rest, and local arrays shared by several parts, are scratch
@@ -1091,6 +1125,31 @@ impl Writer {
         if self.checked {
             param_text.push("aj_check_t *restrict aj_chk".to_string());
         }
+        // The body first: its parallel regions become functions written before the part's.
+        self.part_name = c_name.to_string();
+        self.regions.clear();
+        self.region_count = 0;
+        self.merge_ctype = mine.iter().find_map(|(_, p)| match p {
+            Param::MergeBuffer(tn) => Some(tn.prec().c_type()),
+            _ => None,
+        });
+        let mut text = String::new();
+        for c in body {
+            if self.trace_dir.is_some() || self.checked {
+                // Trace lines print, and checks test, every index as the loop IR has it
+                // (collapsed loops run an index past its axis).
+                self.stmt(c, 1, &mut text);
+            } else {
+                self.stmt(&collapse::nests(c.clone()), 1, &mut text);
+            }
+        }
+        let has_regions = !self.regions.is_empty();
+        for f in std::mem::take(&mut self.regions) {
+            self.out.push_str(&f);
+        }
+        if has_regions {
+            param_text.push("const aj_team_t *aj_team".to_string());
+        }
         let _ = writeln!(self.out, "\n/* {} */", sanitize_comment(title));
         let _ = writeln!(
             self.out,
@@ -1125,16 +1184,11 @@ impl Writer {
             let n = self.names.node(tn);
             let _ = writeln!(self.out, "  memset({n}, 0, {});", tn.size_in_bytes());
         }
-        // Vector variables, declared once per function (the compiler keeps them in registers).
+        // Vector variables, declared once per function (the compiler keeps them in registers);
+        // parallel regions declare their own.
         let mut vregs = vec![];
         for c in body {
-            crate::loops::visit_llc(c, &mut |c| {
-                if let Llc::VSet(r, _) = c {
-                    if !vregs.contains(r) {
-                        vregs.push(*r);
-                    }
-                }
-            });
+            regions::vregs_outside_regions(c, self.trace_dir.is_none(), &mut vregs);
         }
         for r in vregs {
             let n = self.names.vreg(r.id);
@@ -1158,16 +1212,6 @@ impl Writer {
                     "  aj_trace_printf(&aj_log, \"# run of routine %s\\n\", \"{}\");",
                     c_string_literal(log_text(routine).as_bytes())
                 );
-            }
-        }
-        let mut text = String::new();
-        for c in body {
-            if self.trace_dir.is_some() || self.checked {
-                // Trace lines print, and checks test, every index as the loop IR has it
-                // (collapsed loops run an index past its axis).
-                self.stmt(c, 1, &mut text);
-            } else {
-                self.stmt(&collapse::nests(c.clone()), 1, &mut text);
             }
         }
         self.out.push_str(&text);
@@ -1203,9 +1247,12 @@ impl Writer {
             // The check record follows the context and scratch buffers in the table.
             args.push(format!("(aj_check_t *)buffers[{}]", buffer_pos(all.len())));
         }
+        if has_regions {
+            args.push("team".to_string());
+        }
         let _ = writeln!(
             self.out,
-            "int {c_name}_entry(void *const *buffers, const int64_t *statics, const void *merge_buffer) {{\n  (void)buffers; (void)statics; (void)merge_buffer;\n  return {c_name}({});\n}}",
+            "int {c_name}_entry(void *const *buffers, const int64_t *statics, const void *merge_buffer, const aj_team_t *team) {{\n  (void)buffers; (void)statics; (void)merge_buffer; (void)team;\n  return {c_name}({});\n}}",
             args.join(", ")
         );
     }

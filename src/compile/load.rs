@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 use crate::{Error, Result};
 
 /// The fixed signature of every routine entry point the code generator emits:
-/// `int NAME(void *const *node_buffers, const int64_t *static_indices, const void *merge_buffer)`,
-/// returning 0 on success.
+/// `int NAME(void *const *node_buffers, const int64_t *static_indices, const void
+/// *merge_buffer, const aj_team_t *team)`, returning 0 on success. `team` is the thread
+/// team running the routine's parallel regions (the runtime header's `aj_team_t`, the
+/// backend's `AjTeam`).
 ///
 /// A function pointer obtained from [`LoadedLibrary::entry`] is only valid while the
 /// [`LoadedLibrary`] it came from is alive.
-pub type EntryFn = unsafe extern "C" fn(*const *mut u8, *const i64, *const u8) -> i32;
+pub type EntryFn =
+    unsafe extern "C" fn(*const *mut u8, *const i64, *const u8, *const std::ffi::c_void) -> i32;
 
 /// A `dlopen` handle.
 pub(super) type Handle = libloading::os::unix::Library;

@@ -241,7 +241,7 @@ mod tests {
     use super::*;
 
     const DOUBLER: &str = "#include \"arrayjit.h\"\n\
-        int f(void *const *b, const int64_t *s, const void *m) {\n\
+        int f(void *const *b, const int64_t *s, const void *m, const void *t) {\n\
           (void)m;\n\
           ((double *)b[0])[0] = s[0] * 2.0;\n\
           return 0;\n\
@@ -271,7 +271,14 @@ mod tests {
         let buffers = [out.as_mut_ptr() as *mut u8];
         // SAFETY: DOUBLER's `f` writes one double into buffers[0] and reads statics[0]; its
         // library is alive (borrowed).
-        unsafe { f(buffers.as_ptr(), [s].as_ptr(), std::ptr::null()) };
+        unsafe {
+            f(
+                buffers.as_ptr(),
+                [s].as_ptr(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
         out[0]
     }
 

@@ -596,6 +596,13 @@ impl<'m> Machine<'m> {
                 bound.pop();
                 r
             }
+            // A parallel region means what the plain loop means.
+            Llc::Parallel(p) => {
+                bound.push((p.index, p.from, p.to));
+                let r = self.check_stmt(&p.body, bound);
+                bound.pop();
+                r
+            }
             Llc::If { guards, body } => {
                 for (ix, _) in guards {
                     if let Some(s) = ix
@@ -790,6 +797,23 @@ impl<'m> Machine<'m> {
         Ok(off)
     }
 
+    fn exec_loop(&mut self, index: Symbol, from: i64, to: i64, body: &Llc) -> Result<()> {
+        let prev = self.env.remove(&index);
+        let mut r = Ok(());
+        for i in from..=to {
+            self.env.insert(index, i);
+            r = self.exec(body);
+            if r.is_err() {
+                break;
+            }
+        }
+        match prev {
+            Some(p) => self.env.insert(index, p),
+            None => self.env.remove(&index),
+        };
+        r
+    }
+
     fn exec(&mut self, c: &Llc) -> Result<()> {
         match c {
             Llc::Noop | Llc::Comment(_) => Ok(()),
@@ -800,22 +824,10 @@ impl<'m> Machine<'m> {
                 to,
                 body,
                 ..
-            } => {
-                let prev = self.env.remove(index);
-                let mut r = Ok(());
-                for i in *from..=*to {
-                    self.env.insert(*index, i);
-                    r = self.exec(body);
-                    if r.is_err() {
-                        break;
-                    }
-                }
-                match prev {
-                    Some(p) => self.env.insert(*index, p),
-                    None => self.env.remove(index),
-                };
-                r
-            }
+            } => self.exec_loop(*index, *from, *to, body),
+            // A parallel region runs as the plain loop (its iterations are independent, so
+            // any order computes the same).
+            Llc::Parallel(p) => self.exec_loop(p.index, p.from, p.to, &p.body),
             Llc::If { guards, body } => {
                 for (ix, n) in guards {
                     let v = self.index(ix)?;

@@ -140,4 +140,6 @@ pub mod provenance {
     /// Fusion: a slice-sized local replacing a local tensor that one fused loop uses one
     /// slice at a time.
     pub const FUSED: u32 = 21;
+    /// The parallel pass: the partial results of a reduction split into blocks.
+    pub const PARALLEL: u32 = 22;
 }

@@ -9,10 +9,12 @@
 //! so the interpreter runs them like scalar code, and the C writer prints them with the
 //! target's vector instructions.
 
+mod deps;
 mod print;
 mod verify;
 mod walk;
 
+pub use deps::{analyze, check_parallel, parallel_work, Accumulator, Independence, Regions};
 pub use print::to_doc;
 pub use verify::verify;
 pub use walk::{
@@ -53,6 +55,10 @@ pub enum Llc {
         /// Whether tracing should walk this loop.
         trace_it: bool,
     },
+    /// A parallel region: a loop whose iterations are independent, so that a device's thread
+    /// team may run them in any order and at once (see [`ParallelLoop`]). Its meaning is
+    /// the plain loop's: the interpreter runs it as one.
+    Parallel(Box<ParallelLoop>),
     /// `if (0 <= idx < extent for every guard) { body }`: the guards of affine indices
     /// (SPEC 9.3); the points where one fails are skipped.
     If {
@@ -106,6 +112,37 @@ pub enum Llc {
         /// The vector stored.
         value: Vlv,
     },
+}
+
+/// A loop whose iterations are independent (found by the optimizer's parallel pass,
+/// [`crate::optimize`], and checked by [`verify`]): each iteration writes only cells that no
+/// other iteration reads or writes, except the cells of its `private` local arrays, which
+/// every iteration writes before it reads them and nothing after the loop reads; the vector
+/// variables it uses are its own and assigned before they are read. So its iterations may run
+/// in any order, on several threads, each thread with its own copy of the private arrays,
+/// and compute exactly what the plain loop computes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParallelLoop {
+    /// The iterator.
+    pub index: Symbol,
+    /// First value.
+    pub from: i64,
+    /// Last value (inclusive).
+    pub to: i64,
+    /// The body.
+    pub body: Llc,
+    /// Local arrays each iteration writes before reading them (one copy per thread).
+    pub private: Vec<Tnode>,
+    /// The fewest iterations worth giving a thread at once (the loop's work per iteration
+    /// is small below it).
+    pub grain: i64,
+}
+
+impl ParallelLoop {
+    /// The same loop as a plain [`Llc::For`].
+    pub fn to_for(&self) -> Llc {
+        Llc::for_loop(self.index, self.from, self.to, self.body.clone())
+    }
 }
 
 /// The type of a vector: `lanes` values of precision `prec` (single: `float` lanes, double:

@@ -41,6 +41,24 @@ fn write_llc(out: &mut String, c: &Llc, indent: usize) {
             write_llc(out, body, indent + 1);
             let _ = writeln!(out, "{pad}}}");
         }
+        Llc::Parallel(p) => {
+            let private: Vec<String> = p
+                .private
+                .iter()
+                .map(|t| t.name().escape_debug().to_string())
+                .collect();
+            let _ = writeln!(
+                out,
+                "{pad}parallel for {} = {} to {} (grain {}, private [{}]) {{",
+                p.index,
+                p.from,
+                p.to,
+                p.grain,
+                private.join(", ")
+            );
+            write_llc(out, &p.body, indent + 1);
+            let _ = writeln!(out, "{pad}}}");
+        }
         Llc::If { guards, body } => {
             let conds: Vec<String> = guards
                 .iter()

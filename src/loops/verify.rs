@@ -11,7 +11,9 @@
 //!   integer precision of the lanes' width), and every vector variable read is assigned
 //!   somewhere;
 //! - a loop's bounds are not inverted beyond an empty range;
-//! - a lookup ([`Llc::Lookup`]) reads an integer tensor, its symbol is used only in its body.
+//! - a lookup ([`Llc::Lookup`]) reads an integer tensor, its symbol is used only in its body;
+//! - a parallel region ([`Llc::Parallel`]) is not nested in another, and its iterations are
+//!   independent ([`super::check_parallel`]).
 
 use super::{Llc, Llv, VType, Vlv};
 use crate::ir::{AxisIndex, Prec, Symbol, Tnode};
@@ -20,10 +22,14 @@ use std::collections::HashSet;
 /// Checks the invariants above; `Err` describes the first violation.
 pub fn verify(code: &Llc) -> Result<(), String> {
     let mut loop_syms = HashSet::new();
-    super::visit_llc(code, &mut |c| {
-        if let Llc::For { index, .. } | Llc::Lookup { symbol: index, .. } = c {
+    super::visit_llc(code, &mut |c| match c {
+        Llc::For { index, .. } | Llc::Lookup { symbol: index, .. } => {
             loop_syms.insert(*index);
         }
+        Llc::Parallel(p) => {
+            loop_syms.insert(p.index);
+        }
+        _ => {}
     });
     let mut v = Verifier {
         loop_syms,
@@ -35,7 +41,18 @@ pub fn verify(code: &Llc) -> Result<(), String> {
             v.vset.insert(r.id);
         }
     });
-    v.stmt(code)
+    v.stmt(code)?;
+    // Every parallel region's iterations are independent.
+    let mut regions = vec![];
+    super::deps::statements(code, &mut |c| {
+        if let Llc::Parallel(p) = c {
+            regions.push((c, p.index));
+        }
+    });
+    for (c, index) in regions {
+        super::check_parallel(code, c).map_err(|e| format!("parallel loop over {index}: {e}"))?;
+    }
+    Ok(())
 }
 
 struct Verifier {
@@ -98,6 +115,32 @@ impl Verifier {
                 }
                 self.bound.push(*index);
                 let r = self.stmt(body);
+                self.bound.pop();
+                r
+            }
+            Llc::Parallel(p) => {
+                if self.bound.contains(&p.index) {
+                    return Err(format!(
+                        "parallel loop over {0} nested in a loop over {0}",
+                        p.index
+                    ));
+                }
+                if p.to < p.from - 1 || p.grain < 1 {
+                    return Err(format!(
+                        "parallel loop over {} from {} to {} with grain {}",
+                        p.index, p.from, p.to, p.grain
+                    ));
+                }
+                let mut nested = false;
+                super::visit_llc(&p.body, &mut |c| nested |= matches!(c, Llc::Parallel(_)));
+                if nested {
+                    return Err(format!(
+                        "a parallel loop nested in the parallel loop over {}",
+                        p.index
+                    ));
+                }
+                self.bound.push(p.index);
+                let r = self.stmt(&p.body);
                 self.bound.pop();
                 r
             }

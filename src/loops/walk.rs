@@ -11,6 +11,7 @@ pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
         Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => {
             visit_llc(body, f)
         }
+        Llc::Parallel(p) => visit_llc(&p.body, f),
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => stmts_in_value(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => {
             visit_vlv(v, &mut |v| {
@@ -65,6 +66,7 @@ pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
         Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => {
             visit_values(body, f)
         }
+        Llc::Parallel(p) => visit_values(&p.body, f),
         Llc::Set { value, .. } | Llc::SetLocal(_, value) => go_v(value, f),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => visit_vlv(v, &mut |v| {
             if let Vlv::Splat(_, x) = v {
@@ -115,7 +117,7 @@ pub fn visit_value_indices(v: &Llv, f: &mut impl FnMut(&AxisIndex)) {
     });
 }
 
-fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
+pub(crate) fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
     f(v);
     match v {
         Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
@@ -280,6 +282,14 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
             body: Box::new(map_indices(body, f)?),
             trace_it: *trace_it,
         },
+        Llc::Parallel(p) => Llc::Parallel(Box::new(super::ParallelLoop {
+            index: p.index,
+            from: p.from,
+            to: p.to,
+            body: map_indices(&p.body, f)?,
+            private: p.private.clone(),
+            grain: p.grain,
+        })),
         Llc::If { guards, body } => Llc::If {
             guards: guards
                 .iter()

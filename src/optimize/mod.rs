@@ -4,6 +4,7 @@
 mod fuse;
 mod gemm;
 mod loops;
+mod parallel;
 mod simplify;
 mod taps;
 mod trace;
@@ -40,6 +41,10 @@ pub struct Settings {
     /// Run the loop-nest passes (loop interchange for locality, kernels, fusion across
     /// statements).
     pub loop_opts: bool,
+    /// Mark the loops whose iterations are independent as parallel regions, which a
+    /// device's thread team splits among its threads (needs `loop_opts`). The code computes
+    /// the same bits whatever the number of threads.
+    pub parallel: bool,
     /// The vector target of the kernel passes (GEMM kernels for contractions); `None`: no
     /// vector kernels. The cc backend fills it with the resolved target when it is `None`.
     pub target: Option<crate::target::VectorTarget>,
@@ -55,6 +60,7 @@ impl Default for Settings {
             inline_scalar_constexprs: true,
             max_inline_work: 64,
             loop_opts: true,
+            parallel: true,
             target: None,
         }
     }
@@ -206,6 +212,23 @@ pub fn optimize_with(
         written_first.extend(f.locals.iter().cloned());
         nodes.extend(f.locals.into_iter().map(|t| (t, MemoryMode::Local)));
         f.code
+    } else {
+        code
+    };
+    let code = if settings.enabled && settings.loop_opts && settings.parallel {
+        let local_set: std::collections::HashSet<Tnode> = nodes
+            .iter()
+            .filter(|(_, m)| *m == MemoryMode::Local)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let p = parallel::parallelize(code, &local_set);
+        verify("parallel", &p.code)?;
+        for t in &p.locals {
+            modes.refine(t, MemoryMode::Local, provenance::PARALLEL)?;
+        }
+        written_first.extend(p.locals.iter().cloned());
+        nodes.extend(p.locals.into_iter().map(|t| (t, MemoryMode::Local)));
+        p.code
     } else {
         code
     };

@@ -211,6 +211,8 @@ impl Tracer<'_> {
             // Tracing runs on lowered code, before the kernel passes introduce vectors.
             Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => {}
             Llc::Seq(v) => v.iter().for_each(|c| self.stmt(c)),
+            // Parallel regions come after tracing; one means its plain loop.
+            Llc::Parallel(p) => self.stmt(&p.to_for()),
             Llc::For {
                 index,
                 from,
@@ -348,6 +350,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
         match c {
             Llc::Seq(v) => v.iter().for_each(|c| collect(c, w, bad)),
             Llc::For { body, .. } | Llc::If { body, .. } => collect(body, w, bad),
+            Llc::Parallel(p) => collect(&p.body, w, bad),
             // Written only for some data: never a constant expression.
             Llc::Lookup { body, .. } => {
                 let mut inner = HashMap::new();

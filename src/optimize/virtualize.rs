@@ -100,6 +100,11 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
                 go(body, tn, loops, map, ok);
                 loops.pop();
             }
+            Llc::Parallel(p) => {
+                loops.push((p.index, p.from, p.to));
+                go(&p.body, tn, loops, map, ok);
+                loops.pop();
+            }
             Llc::Set { tn: t, idcs, value } if t == tn => {
                 let mut seen = HashSet::new();
                 for (axis, (ix, &d)) in idcs.iter().zip(tn.dims()).enumerate() {
@@ -234,8 +239,10 @@ impl Inliner<'_> {
                 Llc::SetLocal(id, self.value(value))
             }
             Llc::ZeroOut(t) => Llc::ZeroOut(t.clone()),
-            // Never inside an inlined computation (see `writer_pattern`).
+            // Never inside an inlined computation (see `writer_pattern`; parallel regions
+            // come after virtualization).
             Llc::If { .. }
+            | Llc::Parallel(_)
             | Llc::Lookup { .. }
             | Llc::Noop
             | Llc::Comment(_)
@@ -483,6 +490,9 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
                 } else {
                     inner.saturating_mul((to - from + 1).max(0) as u64)
                 }
+            }
+            Llc::Parallel(p) => {
+                stmt(&p.body, written).saturating_mul((p.to - p.from + 1).max(0) as u64)
             }
             Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
             Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),

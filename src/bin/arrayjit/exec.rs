@@ -25,6 +25,15 @@ fn backend() -> CcBackend {
     be
 }
 
+/// The compiler backend of a single-device run: its routines' parallel regions run on
+/// `threads` threads (default: the machine's cores).
+fn single_backend(threads: Option<usize>) -> CcBackend {
+    let n = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let be = cc().with_threads(n);
+    be.initialize(Config::default());
+    be
+}
+
 /// Points a library error at the routine it names ([`arrayjit::Error::InRoutine`]); errors
 /// naming several routines (a C compiler failure on a file holding them) are reported
 /// without a place in the file, and errors naming none (a missing compiler) list every
@@ -136,17 +145,28 @@ fn execute(
 /// and stop the whole MPI job ([`Job::abort`]).
 pub struct Job {
     be: Option<Box<dyn Backend>>,
+    /// `--threads`: threads per device (`None`: a single device uses every core, several
+    /// share them out).
+    threads: Option<usize>,
 }
 
 impl Job {
-    /// The backend of `built` (none for a single-device program).
-    pub fn new(built: &Built) -> Result<Job, ProgramError> {
+    /// The backend of `built` (none for a single-device program), running routines on
+    /// `threads` threads per device.
+    pub fn new(built: &Built, threads: Option<usize>) -> Result<Job, ProgramError> {
         if built.devices.is_none() {
-            return Ok(Job { be: None });
+            return Ok(Job { be: None, threads });
         }
-        let be = backend_named(&built.backend, cc())
+        let cc = match threads {
+            Some(n) => cc().with_threads(n),
+            None => cc(),
+        };
+        let be = backend_named(&built.backend, cc)
             .map_err(|e| ProgramError::nowhere(format!("choosing the backend: {e}")))?;
-        Ok(Job { be: Some(be) })
+        Ok(Job {
+            be: Some(be),
+            threads,
+        })
     }
 
     /// Under MPI, checks that every rank runs the same program file (`text`).
@@ -161,7 +181,10 @@ impl Job {
 
     /// No backend: a single-device program, or one the interpreter simulates.
     pub fn none() -> Job {
-        Job { be: None }
+        Job {
+            be: None,
+            threads: None,
+        }
     }
 
     /// This process's rank (0 but under MPI).
@@ -511,7 +534,7 @@ pub fn run(built: &Built, job: &Job) -> Result<RunResult, ProgramError> {
     if let Some(n) = built.devices {
         return run_devices(built, job, n);
     }
-    let (be, ctx, routines, _) = prepare_single(built)?;
+    let (be, ctx, routines, _) = prepare_single(built, job.threads)?;
     execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;
     for (name, tn) in &built.tensors {
         if tn.is_hosted() {
@@ -526,8 +549,11 @@ pub fn run(built: &Built, job: &Job) -> Result<RunResult, ProgramError> {
 
 /// Compiles and links every routine on the cc backend and copies hosted tensors to the
 /// device; returns the backend, the context, the routines and the compile time in ms.
-fn prepare_single(built: &Built) -> Result<(CcBackend, Context, Vec<Routine>, f64), ProgramError> {
-    let be = backend();
+fn prepare_single(
+    built: &Built,
+    threads: Option<usize>,
+) -> Result<(CcBackend, Context, Vec<Routine>, f64), ProgramError> {
+    let be = single_backend(threads);
     let lib = |what: &'static str| {
         move |e: arrayjit::Error| ProgramError::nowhere(format!("{what}: {e}"))
     };
@@ -703,7 +729,7 @@ pub fn bench(
             .to_string(),
         ));
     }
-    let (be, ctx, routines, compile_ms) = prepare_single(built)?;
+    let (be, ctx, routines, compile_ms) = prepare_single(built, job.threads)?;
     for i in 0..rounds {
         let (t, c) = (Instant::now(), thread_cpu_ms());
         execute(&be, &ctx, &built.plan, &routines, &built.routine_names)?;

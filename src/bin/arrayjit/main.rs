@@ -3,9 +3,9 @@
 //! `docs/program-format.md`.
 //!
 //! ```text
-//! arrayjit run FILE [--format json|table] [--interpret]
+//! arrayjit run FILE [--format json|table] [--interpret] [--threads N]
 //! arrayjit emit-c FILE
-//! arrayjit bench FILE [--warmup N] [--runs N]
+//! arrayjit bench FILE [--warmup N] [--runs N] [--threads N]
 //! arrayjit cache info|clear
 //! arrayjit --help
 //! ```
@@ -49,9 +49,9 @@ const MAX_BENCH_COUNT: usize = 1_000_000;
 
 /// Every form of the command line, for `--help` and usage errors.
 const USAGE: &str = "\
-arrayjit run FILE [--format json|table] [--interpret]
+arrayjit run FILE [--format json|table] [--interpret] [--threads N]
        arrayjit emit-c FILE
-       arrayjit bench FILE [--warmup N] [--runs N]
+       arrayjit bench FILE [--warmup N] [--runs N] [--threads N]
        arrayjit cache info|clear
        arrayjit --help";
 
@@ -99,6 +99,10 @@ enum Command {
         /// debugging).
         #[arg(long)]
         interpret: bool,
+        /// Threads per device for the routines' parallel regions (1 to 1024; default: the
+        /// machine's cores, shared out among the devices of a multi-device program).
+        #[arg(long, value_name = "N", conflicts_with = "interpret", value_parser = threads_count)]
+        threads: Option<usize>,
     },
     /// Print the C source of all routines of FILE (no compiler needed).
     EmitC {
@@ -122,6 +126,10 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 10, allow_negative_numbers = true,
               value_parser = runs_count)]
         runs: usize,
+        /// Threads per device for the routines' parallel regions (1 to 1024; default: the
+        /// machine's cores, shared out among the devices of a multi-device program).
+        #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = threads_count)]
+        threads: Option<usize>,
     },
     /// Look after the compile cache (ARRAYJIT_CACHE_DIR, ARRAYJIT_CACHE_MAX).
     Cache {
@@ -152,6 +160,16 @@ fn warmup_count(text: &str) -> Result<usize, String> {
 
 fn runs_count(text: &str) -> Result<usize, String> {
     count(text, 1)
+}
+
+/// The most threads per device `--threads` takes.
+const MAX_THREADS: usize = 1024;
+
+fn threads_count(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_THREADS).contains(n))
+        .ok_or_else(|| format!("expected a whole number from 1 to {MAX_THREADS}"))
 }
 
 /// A size in bytes for people: `3565158 bytes (3.4 MiB)`.
@@ -228,9 +246,14 @@ fn execute(cmd: &Command) -> Result<String, String> {
             let (built, text) = program::load(file)?;
             exec::emit_c(&built).map_err(|e| render(file, &text, &e))
         }
-        Command::Bench { file, warmup, runs } => {
+        Command::Bench {
+            file,
+            warmup,
+            runs,
+            threads,
+        } => {
             let (built, text) = program::load(file)?;
-            let job = exec::Job::new(&built).map_err(|e| render(file, &text, &e))?;
+            let job = exec::Job::new(&built, *threads).map_err(|e| render(file, &text, &e))?;
             job.check_same_program(&text)
                 .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
             let result = exec::bench(&built, &job, *warmup, *runs)
@@ -246,13 +269,14 @@ fn execute(cmd: &Command) -> Result<String, String> {
             file,
             format,
             interpret,
+            threads,
         } => {
             let (built, text) = program::load(file)?;
             // The interpreter simulates the devices in this process (MPI or not).
             let job = if *interpret {
                 exec::Job::none()
             } else {
-                exec::Job::new(&built).map_err(|e| render(file, &text, &e))?
+                exec::Job::new(&built, *threads).map_err(|e| render(file, &text, &e))?
             };
             job.check_same_program(&text)
                 .map_err(|e| stop_job(&job, render(file, &text, &e)))?;
@@ -390,6 +414,7 @@ mod tests {
             file: "p.json".into(),
             format,
             interpret,
+            threads: None,
         };
         assert_eq!(parse(&["run", "p.json"]).unwrap(), run(Format::Json, false));
         assert_eq!(
@@ -411,7 +436,26 @@ mod tests {
             Command::Bench {
                 file: "p.json".into(),
                 warmup: 0,
-                runs: 1_000_000
+                runs: 1_000_000,
+                threads: None,
+            }
+        );
+        assert_eq!(
+            parse(&["bench", "p.json", "--threads", "3"]).unwrap(),
+            Command::Bench {
+                file: "p.json".into(),
+                warmup: 3,
+                runs: 10,
+                threads: Some(3),
+            }
+        );
+        assert_eq!(
+            parse(&["run", "--threads=2", "p.json"]).unwrap(),
+            Command::Run {
+                file: "p.json".into(),
+                format: Format::Json,
+                interpret: false,
+                threads: Some(2),
             }
         );
         assert_eq!(
@@ -419,7 +463,8 @@ mod tests {
             Command::Bench {
                 file: "p.json".into(),
                 warmup: 3,
-                runs: 10
+                runs: 10,
+                threads: None,
             }
         );
         assert_eq!(
@@ -450,6 +495,12 @@ mod tests {
             &["bench", "p.json", "--runs", "-1"],
             &["bench", "p.json", "--warmup", "1000001"],
             &["bench", "p.json", "--runs", "10", "--runs", "10"],
+            &["bench", "p.json", "--threads", "0"],
+            &["bench", "p.json", "--threads", "-2"],
+            &["bench", "p.json", "--threads", "1025"],
+            &["run", "p.json", "--threads", "two"],
+            &["run", "p.json", "--interpret", "--threads", "2"],
+            &["emit-c", "p.json", "--threads", "2"],
             &["cache"],
             &["cache", "purge"],
             &["cache", "info", "extra"],

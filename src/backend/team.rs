@@ -1,0 +1,564 @@
+//! Thread teams: the threads a device (or the no-device backend) runs its routines' parallel
+//! regions on. A team is its caller (the device's worker, or whichever thread runs the
+//! routine) plus helper threads, started once (when a region first needs them) and kept:
+//! no thread is started per run.
+//!
+//! A region ([`crate::loops::ParallelLoop`]) reaches the team through the generated code's
+//! `aj_parallel` (runtime header), which calls [`AjTeam::run`] with a chunk function and the
+//! loop's range. The range is cut into chunks (at least the region's grain, about four per
+//! thread), and the threads **claim chunks from an atomic counter** until none is left: a
+//! thread that is descheduled (its core busy with another process) simply claims fewer, and
+//! the others take its share. The caller takes chunks too, then waits for the chunks still
+//! running. Which thread runs which chunk does not matter: a region's iterations are
+//! independent, so the results are the same bits for any number of threads.
+//!
+//! Waits hand the core back: an idle helper checks for new work while yielding the core
+//! for at most [`HELPER_SPIN`], then parks on a condition variable (woken when a region
+//! starts); the caller waiting for the last chunks likewise spins for at most
+//! [`super::counter::DONE_SPIN`], then parks.
+//!
+//! Helpers are pinned to cores when the team is given cores ([`Team::set_cores`]); a helper
+//! whose core changes moves at its next region.
+
+use super::counter::{spin_until, Counter, DONE_SPIN};
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long an idle helper checks for a new region without parking (see `spin_until`):
+/// long enough to span the sequential code between the regions of one routine.
+pub const HELPER_SPIN: Duration = Duration::from_micros(100);
+
+/// About how many chunks each thread gets from a region (more balance the threads when one
+/// is slowed down, fewer cost less to hand out).
+pub const CHUNKS_PER_THREAD: i64 = 4;
+
+/// No core: the thread is not pinned.
+const NO_CORE: usize = usize::MAX;
+
+/// A region's chunk function: runs iterations `lo..=hi` on thread `tid`; 0 or a status.
+pub(crate) type ChunkFn = unsafe extern "C" fn(*mut c_void, i64, i64, i64) -> i32;
+
+/// The runtime header's `aj_team_t`: what a routine's code gets to run its parallel regions
+/// (same layout, checked on both sides).
+#[repr(C)]
+pub(crate) struct AjTeam {
+    /// How many threads may take chunks (1: regions run inline).
+    threads: i64,
+    run: unsafe extern "C" fn(*const AjTeam, ChunkFn, *mut c_void, i64, i64, i64) -> i32,
+    scratch: unsafe extern "C" fn(*const AjTeam, i64, i64) -> *mut c_void,
+    /// The team's shared state (`TeamShared`), or null for no team.
+    state: *const c_void,
+}
+
+const _: () = assert!(std::mem::size_of::<AjTeam>() == 8 + 3 * std::mem::size_of::<usize>());
+
+impl AjTeam {
+    /// A team of one: every region runs inline on the calling thread.
+    pub(crate) fn single() -> AjTeam {
+        AjTeam {
+            threads: 1,
+            run: team_run,
+            scratch: team_scratch,
+            state: std::ptr::null(),
+        }
+    }
+
+    /// The pointer the entry point takes.
+    pub(crate) fn as_ptr(&self) -> *const c_void {
+        (self as *const AjTeam).cast()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One run of a region: its chunks and the threads working on them.
+struct Job {
+    f: ChunkFn,
+    /// The chunk function's context (a pointer into the caller's frame, valid until the
+    /// caller has seen every chunk finish).
+    ctx: usize,
+    from: i64,
+    to: i64,
+    chunk: i64,
+    chunks: u64,
+    /// Helpers with a smaller index take part.
+    threads: usize,
+    /// The next chunk to claim.
+    next: AtomicU64,
+    /// Chunks finished (run, or skipped after a failure).
+    finished: Counter,
+    /// The first non-zero status of a chunk.
+    status: AtomicI32,
+}
+
+impl Job {
+    /// Claims and runs chunks until none is left.
+    fn work(&self, tid: usize) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::AcqRel);
+            if k >= self.chunks {
+                return;
+            }
+            if self.status.load(Ordering::Acquire) == 0 {
+                let lo = self.from + k as i64 * self.chunk;
+                let hi = (lo + self.chunk - 1).min(self.to);
+                // SAFETY: `f` is a chunk function of a routine that is running (its library
+                // stays loaded until the run returns, which it does only after every chunk
+                // has finished), `ctx` its context in the caller's frame (alive for the same
+                // reason), `lo..=hi` a part of the region's range, and `tid` a thread number
+                // no other thread of the run uses at once.
+                let s = unsafe { (self.f)(self.ctx as *mut c_void, lo, hi, tid as i64) };
+                if s != 0 {
+                    let _ = self
+                        .status
+                        .compare_exchange(0, s, Ordering::AcqRel, Ordering::Acquire);
+                }
+            }
+            self.finished.advance(1);
+        }
+    }
+}
+
+/// What a team's threads share.
+struct TeamShared {
+    name: String,
+    /// The most threads (the caller and `max - 1` helpers).
+    max: usize,
+    /// How many threads take part in regions now (at least 1, at most `max`).
+    active: AtomicUsize,
+    /// The core each helper (index 1..) should run on (`NO_CORE`: anywhere).
+    cores: Vec<AtomicUsize>,
+    /// Regions published so far: idle helpers wait for it to grow.
+    generation: Counter,
+    /// The region being run.
+    job: Mutex<Option<Arc<Job>>>,
+    /// A region is being run (a second one at once, from another thread, runs inline).
+    busy: AtomicBool,
+    closed: AtomicBool,
+    /// The size of the last scratch request that failed.
+    failed_bytes: AtomicU64,
+    /// The helpers started so far.
+    helpers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// A thread team (see the module documentation). Dropping it stops and joins its helpers.
+pub struct Team {
+    shared: Arc<TeamShared>,
+}
+
+impl std::fmt::Debug for Team {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Team({}: {} of {} threads)",
+            self.shared.name,
+            self.threads(),
+            self.shared.max
+        )
+    }
+}
+
+impl Team {
+    /// A team of at most `max` threads (the caller and `max - 1` helpers), all taking part,
+    /// unpinned; named `name` (its helpers are `name+1`, ...).
+    pub(crate) fn new(name: &str, max: usize) -> Arc<Team> {
+        let max = max.max(1);
+        Arc::new(Team {
+            shared: Arc::new(TeamShared {
+                name: name.to_string(),
+                max,
+                active: AtomicUsize::new(max),
+                cores: (0..max).map(|_| AtomicUsize::new(NO_CORE)).collect(),
+                generation: Counter::new(),
+                job: Mutex::new(None),
+                busy: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                failed_bytes: AtomicU64::new(0),
+                helpers: Mutex::new(vec![]),
+            }),
+        })
+    }
+
+    /// How many threads take part in regions now.
+    pub fn threads(&self) -> usize {
+        self.shared.active.load(Ordering::Acquire)
+    }
+
+    /// The most threads the team can have.
+    pub fn max_threads(&self) -> usize {
+        self.shared.max
+    }
+
+    /// The threads that take part from now on, by their cores: `cores[0]` is the caller's
+    /// (not pinned here), `cores[k]` helper `k`'s (`None`: unpinned). At most `max` are used,
+    /// at least one.
+    pub(crate) fn set_cores(&self, cores: &[Option<usize>]) {
+        let n = cores.len().clamp(1, self.shared.max);
+        for (k, c) in cores.iter().enumerate().take(n) {
+            self.shared.cores[k].store(c.unwrap_or(NO_CORE), Ordering::Release);
+        }
+        self.shared.active.store(n, Ordering::Release);
+    }
+
+    /// The cores of the threads taking part now (the caller's first), as last set (`None`:
+    /// unpinned).
+    pub fn cores(&self) -> Vec<Option<usize>> {
+        self.shared.cores[..self.threads()]
+            .iter()
+            .map(|c| {
+                let c = c.load(Ordering::Acquire);
+                (c != NO_CORE).then_some(c)
+            })
+            .collect()
+    }
+
+    /// The team as the generated code takes it, for one run on the calling thread.
+    pub(crate) fn view(&self) -> AjTeam {
+        AjTeam {
+            threads: self.threads() as i64,
+            run: team_run,
+            scratch: team_scratch,
+            state: Arc::as_ptr(&self.shared).cast(),
+        }
+    }
+
+    /// The size of the last request for scratch memory that could not be met.
+    pub(crate) fn failed_bytes(&self) -> u64 {
+        self.shared.failed_bytes.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Team {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.generation.advance(1);
+        let helpers = std::mem::take(&mut *lock(&self.shared.helpers));
+        for h in helpers {
+            // A helper never runs the team's drop (it holds no `Team`), so this never joins
+            // the current thread.
+            let _ = h.join();
+        }
+    }
+}
+
+impl TeamShared {
+    /// Starts helpers up to `threads - 1` of them (fewer when a thread cannot be started).
+    fn ensure_helpers(self: &Arc<TeamShared>, threads: usize) -> usize {
+        let mut helpers = lock(&self.helpers);
+        while helpers.len() + 1 < threads {
+            let index = helpers.len() + 1;
+            let shared = self.clone();
+            let seen = self.generation.get();
+            let spawned = std::thread::Builder::new()
+                .name(format!("{}+{index}", self.name))
+                .stack_size(super::device::WORKER_STACK_BYTES)
+                .spawn(move || helper(shared, index, seen));
+            match spawned {
+                Ok(h) => helpers.push(h),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "arrayjit::backend",
+                        "could not start helper thread {index} of {}: {e}",
+                        self.name
+                    );
+                    break;
+                }
+            }
+        }
+        helpers.len() + 1
+    }
+}
+
+/// A helper's life: waits for regions, takes chunks of those it takes part in.
+fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
+    let mut pinned = NO_CORE;
+    loop {
+        shared.generation.wait_until(seen + 1, HELPER_SPIN);
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        seen = shared.generation.get();
+        let job = lock(&shared.job).clone();
+        let Some(job) = job else { continue };
+        if index >= job.threads {
+            continue;
+        }
+        let want = shared.cores[index].load(Ordering::Acquire);
+        if want != pinned && want != NO_CORE {
+            super::device::pin_current_thread(want);
+            pinned = want;
+        }
+        job.work(index);
+    }
+}
+
+/// `aj_team_t.run`: runs a region's chunks on the team (see the module documentation).
+unsafe extern "C" fn team_run(
+    team: *const AjTeam,
+    f: ChunkFn,
+    ctx: *mut c_void,
+    from: i64,
+    to: i64,
+    grain: i64,
+) -> i32 {
+    let inline = || {
+        // SAFETY: the caller's chunk function and context, over the whole range, on thread 0.
+        unsafe { f(ctx, from, to, 0) }
+    };
+    if team.is_null() || to < from {
+        return if to < from { 0 } else { inline() };
+    }
+    // SAFETY: `team` points to the `AjTeam` the routine's run passed to the entry point,
+    // alive for the run (the generated code passes it on unchanged).
+    let team = unsafe { &*team };
+    if team.state.is_null() || team.threads <= 1 {
+        return inline();
+    }
+    // SAFETY: a non-null `state` is the `TeamShared` of a `Team` the run holds (see
+    // `Team::view`), alive for the run.
+    let shared = unsafe { &*team.state.cast::<TeamShared>() };
+    if shared.busy.swap(true, Ordering::AcqRel) {
+        // Another thread is running a region on this team: run this one alone.
+        return inline();
+    }
+    let n = to - from + 1;
+    let wanted = (team.threads as usize).min(shared.max);
+    let chunk = grain
+        .max(1)
+        .max((n + wanted as i64 * CHUNKS_PER_THREAD - 1) / (wanted as i64 * CHUNKS_PER_THREAD));
+    let chunks = ((n + chunk - 1) / chunk) as u64;
+    if chunks <= 1 {
+        shared.busy.store(false, Ordering::Release);
+        return inline();
+    }
+    // SAFETY: `shared` lives in an `Arc` (see `Team::view`); taking a new reference to it
+    // for the helpers started here keeps it alive as long as they run.
+    let arc = unsafe {
+        Arc::increment_strong_count(team.state.cast::<TeamShared>());
+        Arc::from_raw(team.state.cast::<TeamShared>())
+    };
+    let threads = arc.ensure_helpers(wanted).min(chunks as usize);
+    drop(arc);
+    let job = Arc::new(Job {
+        f,
+        ctx: ctx as usize,
+        from,
+        to,
+        chunk,
+        chunks,
+        threads,
+        next: AtomicU64::new(0),
+        finished: Counter::new(),
+        status: AtomicI32::new(0),
+    });
+    *lock(&shared.job) = Some(job.clone());
+    shared.generation.advance(1);
+    job.work(0);
+    if !spin_until(DONE_SPIN, || job.finished.reached(chunks)) {
+        job.finished.park_until(chunks, None);
+    }
+    *lock(&shared.job) = None;
+    shared.busy.store(false, Ordering::Release);
+    job.status.load(Ordering::Acquire)
+}
+
+/// Per-thread scratch memory for the large private arrays of regions: one block, grown as
+/// needed, freed when the thread ends.
+struct Scratch {
+    ptr: *mut u8,
+    layout: Option<Layout>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(l) = self.layout {
+            // SAFETY: `ptr` was allocated with `layout` and not freed since.
+            unsafe { std::alloc::dealloc(self.ptr, l) };
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            ptr: std::ptr::null_mut(),
+            layout: None,
+        })
+    };
+}
+
+/// The alignment of scratch blocks (a cache line, and every vector).
+const SCRATCH_ALIGN: usize = 64;
+
+/// `aj_team_t.scratch`: the calling thread's scratch block, grown to `bytes` (null when it
+/// cannot be).
+unsafe extern "C" fn team_scratch(team: *const AjTeam, _tid: i64, bytes: i64) -> *mut c_void {
+    let got = usize::try_from(bytes).ok().and_then(|bytes| {
+        SCRATCH
+            .try_with(|s| {
+                let mut s = s.try_borrow_mut().ok()?;
+                if s.layout.is_some_and(|l| l.size() >= bytes.max(1)) {
+                    return Some(s.ptr);
+                }
+                let layout = Layout::from_size_align(bytes.max(1), SCRATCH_ALIGN).ok()?;
+                // SAFETY: `layout` has a non-zero size.
+                let p = unsafe { std::alloc::alloc(layout) };
+                if p.is_null() {
+                    return None;
+                }
+                if let Some(old) = s.layout.take() {
+                    // SAFETY: the old block was allocated with `old` and is replaced now (a
+                    // chunk asks once, before it uses the block).
+                    unsafe { std::alloc::dealloc(s.ptr, old) };
+                }
+                s.ptr = p;
+                s.layout = Some(layout);
+                Some(p)
+            })
+            .ok()
+            .flatten()
+    });
+    match got {
+        Some(p) => p.cast(),
+        None => {
+            if !team.is_null() {
+                // SAFETY: as in `team_run`.
+                let t = unsafe { &*team };
+                if !t.state.is_null() {
+                    // SAFETY: as in `team_run`.
+                    let shared = unsafe { &*t.state.cast::<TeamShared>() };
+                    shared
+                        .failed_bytes
+                        .store(bytes.max(0) as u64, Ordering::Release);
+                }
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// Adds `i` to cell `i` of the context's array for every iteration, and counts the
+    /// chunks each thread ran.
+    unsafe extern "C" fn mark(ctx: *mut c_void, lo: i64, hi: i64, tid: i64) -> i32 {
+        // SAFETY: the tests pass a `Marks`.
+        let m = unsafe { &*(ctx as *const Marks) };
+        for i in lo..=hi {
+            m.cells[i as usize].fetch_add(i as u64 + 1, Ordering::Relaxed);
+        }
+        m.by_thread[tid as usize].fetch_add(1, Ordering::Relaxed);
+        if m.fail_at.is_some_and(|f| (lo..=hi).contains(&f)) {
+            return 7;
+        }
+        0
+    }
+
+    struct Marks {
+        cells: Vec<AtomicU64>,
+        by_thread: Vec<AtomicU64>,
+        fail_at: Option<i64>,
+    }
+
+    fn marks(n: usize, fail_at: Option<i64>) -> Marks {
+        Marks {
+            cells: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            by_thread: (0..16).map(|_| AtomicU64::new(0)).collect(),
+            fail_at,
+        }
+    }
+
+    #[test]
+    fn every_iteration_runs_once_on_any_team() {
+        for threads in [1, 2, 3, 8] {
+            let team = Team::new("test", threads);
+            for (from, to, grain) in [(0, 999, 1), (5, 6, 1), (3, 3, 1), (0, 99, 40)] {
+                let m = marks(1000, None);
+                let view = team.view();
+                // SAFETY: `mark` and its `Marks` as above; `view` outlives the call.
+                let s = unsafe {
+                    (view.run)(
+                        &view,
+                        mark,
+                        &m as *const Marks as *mut c_void,
+                        from,
+                        to,
+                        grain,
+                    )
+                };
+                assert_eq!(s, 0);
+                for (i, c) in m.cells.iter().enumerate() {
+                    let want = if (from..=to).contains(&(i as i64)) {
+                        i as u64 + 1
+                    } else {
+                        0
+                    };
+                    assert_eq!(
+                        c.load(Ordering::Relaxed),
+                        want,
+                        "{threads} threads, cell {i}"
+                    );
+                }
+                // No thread number at or past the team's size.
+                let used: u64 = m.by_thread[threads..]
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .sum();
+                assert_eq!(used, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failing_chunk_stops_the_region_and_its_status_comes_back() {
+        let team = Team::new("test", 3);
+        let m = marks(10_000, Some(17));
+        let view = team.view();
+        // SAFETY: as above.
+        let s = unsafe { (view.run)(&view, mark, &m as *const Marks as *mut c_void, 0, 9_999, 1) };
+        assert_eq!(s, 7);
+    }
+
+    #[test]
+    fn fewer_threads_take_part_after_set_cores() {
+        let team = Team::new("test", 4);
+        team.set_cores(&[None, None]);
+        assert_eq!(team.threads(), 2);
+        let m = marks(4000, None);
+        let view = team.view();
+        // SAFETY: as above.
+        let s = unsafe { (view.run)(&view, mark, &m as *const Marks as *mut c_void, 0, 3999, 1) };
+        assert_eq!(s, 0);
+        assert!(m.by_thread[2..]
+            .iter()
+            .all(|c| c.load(Ordering::Relaxed) == 0));
+        assert!(lock(&team.shared.helpers).len() <= 1);
+    }
+
+    #[test]
+    fn scratch_is_aligned_and_grows() {
+        let view = AjTeam::single();
+        // SAFETY: a plain request on this thread.
+        let a = unsafe { (view.scratch)(&view, 0, 100) } as usize;
+        assert!(a != 0 && a % SCRATCH_ALIGN == 0);
+        // SAFETY: as above.
+        let b = unsafe { (view.scratch)(&view, 0, 50) } as usize;
+        assert_eq!(a, b, "a smaller request reuses the block");
+        // SAFETY: as above.
+        let c = unsafe { (view.scratch)(&view, 0, 1 << 20) } as usize;
+        assert!(c != 0 && c % SCRATCH_ALIGN == 0);
+        // SAFETY: as above; an impossible size fails.
+        let d = unsafe { (view.scratch)(&view, 0, -1) };
+        assert!(d.is_null());
+    }
+}

@@ -1,0 +1,354 @@
+//! The parallel pass, the optimizer's last: marks the loops whose iterations are independent
+//! as parallel regions ([`Llc::Parallel`]), which a device's thread team runs in chunks of
+//! iterations (see `docs/performance.md`).
+//!
+//! The pass walks each loop nest from the outside in and takes the first loop that does
+//! enough work ([`MIN_REGION_WORK`], so that starting the team pays) and whose iterations
+//! are independent ([`crate::loops::analyze`]): each iteration writes cells no other touches,
+//! or local arrays it writes before reading them (each thread gets its own copy). Rows of an
+//! elementwise chain or a normalization, column blocks of the packed GEMM kernels, output
+//! rows of a convolution are such loops.
+//!
+//! A loop whose only obstacle is a reduction into one cell (`s = s + e` over the loop, a
+//! full sum) is split into blocks: a parallel loop over blocks computes one partial result
+//! each (in the loop's order within the block), and a plain loop then combines the partials
+//! in block order. The blocks depend only on the loop's size and work, never on the number of
+//! threads, so every thread count computes the same bits.
+//!
+//! The code is the same for every number of threads: with one, the regions run inline.
+
+use crate::ir::tnode::provenance;
+use crate::ir::{AxisIndex, Binop, MemoryMode, Symbol, Tnode};
+use crate::loops::{
+    analyze, parallel_work, Accumulator, Independence, Llc, Llv, ParallelLoop, Regions,
+};
+use std::collections::HashSet;
+
+/// The least work (see [`parallel_work`]) for which a loop becomes a parallel region.
+pub const MIN_REGION_WORK: u64 = 1 << 16;
+/// The least work of the chunk a thread takes at once (the region's grain).
+pub const MIN_CHUNK_WORK: u64 = 1 << 14;
+/// The work a block of a split reduction aims at.
+const BLOCK_WORK: u64 = 1 << 16;
+/// The most blocks a reduction is split into.
+const MAX_BLOCKS: i64 = 64;
+
+/// The code with its parallel regions, and the local arrays the pass added (the partial
+/// results of split reductions, written whole before they are read).
+pub struct Parallelized {
+    pub code: Llc,
+    pub locals: Vec<Tnode>,
+}
+
+/// Marks the parallel regions of `code`, privatizing only arrays of `locals` (the routine's
+/// local arrays).
+pub fn parallelize(code: Llc, locals: &HashSet<Tnode>) -> Parallelized {
+    let mut decisions: Vec<(&Llc, Llc)> = vec![];
+    let mut new_locals = vec![];
+    let mut regions = Regions::default();
+    find(
+        &code,
+        &code,
+        locals,
+        &mut regions,
+        &mut decisions,
+        &mut new_locals,
+    );
+    if decisions.is_empty() {
+        return Parallelized {
+            code,
+            locals: vec![],
+        };
+    }
+    let rebuilt = rebuild(&code, &decisions);
+    Parallelized {
+        code: rebuilt,
+        locals: new_locals,
+    }
+}
+
+fn find<'a>(
+    root: &'a Llc,
+    c: &'a Llc,
+    locals: &HashSet<Tnode>,
+    regions: &mut Regions<'a>,
+    out: &mut Vec<(&'a Llc, Llc)>,
+    new_locals: &mut Vec<Tnode>,
+) {
+    match c {
+        Llc::Seq(v) => v
+            .iter()
+            .for_each(|c| find(root, c, locals, regions, out, new_locals)),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            ..
+        } => {
+            let n = to - from + 1;
+            let work = parallel_work(c);
+            if n >= 2 && work >= MIN_REGION_WORK {
+                if let Ok(ind) = analyze(root, c, locals, regions) {
+                    let replaced = if ind.accumulators.is_empty() {
+                        let per = (work / n as u64).max(1);
+                        Some(Llc::Parallel(Box::new(ParallelLoop {
+                            index: *index,
+                            from: *from,
+                            to: *to,
+                            body: (**body).clone(),
+                            private: ind.private.clone(),
+                            grain: MIN_CHUNK_WORK.div_ceil(per).max(1) as i64,
+                        })))
+                    } else {
+                        split_reduction(*index, *from, *to, body, &ind, work, new_locals)
+                    };
+                    if let Some(r) = replaced {
+                        for t in &ind.private {
+                            regions.add(t, c);
+                        }
+                        out.push((c, r));
+                        return;
+                    }
+                }
+            }
+            find(root, body, locals, regions, out, new_locals)
+        }
+        Llc::If { body, .. } | Llc::Lookup { body, .. } => {
+            find(root, body, locals, regions, out, new_locals)
+        }
+        _ => {}
+    }
+}
+
+/// The code with the loops decided on replaced.
+fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
+    if let Some((_, r)) = decisions.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
+        return r.clone();
+    }
+    match c {
+        Llc::Seq(v) => Llc::Seq(v.iter().map(|c| rebuild(c, decisions)).collect()),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index: *index,
+            from: *from,
+            to: *to,
+            body: Box::new(rebuild(body, decisions)),
+            trace_it: *trace_it,
+        },
+        Llc::If { guards, body } => Llc::If {
+            guards: guards.clone(),
+            body: Box::new(rebuild(body, decisions)),
+        },
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol: *symbol,
+            tn: tn.clone(),
+            idcs: idcs.clone(),
+            extent: *extent,
+            body: Box::new(rebuild(body, decisions)),
+        },
+        c => c.clone(),
+    }
+}
+
+/// The blocks of a reduction loop of `n` iterations doing `work`: `(block size, blocks)`,
+/// from the loop alone; `None` when fewer than two blocks are worth it.
+fn blocking(n: i64, work: u64) -> Option<(i64, i64)> {
+    let per = (work / n.max(1) as u64).max(1);
+    let mut size = (BLOCK_WORK.div_ceil(per) as i64).max(1);
+    let mut blocks = (n + size - 1) / size;
+    if blocks > MAX_BLOCKS {
+        size = (n + MAX_BLOCKS - 1) / MAX_BLOCKS;
+        blocks = (n + size - 1) / size;
+    }
+    (blocks >= 2).then_some((size, blocks))
+}
+
+/// The loop `for index in from..=to { body }`, whose only obstacle to running in parallel is
+/// reducing into `ind.accumulators`, split into a parallel loop over blocks of iterations,
+/// each reducing into its own partial result (starting from the neutral value), followed by
+/// a loop combining the partial results into the accumulators in block order.
+fn split_reduction(
+    index: Symbol,
+    from: i64,
+    to: i64,
+    body: &Llc,
+    ind: &Independence,
+    work: u64,
+    new_locals: &mut Vec<Tnode>,
+) -> Option<Llc> {
+    let n = to - from + 1;
+    let (size, blocks) = blocking(n, work)?;
+    let (b, ii, c) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
+    let mut partials = vec![];
+    for a in &ind.accumulators {
+        let label: Vec<String> = a.tn.label().to_vec();
+        let mut label: Vec<&str> = label.iter().map(String::as_str).collect();
+        label.push("partial");
+        let p = Tnode::builder(&label, &[blocks as usize], a.tn.prec())
+            .memory_with_provenance(MemoryMode::Local, provenance::PARALLEL)
+            .build()
+            .ok()?;
+        partials.push(p);
+    }
+    let at = |s: Symbol| vec![AxisIndex::Iterator(s)];
+    // Iteration `from + b·size + ii` of the loop.
+    let iteration = AxisIndex::affine(&[(b, size as usize), (ii, 1)], from)?;
+    let renamed = crate::loops::map_indices(body, &mut |ix| ix.substitute(index, iteration))?;
+    let renamed = redirect(&renamed, &ind.accumulators, &partials, b);
+    let guarded = if blocks * size == n {
+        renamed
+    } else {
+        Llc::If {
+            guards: vec![(
+                AxisIndex::affine(&[(b, size as usize), (ii, 1)], 0)?,
+                n as usize,
+            )],
+            body: Box::new(renamed),
+        }
+    };
+    let mut block: Vec<Llc> = ind
+        .accumulators
+        .iter()
+        .zip(&partials)
+        .map(|(a, p)| Llc::Set {
+            tn: p.clone(),
+            idcs: at(b),
+            value: Llv::Constant(start_of(a.op)),
+        })
+        .collect();
+    block.push(Llc::for_loop(ii, 0, size - 1, guarded));
+    let region = Llc::Parallel(Box::new(ParallelLoop {
+        index: b,
+        from: 0,
+        to: blocks - 1,
+        body: Llc::Seq(block),
+        private: ind.private.clone(),
+        grain: 1,
+    }));
+    let combine: Vec<Llc> = ind
+        .accumulators
+        .iter()
+        .zip(&partials)
+        .map(|(a, p)| Llc::Set {
+            tn: a.tn.clone(),
+            idcs: a.idcs.clone(),
+            value: Llv::Binop(
+                combine_of(a.op),
+                Box::new(Llv::Get(a.tn.clone(), a.idcs.clone())),
+                Box::new(Llv::Get(p.clone(), at(c))),
+            ),
+        })
+        .collect();
+    new_locals.extend(partials);
+    Some(Llc::Seq(vec![
+        Llc::Comment(format!(
+            "a reduction split into {blocks} blocks of {size} iterations"
+        )),
+        region,
+        Llc::for_loop(c, 0, blocks - 1, Llc::Seq(combine)),
+    ]))
+}
+
+/// The value a partial result starts from.
+fn start_of(op: Binop) -> f64 {
+    match op {
+        Binop::Sub => 0.0,
+        op => op.neutral(),
+    }
+}
+
+/// How partial results combine into the accumulator (`acc - e1 - e2` is `acc + p` where
+/// `p = 0 - e1 - e2`).
+fn combine_of(op: Binop) -> Binop {
+    match op {
+        Binop::Sub => Binop::Add,
+        op => op,
+    }
+}
+
+/// `c` with every update `T[I] = T[I] ⊕ e` of an accumulator turned into `P[b] = P[b] ⊕ e`
+/// of its partial result.
+fn redirect(c: &Llc, accs: &[Accumulator], partials: &[Tnode], b: Symbol) -> Llc {
+    let go = |c: &Llc| redirect(c, accs, partials, b);
+    match c {
+        Llc::Seq(v) => Llc::Seq(v.iter().map(go).collect()),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index: *index,
+            from: *from,
+            to: *to,
+            body: Box::new(go(body)),
+            trace_it: *trace_it,
+        },
+        Llc::If { guards, body } => Llc::If {
+            guards: guards.clone(),
+            body: Box::new(go(body)),
+        },
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol: *symbol,
+            tn: tn.clone(),
+            idcs: idcs.clone(),
+            extent: *extent,
+            body: Box::new(go(body)),
+        },
+        Llc::Set {
+            tn,
+            idcs,
+            value: Llv::Binop(op, a, e),
+        } => match accs.iter().position(|x| x.tn == *tn && x.idcs == *idcs) {
+            Some(k) => {
+                let p = &partials[k];
+                let cell = vec![AxisIndex::Iterator(b)];
+                let _ = a;
+                Llc::Set {
+                    tn: p.clone(),
+                    idcs: cell.clone(),
+                    value: Llv::Binop(*op, Box::new(Llv::Get(p.clone(), cell)), e.clone()),
+                }
+            }
+            None => c.clone(),
+        },
+        c => c.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_depend_on_the_loop_alone() {
+        // 4096 rows of 4096 additions: 16 rows would do, 64 blocks at most.
+        assert_eq!(blocking(4096, 4096 * 4097), Some((64, 64)));
+        // Little work per iteration: blocks of BLOCK_WORK.
+        assert_eq!(blocking(1 << 20, 1 << 20), Some((65536, 16)));
+        assert_eq!(blocking(100_000, 100_000), Some((65536, 2)));
+        // Too many blocks of BLOCK_WORK: 64 larger ones.
+        assert_eq!(blocking(1 << 23, 1 << 23), Some((131072, 64)));
+        // Too little for two blocks.
+        assert_eq!(blocking(1000, 1000), None);
+    }
+}
