@@ -32,7 +32,11 @@
 //! mode (`CompilerConfig::checked`): the generator's programs are valid, so an
 //! out-of-bounds access (`Error::IndexOutOfBounds`, naming the tensor, indices and extents)
 //! is a bug and fails the case; this costs no extra compile, the batch is just compiled
-//! checked instead of unchecked. `ARRAYJIT_CHECKED=1` checks every batch. The C compiler's
+//! checked instead of unchecked. `ARRAYJIT_CHECKED=1` checks every batch. The compiled
+//! runs (a) and (c) run parallel regions on teams of three threads, and half the batches
+//! (`k % 4` is 0 or 3) make every independent loop a region, however small (the optimizer's
+//! `min_region_work` 0), so that privatized arrays, split reductions and chunked loops are
+//! compared with the interpreter on every kind of statement. The C compiler's
 //! own variables apply too (`ARRAYJIT_CC`,
 //! `ARRAYJIT_ARCH_FLAGS`, `ARRAYJIT_CFLAGS`, ...): the kernels follow the target they
 //! describe (AVX-512, AVX2, SSE2 vector widths and register counts).
@@ -221,6 +225,12 @@ fn checked_batch(k: usize) -> bool {
     matches!(k % 8, 3 | 6)
 }
 
+/// Whether batch `k` makes every independent loop a parallel region (the optimizer's
+/// `min_region_work` 0), however little work it does: half the batches, some checked.
+fn regions_everywhere(k: usize) -> bool {
+    matches!(k % 4, 0 | 3)
+}
+
 #[test]
 fn differential_random_programs() {
     let cases = env_u64("ARRAYJIT_FUZZ_CASES", 300) as usize;
@@ -268,6 +278,20 @@ fn differential_random_programs() {
                     &many_visits
                 } else {
                     &opts
+                };
+                // Every independent loop a parallel region, however small.
+                let everywhere;
+                let o = if regions_everywhere(k) {
+                    everywhere = Opts {
+                        settings: Settings {
+                            min_region_work: 0,
+                            ..o.settings.clone()
+                        },
+                        ..o.clone()
+                    };
+                    &everywhere
+                } else {
+                    o
                 };
                 let checked;
                 let o = if checked_batch(k) {

@@ -23,11 +23,13 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
 }
 
 /// The top-level loops of optimized code (comments and zero fills left out).
+/// The loops at the top of the code (plain or parallel: the rows' loop of a fused
+/// normalization is a parallel region).
 fn top_loops(code: &Llc) -> usize {
+    let is_loop = |c: &Llc| matches!(c, Llc::For { .. } | Llc::Parallel(_));
     match code {
-        Llc::Seq(v) => v.iter().filter(|c| matches!(c, Llc::For { .. })).count(),
-        Llc::For { .. } => 1,
-        _ => 0,
+        Llc::Seq(v) => v.iter().filter(|c| is_loop(c)).count(),
+        c => usize::from(is_loop(c)),
     }
 }
 

@@ -21,6 +21,12 @@ fn loop_order(code: &Llc) -> Vec<i64> {
                 go(body, out);
                 true
             }
+            // A parallel region is its loop.
+            Llc::Parallel(p) => {
+                out.push(p.to);
+                go(&p.body, out);
+                true
+            }
             _ => false,
         }
     }

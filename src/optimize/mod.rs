@@ -45,6 +45,11 @@ pub struct Settings {
     /// device's thread team splits among its threads (needs `loop_opts`). The code computes
     /// the same bits whatever the number of threads.
     pub parallel: bool,
+    /// The least work (scalar and vector operations, see [`crate::loops::parallel_work`])
+    /// of a loop made a parallel region, and the work a block of a split reduction aims at.
+    /// Below the default, starting the team costs more than the threads gain; tests set it
+    /// to 0 to make every independent loop a region.
+    pub min_region_work: u64,
     /// The vector target of the kernel passes (GEMM kernels for contractions); `None`: no
     /// vector kernels. The cc backend fills it with the resolved target when it is `None`.
     pub target: Option<crate::target::VectorTarget>,
@@ -61,6 +66,7 @@ impl Default for Settings {
             max_inline_work: 64,
             loop_opts: true,
             parallel: true,
+            min_region_work: parallel::MIN_REGION_WORK,
             target: None,
         }
     }
@@ -221,7 +227,7 @@ pub fn optimize_with(
             .filter(|(_, m)| *m == MemoryMode::Local)
             .map(|(t, _)| t.clone())
             .collect();
-        let p = parallel::parallelize(code, &local_set);
+        let p = parallel::parallelize(code, &local_set, settings.min_region_work);
         verify("parallel", &p.code)?;
         for t in &p.locals {
             modes.refine(t, MemoryMode::Local, provenance::PARALLEL)?;

@@ -24,12 +24,12 @@ use crate::loops::{
 };
 use std::collections::HashSet;
 
-/// The least work (see [`parallel_work`]) for which a loop becomes a parallel region.
+/// The least work (see [`parallel_work`]) for which a loop becomes a parallel region, by
+/// default ([`super::Settings::min_region_work`]); also the work a block of a split reduction
+/// aims at.
 pub const MIN_REGION_WORK: u64 = 1 << 16;
 /// The least work of the chunk a thread takes at once (the region's grain).
 pub const MIN_CHUNK_WORK: u64 = 1 << 14;
-/// The work a block of a split reduction aims at.
-const BLOCK_WORK: u64 = 1 << 16;
 /// The most blocks a reduction is split into.
 const MAX_BLOCKS: i64 = 64;
 
@@ -40,20 +40,21 @@ pub struct Parallelized {
     pub locals: Vec<Tnode>,
 }
 
-/// Marks the parallel regions of `code`, privatizing only arrays of `locals` (the routine's
-/// local arrays).
-pub fn parallelize(code: Llc, locals: &HashSet<Tnode>) -> Parallelized {
+/// Marks the parallel regions of `code` (loops doing at least `min_work`), privatizing only
+/// arrays of `locals` (the routine's local arrays).
+pub fn parallelize(code: Llc, locals: &HashSet<Tnode>, min_work: u64) -> Parallelized {
     let mut decisions: Vec<(&Llc, Llc)> = vec![];
     let mut new_locals = vec![];
     let mut regions = Regions::default();
-    find(
-        &code,
-        &code,
+    let mut f = Finder {
+        root: &code,
         locals,
-        &mut regions,
-        &mut decisions,
-        &mut new_locals,
-    );
+        min_work,
+        regions: &mut regions,
+        out: &mut decisions,
+        new_locals: &mut new_locals,
+    };
+    f.find(&code);
     if decisions.is_empty() {
         return Parallelized {
             code,
@@ -67,57 +68,61 @@ pub fn parallelize(code: Llc, locals: &HashSet<Tnode>) -> Parallelized {
     }
 }
 
-fn find<'a>(
+/// The walk looking for regions.
+struct Finder<'a, 'r> {
     root: &'a Llc,
-    c: &'a Llc,
-    locals: &HashSet<Tnode>,
-    regions: &mut Regions<'a>,
-    out: &mut Vec<(&'a Llc, Llc)>,
-    new_locals: &mut Vec<Tnode>,
-) {
-    match c {
-        Llc::Seq(v) => v
-            .iter()
-            .for_each(|c| find(root, c, locals, regions, out, new_locals)),
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            ..
-        } => {
-            let n = to - from + 1;
-            let work = parallel_work(c);
-            if n >= 2 && work >= MIN_REGION_WORK {
-                if let Ok(ind) = analyze(root, c, locals, regions) {
-                    let replaced = if ind.accumulators.is_empty() {
-                        let per = (work / n as u64).max(1);
-                        Some(Llc::Parallel(Box::new(ParallelLoop {
-                            index: *index,
-                            from: *from,
-                            to: *to,
-                            body: (**body).clone(),
-                            private: ind.private.clone(),
-                            grain: MIN_CHUNK_WORK.div_ceil(per).max(1) as i64,
-                        })))
-                    } else {
-                        split_reduction(*index, *from, *to, body, &ind, work, new_locals)
-                    };
-                    if let Some(r) = replaced {
-                        for t in &ind.private {
-                            regions.add(t, c);
+    locals: &'r HashSet<Tnode>,
+    min_work: u64,
+    regions: &'r mut Regions<'a>,
+    out: &'r mut Vec<(&'a Llc, Llc)>,
+    new_locals: &'r mut Vec<Tnode>,
+}
+
+impl<'a> Finder<'a, '_> {
+    fn find(&mut self, c: &'a Llc) {
+        match c {
+            Llc::Seq(v) => v.iter().for_each(|c| self.find(c)),
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => {
+                let n = to - from + 1;
+                let work = parallel_work(c);
+                if n >= 2 && work >= self.min_work {
+                    if let Ok(ind) = analyze(self.root, c, self.locals, self.regions) {
+                        let replaced = if ind.accumulators.is_empty() {
+                            let per = (work / n as u64).max(1);
+                            Some(Llc::Parallel(Box::new(ParallelLoop {
+                                index: *index,
+                                from: *from,
+                                to: *to,
+                                body: (**body).clone(),
+                                private: ind.private.clone(),
+                                grain: MIN_CHUNK_WORK.div_ceil(per).max(1) as i64,
+                            })))
+                        } else {
+                            let blocks = blocking(n, work, self.min_work);
+                            blocks.and_then(|b| {
+                                split_reduction(*index, (*from, n), body, &ind, b, self.new_locals)
+                            })
+                        };
+                        if let Some(r) = replaced {
+                            for t in &ind.private {
+                                self.regions.add(t, c);
+                            }
+                            self.out.push((c, r));
+                            return;
                         }
-                        out.push((c, r));
-                        return;
                     }
                 }
+                self.find(body)
             }
-            find(root, body, locals, regions, out, new_locals)
+            Llc::If { body, .. } | Llc::Lookup { body, .. } => self.find(body),
+            _ => {}
         }
-        Llc::If { body, .. } | Llc::Lookup { body, .. } => {
-            find(root, body, locals, regions, out, new_locals)
-        }
-        _ => {}
     }
 }
 
@@ -162,11 +167,12 @@ fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
     }
 }
 
-/// The blocks of a reduction loop of `n` iterations doing `work`: `(block size, blocks)`,
-/// from the loop alone; `None` when fewer than two blocks are worth it.
-fn blocking(n: i64, work: u64) -> Option<(i64, i64)> {
+/// The blocks of a reduction loop of `n` iterations doing `work`, each aiming at
+/// `block_work`: `(block size, blocks)`, from the loop alone; `None` when fewer than two
+/// blocks are worth it.
+fn blocking(n: i64, work: u64, block_work: u64) -> Option<(i64, i64)> {
     let per = (work / n.max(1) as u64).max(1);
-    let mut size = (BLOCK_WORK.div_ceil(per) as i64).max(1);
+    let mut size = (block_work.max(1).div_ceil(per) as i64).max(1);
     let mut blocks = (n + size - 1) / size;
     if blocks > MAX_BLOCKS {
         size = (n + MAX_BLOCKS - 1) / MAX_BLOCKS;
@@ -175,21 +181,19 @@ fn blocking(n: i64, work: u64) -> Option<(i64, i64)> {
     (blocks >= 2).then_some((size, blocks))
 }
 
-/// The loop `for index in from..=to { body }`, whose only obstacle to running in parallel is
-/// reducing into `ind.accumulators`, split into a parallel loop over blocks of iterations,
+/// The loop `for index in from.. { body }` (of `n` iterations), whose only obstacle to running
+/// in parallel is reducing into `ind.accumulators`, split into `blocks` blocks of `size`
+/// iterations (the last may have fewer: a guard skips the rest) run by a parallel loop,
 /// each reducing into its own partial result (starting from the neutral value), followed by
 /// a loop combining the partial results into the accumulators in block order.
 fn split_reduction(
     index: Symbol,
-    from: i64,
-    to: i64,
+    (from, n): (i64, i64),
     body: &Llc,
     ind: &Independence,
-    work: u64,
+    (size, blocks): (i64, i64),
     new_locals: &mut Vec<Tnode>,
 ) -> Option<Llc> {
-    let n = to - from + 1;
-    let (size, blocks) = blocking(n, work)?;
     let (b, ii, c) = (Symbol::fresh(), Symbol::fresh(), Symbol::fresh());
     let mut partials = vec![];
     for a in &ind.accumulators {
@@ -342,13 +346,16 @@ mod tests {
     #[test]
     fn blocks_depend_on_the_loop_alone() {
         // 4096 rows of 4096 additions: 16 rows would do, 64 blocks at most.
-        assert_eq!(blocking(4096, 4096 * 4097), Some((64, 64)));
-        // Little work per iteration: blocks of BLOCK_WORK.
-        assert_eq!(blocking(1 << 20, 1 << 20), Some((65536, 16)));
-        assert_eq!(blocking(100_000, 100_000), Some((65536, 2)));
-        // Too many blocks of BLOCK_WORK: 64 larger ones.
-        assert_eq!(blocking(1 << 23, 1 << 23), Some((131072, 64)));
+        let w = MIN_REGION_WORK;
+        assert_eq!(blocking(4096, 4096 * 4097, w), Some((64, 64)));
+        // Little work per iteration: blocks of the block work.
+        assert_eq!(blocking(1 << 20, 1 << 20, w), Some((65536, 16)));
+        assert_eq!(blocking(100_000, 100_000, w), Some((65536, 2)));
+        // Too many blocks of the block work: 64 larger ones.
+        assert_eq!(blocking(1 << 23, 1 << 23, w), Some((131072, 64)));
         // Too little for two blocks.
-        assert_eq!(blocking(1000, 1000), None);
+        assert_eq!(blocking(1000, 1000, w), None);
+        // Any work is enough: blocks of one iteration (64 at most).
+        assert_eq!(blocking(5, 5, 0), Some((1, 5)));
     }
 }

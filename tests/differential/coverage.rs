@@ -57,12 +57,22 @@ pub struct Paths {
     /// The results of tap kernels (`optimize/taps.rs`, recognized by their comment
     /// `tap kernel for NAME: ...`).
     pub taps: Vec<String>,
+    /// Parallel regions, the private arrays they list, and split reductions (recognized by
+    /// their comment `a reduction split into ...`).
+    pub regions: usize,
+    pub private: usize,
+    pub split: usize,
 }
 
 pub fn paths(o: &Optimized) -> Paths {
     let mut p = Paths::default();
     visit_llc(&o.code, &mut |c| match c {
+        Llc::Parallel(r) => {
+            p.regions += 1;
+            p.private += r.private.len();
+        }
         Llc::Comment(text) => {
+            p.split += usize::from(text.starts_with("a reduction split into"));
             p.kernels.extend(Kernel::parse(text));
             if let Some((name, _)) = text
                 .strip_prefix("tap kernel for ")
@@ -113,6 +123,11 @@ pub struct Coverage {
     pub taps: usize,
     /// Large statements whose result was computed by no kernel path.
     pub big_scalar: usize,
+    /// Cases with parallel regions; regions, private arrays, split reductions.
+    pub region_cases: usize,
+    pub regions: usize,
+    pub private: usize,
+    pub split: usize,
     /// Contractions not computed by a GEMM kernel, by reason: how many, and a few seeds.
     pub not_gemm: BTreeMap<&'static str, (usize, Vec<u64>)>,
 }
@@ -207,6 +222,10 @@ impl Coverage {
             self.kernels_of_big +=
                 usize::from(p.big.iter().any(|b| p.tensors[b.lhs].name == k.result));
         }
+        self.region_cases += usize::from(paths.regions > 0);
+        self.regions += paths.regions;
+        self.private += paths.private;
+        self.split += paths.split;
         self.tap_cases += usize::from(!paths.taps.is_empty());
         self.taps += paths.taps.len();
         self.reduction_cases += usize::from(!paths.reductions.is_empty());
@@ -244,6 +263,10 @@ impl Coverage {
         self.tap_cases += o.tap_cases;
         self.taps += o.taps;
         self.big_scalar += o.big_scalar;
+        self.region_cases += o.region_cases;
+        self.regions += o.regions;
+        self.private += o.private;
+        self.split += o.split;
         for (k, (n, seeds)) in o.not_gemm {
             let e = self.not_gemm.entry(k).or_default();
             e.0 += n;
@@ -264,7 +287,7 @@ impl Coverage {
             .map(|(k, (g, h))| format!("{k} {h}/{g}"))
             .collect();
         format!(
-            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); tap kernels in {} cases: {} (windows by tap kernel/generated: {}); large statements computed by no kernel: {}\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
+            "coverage: large statements {:?}; GEMM kernels in {} of {cases} cases: {} kernels ({} of large statements, {} packing inlined computations, {} inexact, {} with several reduction blocks, {} with edge tiles, {} with column blocks); vectorized reductions in {} cases: {} ({} inexact); tap kernels in {} cases: {} (windows by tap kernel/generated: {}); large statements computed by no kernel: {}; parallel regions in {} cases: {} ({} private arrays, {} split reductions)\n  contraction layouts (GEMM/generated): {}\n  contractions without GEMM kernel (count, some seeds): {:?}",
             self.big,
             self.gemm_cases,
             self.kernels,
@@ -281,6 +304,10 @@ impl Coverage {
             self.taps,
             windows.join(", "),
             self.big_scalar,
+            self.region_cases,
+            self.regions,
+            self.private,
+            self.split,
             layouts.join(", "),
             self.not_gemm
         )

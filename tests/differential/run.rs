@@ -297,6 +297,10 @@ fn vector_words(t: &str) -> Vec<(usize, String)> {
     out
 }
 
+/// The threads running the parallel regions of the compiled runs (more than the cores of
+/// most test machines: chunks of one region then interleave on a core too).
+pub const REGION_THREADS: usize = 3;
+
 /// (a) / (c): compiles the cases in one batch (one C file) and runs each; on a compile
 /// failure, retries case by case (with fresh nodes) to find the culprit. With `checked`, the
 /// code is bounds-checked: an out-of-bounds access fails its case with the error naming the
@@ -306,7 +310,8 @@ pub fn run_compiled(progs: &[&Program], settings: &Settings, checked: bool) -> V
     // Programs may read tensors no statement writes (zeros, as the interpreter reads them).
     let backend = CcBackend::with_settings(settings.clone())
         .with_checked(checked)
-        .with_strict(false);
+        .with_strict(false)
+        .with_threads(REGION_THREADS);
     backend.initialize(Config::default());
     let bindings = Bindings(insts.iter().flat_map(|i| i.statics.clone()).collect());
     let names: Vec<String> = progs.iter().map(|p| format!("case_{}", p.seed)).collect();
