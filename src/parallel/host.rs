@@ -75,10 +75,10 @@ impl Plan {
 
 /// The deterministic schedule, prepared once: every device computes the gradients of its
 /// shards (slices of the batch, `shards` of them whatever the number of devices) into its
-/// rows of a `[shards, n]` tensor whose other rows stay zero; an all-reduce gives every
+/// rows of a `[shards, n]` tensor whose other rows are zero; an all-reduce gives every
 /// device every shard's row (a row plus zeros is the row, exactly); every device then adds
-/// the rows up in shard order, from zero, and applies the same update to the same
-/// parameters. So neither the routine computing a shard's gradient nor the order of the
+/// the rows up in shard order, zeroes them all for the next step, and applies the same
+/// update to the same parameters. So neither the routine computing a shard's gradient nor the order of the
 /// sum depends on the number of devices, and the results are the same bit for bit on any
 /// number of them. No parameters are copied.
 pub(crate) struct Sharded {

@@ -11,8 +11,8 @@ use crate::backend::{Backend, Config, Context, Device, Event, MergeBufferUse, Pr
 use crate::error::{Error, Result};
 use crate::ir::einsum;
 use crate::ir::{
-    Assignments, AxisIndex, Bindings, Binop, Buffer, MemoryMode, Prec, Projections, StaticSymbol,
-    Tnode, Unop,
+    Assignments, AxisIndex, Bindings, Binop, Buffer, FetchOp, MemoryMode, Prec, Projections,
+    StaticSymbol, Tnode, Unop,
 };
 use crate::nn::{self, Bucket, Rng};
 use std::ops::Range;
@@ -1139,6 +1139,15 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
                 Assignments::block(
                     "the gradients and losses of the shards, added in shard order",
                     Assignments::seq(ordered),
+                ),
+                // After the all-reduce every device holds every shard's row: zero them all, so
+                // that at the next step the rows this device does not compute are zeros again.
+                Assignments::block(
+                    "clear the rows for the next step",
+                    Assignments::Fetch {
+                        array: rows.clone(),
+                        fetch_op: FetchOp::Constant(0.0),
+                    },
                 ),
                 self.update_code(&sum, &bindings)?,
             ]),
