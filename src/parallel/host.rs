@@ -6,6 +6,7 @@ use crate::backend::{Backend, Context, Task};
 use crate::error::Result;
 use crate::ir::{StaticSymbol, Tnode};
 use std::ops::Range;
+use std::sync::Arc;
 
 impl Plan {
     /// Schedules training step `s` on batch `k` of the epoch (module documentation),
@@ -89,8 +90,9 @@ pub(crate) struct Sharded {
     /// The update's static index of the step.
     pub(crate) step: StaticSymbol,
     pub(crate) shards: usize,
-    /// Per device, its shards.
+    /// Per device, its shards, and what their task says it is.
     pub(crate) owned: Vec<Range<usize>>,
+    pub(crate) descriptions: Vec<Arc<str>>,
     /// The `[shards, n]` rows of shard gradients (and losses).
     pub(crate) rows: Tnode,
     /// Every device's context (this rank's and the others', in device order).
@@ -102,14 +104,26 @@ impl Sharded {
     /// gradients, the all-reduce of the rows, the update on every device. The backend
     /// orders the all-reduce after the gradients and the updates after it (and the next
     /// step's gradients after the all-reduce read the rows), so the host never waits.
+    ///
+    /// A device's shards run in one task (the gradient routine once per shard, its static
+    /// indices set in the task), so that a step schedules one task per device, not one per
+    /// shard. The task declares no accesses: it is ordered after the previous all-reduce by
+    /// the event the backend makes every device wait for, and before this step's by the
+    /// events the all-reduce waits for.
     pub(crate) fn schedule_step(&self, backend: &dyn Backend, k: usize, s: usize) -> Result<()> {
-        for (d, range) in self.devs.iter().zip(&self.owned) {
-            for j in range.clone() {
-                let b = d.grad.bindings();
-                b.set_symbol(&self.slot, (k * self.shards + j) as i64)?;
-                b.set_symbol(&self.shard, j as i64)?;
-                d.grad.schedule()?;
-            }
+        for ((d, range), what) in self.devs.iter().zip(&self.owned).zip(&self.descriptions) {
+            let (grad, range) = (d.grad.clone(), range.clone());
+            let (slot, shard, shards) = (self.slot.clone(), self.shard.clone(), self.shards);
+            let work = move || -> Result<()> {
+                for j in range.clone() {
+                    let b = grad.bindings();
+                    b.set_symbol(&slot, (k * shards + j) as i64)?;
+                    b.set_symbol(&shard, j as i64)?;
+                    part(grad.name(), grad.run_in_task())?;
+                }
+                Ok(())
+            };
+            backend.schedule(&d.device, Task::new(what.clone(), work))?;
         }
         backend.all_reduce(std::slice::from_ref(&self.rows), &self.ctxs)?;
         for d in &self.devs {

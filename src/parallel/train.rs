@@ -1169,6 +1169,19 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             .map(|d| d * shards / n_dev..(d + 1) * shards / n_dev)
             .collect();
         let ctxs: Vec<Context> = devs.iter().map(|d| d.ctx.clone()).collect();
+        let descriptions = devs
+            .iter()
+            .zip(&owned)
+            .map(|(d, r)| {
+                format!(
+                    "the gradients of shards {}..{} on {}",
+                    r.start,
+                    r.end,
+                    d.device.name()
+                )
+                .into()
+            })
+            .collect();
         let plan = Sharded {
             devs,
             slot,
@@ -1176,6 +1189,7 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             step,
             shards,
             owned,
+            descriptions,
             rows,
             ctxs,
         };
