@@ -117,7 +117,7 @@ fn plain_loop(batch: usize, epochs: usize, lrs: &[f64], rule: Rule) -> (Vec<f64>
                 let x = &xs[b * IN..(b + 1) * IN];
                 let t = &ts[b * OUT..(b + 1) * OUT];
                 let (h, y) = forward(&p, x);
-                let mut dh = vec![0.0; HID];
+                let mut dh = [0.0; HID];
                 for o in 0..OUT {
                     let d = y[o] - t[o];
                     loss += d * d / batch as f64;

@@ -147,7 +147,7 @@ pub fn model(mlp: &Mlp, data: &Dataset) -> Result<(Model<'static>, Tnode)> {
         .evaluate(
             mlp.infer_routine(&eval_x, &scores)?,
             &[eval_x],
-            &[scores.clone()],
+            std::slice::from_ref(&scores),
         );
     Ok((model, scores))
 }

@@ -17,9 +17,9 @@ pub type UpdateFn<'a> = dyn Fn(&UpdateArgs) -> Result<Assignments> + 'a;
 /// One slice of a batch, as the gradient code sees it: the rows of every data tensor that one
 /// run of the gradient code handles.
 ///
-/// A step of batch `B` is split into slices of `rows` samples: one per device
-/// ([`Reduction::Fast`](super::Reduction::Fast): `rows = B / devices`) or one per shard
-/// ([`Reduction::Deterministic`](super::Reduction::Deterministic): `rows = B / shards`). The
+/// A step of batch `B` is split into slices of `rows` samples: one per device (the fast
+/// schedules: `rows = B / devices`) or one per shard
+/// ([`Schedule::Deterministic`](super::Schedule::Deterministic): `rows = B / shards`). The
 /// gradients and the losses of the slices are **summed**, so the gradient code computes the
 /// slice's share of the batch's mean loss: a sum over its rows divided by
 /// [`batch`](Slice::batch), not by `rows`. Then the sum over the slices is the mean over the

@@ -698,8 +698,9 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
         for epoch in 0..=self.job.epochs {
             if epoch < self.job.epochs {
                 let t = Instant::now();
-                for s in epoch * per_epoch..(epoch + 1) * per_epoch {
-                    schedule(order[s], s)?;
+                let first = epoch * per_epoch;
+                for (s, &k) in order.iter().enumerate().skip(first).take(per_epoch) {
+                    schedule(k, s)?;
                 }
                 self.phases.scheduling += t.elapsed();
             }
@@ -1112,7 +1113,7 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
         for j in 0..shards {
             let p = Projections {
                 rhs_dims: vec![vec![shards, n]],
-                project_rhs: vec![vec![AxisIndex::Fixed(j), lhs.project_lhs[0].clone()]],
+                project_rhs: vec![vec![AxisIndex::Fixed(j), lhs.project_lhs[0]]],
                 debug_info: format!("add the gradients of shard {j}"),
                 ..lhs.clone()
             };
