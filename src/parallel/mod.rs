@@ -152,10 +152,11 @@
 //!   `batch / N`: more fixed costs per step, and smaller loops); the all-reduce moves
 //!   `shards` times the gradients' size and, in process, is one task adding every device's
 //!   rows on the first device; every device adds `shards` rows and updates; and the host
-//!   schedules every step (no programs per queue). On the moons job (2-16-16-1, batch 120, a
-//!   step of about 10 µs) that is several times slower than the exchange; on a step of
-//!   milliseconds the gradients dominate and the difference is small. See
-//!   `docs/devices.md` for measurements.
+//!   schedules every step (one task per device for its shards, the all-reduce, the updates;
+//!   no programs per queue). On the moons job (2-16-16-1, batch 120, a step of about 12 µs)
+//!   24 shards ran at about half the speed of the fast schedule on one device; on a step of
+//!   milliseconds the gradients dominate and the difference is small. See `docs/devices.md`
+//!   for measurements.
 //!
 //! # How many devices
 //!
@@ -186,6 +187,7 @@
 
 mod cost;
 mod host;
+mod job;
 mod model;
 mod plan;
 mod programs;
