@@ -881,6 +881,22 @@ impl Writer {
                     .binop(t, *op, &a, &b)
                     .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
             }
+            Vlv::Unop(op, a) => {
+                let a = self.vexpr(a, pre, indent);
+                self.dialect
+                    .unop(t, *op, &a)
+                    .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
+            }
+            Vlv::Ternop(op, a, b, c) => {
+                let (a, b, c) = (
+                    self.vexpr(a, pre, indent),
+                    self.vexpr(b, pre, indent),
+                    self.vexpr(c, pre, indent),
+                );
+                self.dialect
+                    .ternop(t, *op, &a, &b, &c)
+                    .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
+            }
             Vlv::Shuffle(a, b, idx) => {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
                 self.dialect.shuffle(t, &a, &b, idx)

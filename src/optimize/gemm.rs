@@ -521,7 +521,8 @@ fn local(label: &[&str], dims: &[usize], prec: Prec, locals: &mut Vec<Tnode>) ->
     Some(t)
 }
 
-fn vreg(ty: VType) -> VReg {
+/// A fresh vector variable (ids unique in the process).
+pub(super) fn vreg(ty: VType) -> VReg {
     VReg {
         id: NEXT_VREG.fetch_add(1, Ordering::Relaxed),
         ty,
