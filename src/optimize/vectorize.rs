@@ -87,11 +87,18 @@ fn walk(c: Llc, target: &VectorTarget, out: &mut Vectorized) -> Llc {
             trace_it,
         } => {
             let inner: Vec<Llc> = body.clone().flatten();
+            let l = Loop { j: index, from, to };
+            let sets: Option<Vec<(Tnode, Vec<AxisIndex>, Llv)>> = inner
+                .iter()
+                .map(|c| match c {
+                    Llc::Set { tn, idcs, value } => Some((tn.clone(), idcs.clone(), value.clone())),
+                    _ => None,
+                })
+                .collect();
+            if let Some(code) = sets.and_then(|sets| elementwise(&l, &sets, target)) {
+                return code;
+            }
             if let [Llc::Set { tn, idcs, value }] = inner.as_slice() {
-                let l = Loop { j: index, from, to };
-                if let Some(code) = elementwise(&l, tn, idcs, value, target) {
-                    return code;
-                }
                 if let Some((code, part)) = reduction(&l, tn, idcs, value, target) {
                     out.locals.push(part.clone());
                     out.written_first.push(part);
@@ -162,12 +169,12 @@ fn vtype(prec: Prec, target: &VectorTarget) -> Option<VType> {
 }
 
 /// Whether a value may be computed once for the whole loop: it does not mention `j`, reads
-/// nothing of the tensor `written` (whose cells change during the loop), and has no effect or
-/// hidden input (local scopes, imported functions, merge buffers, random values).
-fn invariant(v: &Llv, j: Symbol, written: &Tnode) -> bool {
+/// nothing of the tensors the loop writes (whose cells change during the loop), and has no
+/// effect or hidden input (local scopes, imported functions, merge buffers, random values).
+fn invariant(v: &Llv, j: Symbol, written: &[(Tnode, Vec<AxisIndex>)]) -> bool {
     let mut ok = !mentions(v, j);
     crate::loops::visit_value(v, &mut |x| match x {
-        Llv::Get(t, _) => ok &= t != written,
+        Llv::Get(t, _) => ok &= written.iter().all(|(w, _)| w != t),
         Llv::LocalScope { .. }
         | Llv::GetLocal(_)
         | Llv::GetCFunction(_)
@@ -180,14 +187,15 @@ fn invariant(v: &Llv, j: Symbol, written: &Tnode) -> bool {
 
 /// The vector form of `v` for lanes `j = at + lane`, where `at` is the index the pass
 /// substitutes for `j` (a multiple of the vector width past the loop's start): `None` if some
-/// part cannot be vectorized. `written` and `cell` are the statement's result and its cell:
-/// the result may be read only there (`allow_cell`), or not at all.
+/// part cannot be vectorized. `written` holds the tensors the loop writes with the cells they
+/// are written at: such a tensor may be read only at that cell (the lane's own), and with
+/// `cell_reads` false (a reduction) not at all.
 struct Ctx<'a> {
     t: VType,
     j: Symbol,
     at: AxisIndex,
-    written: &'a Tnode,
-    cell: Option<&'a [AxisIndex]>,
+    written: &'a [(Tnode, Vec<AxisIndex>)],
+    cell_reads: bool,
 }
 
 impl Ctx<'_> {
@@ -198,9 +206,12 @@ impl Ctx<'_> {
         let b = |x: Vlv| Box::new(x);
         Some(match v {
             Llv::Get(tn, idcs) => {
+                let own_cell = |(w, cell): &(Tnode, Vec<AxisIndex>)| {
+                    w != tn || (self.cell_reads && cell == idcs)
+                };
                 if tn.prec() != self.t.prec
                     || stride(tn, idcs, self.j) != 1
-                    || (tn == self.written && self.cell != Some(idcs.as_slice()))
+                    || !self.written.iter().all(own_cell)
                 {
                     return None;
                 }
@@ -246,18 +257,34 @@ fn for_(index: Symbol, from: i64, to: i64, body: Llc) -> Llc {
     Llc::for_loop(index, from, to, body)
 }
 
-/// The elementwise rewrite (see the module documentation).
+/// The elementwise rewrite (see the module documentation), of a loop body of one or more
+/// stores: each tensor written is written and read at one cell only, contiguous in `j`, so
+/// that iterations are independent and statement `k` of lane `j` sees exactly what it sees in
+/// the scalar loop.
 fn elementwise(
     l: &Loop,
-    tn: &Tnode,
-    idcs: &[AxisIndex],
-    value: &Llv,
+    sets: &[(Tnode, Vec<AxisIndex>, Llv)],
     target: &VectorTarget,
 ) -> Option<Llc> {
-    let t = vtype(tn.prec(), target)?;
+    let prec = sets.first()?.0.prec();
+    let t = vtype(prec, target)?;
     let w = t.lanes as i64;
-    if l.len() < w || stride(tn, idcs, l.j) != 1 || !computes_in_own_type(tn.prec(), value) {
+    if l.len() < w {
         return None;
+    }
+    let written: Vec<(Tnode, Vec<AxisIndex>)> = sets
+        .iter()
+        .map(|(tn, idcs, _)| (tn.clone(), idcs.clone()))
+        .collect();
+    for (tn, idcs, value) in sets {
+        let one_cell = written.iter().all(|(w, c)| w != tn || c == idcs);
+        if tn.prec() != prec
+            || !one_cell
+            || stride(tn, idcs, l.j) != 1
+            || !computes_in_own_type(prec, value)
+        {
+            return None;
+        }
     }
     let jo = Symbol::fresh();
     let at = strip(jo, t.lanes, l.from)?;
@@ -265,41 +292,41 @@ fn elementwise(
         t,
         j: l.j,
         at,
-        written: tn,
-        cell: Some(idcs),
+        written: &written,
+        cell_reads: true,
     };
-    let v = cx.vec(value)?;
-    if matches!(v, Vlv::Splat(..)) {
-        // Nothing depends on j: not worth a vector loop.
-        return None;
-    }
-    let store_at = idcs
-        .iter()
-        .map(|ix| ix.substitute(l.j, at))
-        .collect::<Option<Vec<_>>>()?;
-    let vectors = l.len() / w;
-    let mut stmts = vec![for_(
-        jo,
-        0,
-        vectors - 1,
-        Llc::VStore {
+    let mut vector_body = vec![];
+    let mut depends = false;
+    for (tn, idcs, value) in sets {
+        let v = cx.vec(value)?;
+        depends |= !matches!(v, Vlv::Splat(..));
+        let store_at = idcs
+            .iter()
+            .map(|ix| ix.substitute(l.j, at))
+            .collect::<Option<Vec<_>>>()?;
+        vector_body.push(Llc::VStore {
             tn: tn.clone(),
             idcs: store_at,
             value: v,
-        },
-    )];
+        });
+    }
+    if !depends {
+        // Nothing reads along j: not worth a vector loop.
+        return None;
+    }
+    let vectors = l.len() / w;
+    let mut stmts = vec![for_(jo, 0, vectors - 1, Llc::Seq(vector_body))];
     let rest = l.from + vectors * w;
     if rest <= l.to {
-        stmts.push(for_(
-            l.j,
-            rest,
-            l.to,
-            Llc::Set {
+        let scalar: Vec<Llc> = sets
+            .iter()
+            .map(|(tn, idcs, value)| Llc::Set {
                 tn: tn.clone(),
-                idcs: idcs.to_vec(),
+                idcs: idcs.clone(),
                 value: value.clone(),
-            },
-        ));
+            })
+            .collect();
+        stmts.push(for_(l.j, rest, l.to, Llc::Seq(scalar)));
     }
     Some(Llc::Seq(stmts))
 }
@@ -344,12 +371,13 @@ fn reduction(
             &[(jo, partials)],
             usize::try_from(l.from).ok()? + a * t.lanes,
         )?;
+        let written = [(tn.clone(), idcs.to_vec())];
         let cx = Ctx {
             t,
             j: l.j,
             at,
-            written: tn,
-            cell: None,
+            written: &written,
+            cell_reads: false,
         };
         let v = cx.vec(e)?;
         if matches!(v, Vlv::Splat(..)) {
