@@ -468,7 +468,8 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
  * Single-precision functions and their largest errors, measured against double libm over
  * every 97th float (all signs, subnormals, infinities, NaN), with GCC and Clang, with and
  * without FMA (tests/vmath.rs asserts the bounds in brackets):
- *   exp     0.97 ulp [1.5]   polynomial for expm1 on |r| <= 0.36, scaling by 2^n in two steps
+ *   exp     0.97 ulp [1.5]   polynomial for expm1 on |r| <= 0.36, 2^n in one factor when
+ *                            every lane's |x| < 87, in two (subnormals, overflow) otherwise
  *   exp2    1.06 ulp [1.5]   exact at integers
  *   log     0.79 ulp [1.5]   log2 0.84 ulp [1.5]   fdlibm's decomposition, no table
  *   tanh    2.49 ulp [3]     through expm1(-2|x|)
@@ -669,6 +670,7 @@ static inline aj_vf32_##N aj_vsincos_f32_##N(aj_vf32_##N x, unsigned quadrant) {
   aj_vf64_##N v = aj_vsel_f64_##N((q & 1u) != 0, c, s);                                            \
   v = (aj_vf64_##N)((aj_vu64_##N)v ^ ((q & 2u) << 62));                                            \
   aj_vf32_##N out = __builtin_convertvector(v, aj_vf32_##N);                                       \
+  if (!quadrant) out = aj_vsel_f32_##N(x == 0.0f, x, out); /* sin(-0) = -0 */                      \
   aj_vi32_##N big = (aj_vi32_##N)(((aj_vu32_##N)x & 0x7fffffffu) > 0x48000000u);                   \
   if (__builtin_expect(aj_vany_i32_##N(big), 0)) {                                                 \
     for (int i = 0; i < N; i++)                                                                    \

@@ -6,16 +6,18 @@
 //! itself, with the vector statements of the loop IR ([`Llc::VSet`], [`Llc::VStore`],
 //! [`Vlv`]) and the runtime header's vector functions ([`Vlv::Unop`]):
 //!
-//! - **Elementwise loops.** An innermost loop `for j { t[.., j] = e(j) }` whose store and reads
-//!   are contiguous in `j` (stride 1) or do not depend on `j`, of a single or double result
-//!   computed from tensors of that precision only, with operations that have vector
-//!   spellings, becomes a loop over whole vectors (`VStore t[.., from + W·jo] = e`, reads as
-//!   vector loads, loop-invariant subexpressions computed once as a broadcast) followed by the
-//!   scalar loop over the `n mod W` last elements. The result may be read by the statement
-//!   only at the cell it writes (`t = t + x`). Every element is computed by the same
-//!   operations as before, so results are bit-identical, except for the functions of the
-//!   vector math family (`exp`, `log`, `tanh`, ... within their documented error bounds; the
-//!   scalar remainder keeps libm).
+//! - **Elementwise loops.** An innermost loop `for j { t[.., j] = e(j); ... }` (one store or
+//!   several, as fusion leaves them) whose stores and reads are contiguous in `j` (stride 1)
+//!   or do not depend on `j`, of single (or double) results computed from tensors of that
+//!   precision only, with operations that have vector spellings, becomes a loop over whole
+//!   vectors (`VStore t[.., from + W·jo] = e`, reads as vector loads, loop-invariant
+//!   subexpressions computed once as a broadcast) followed by the scalar loop over the
+//!   `n mod W` last elements. A tensor the loop writes may be read in it only at the cell it
+//!   is written at (`t = t + x`, or a later statement reading an earlier one's cell), so the
+//!   iterations are independent. Every element is computed by the same operations as before,
+//!   so results are bit-identical, except for the functions of the vector math family
+//!   (`exp`, `log`, `tanh`, ... within their documented error bounds; the scalar remainder
+//!   keeps libm).
 //! - **Reductions.** An innermost loop `for j { s = s ⊕ e(j) }` into a cell `s` that does not
 //!   depend on `j` (`⊕` one of add, sub, max, min; `e` vectorizable as above and not reading
 //!   `s`'s tensor) keeps `P` partial results in vector accumulators, `P` = 32 for single and
