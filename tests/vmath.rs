@@ -25,18 +25,33 @@ const BOUNDS: [(&str, f64); 9] = [
     ("rsqrt", 1.0),
 ];
 
-/// Compiles the driver with the configured compiler and flags into `dir`.
+/// The documented bounds of the double-precision functions, in ulp.
+const BOUNDS_F64: [(&str, f64); 6] = [
+    ("exp_f64", 1.5),
+    ("exp2_f64", 1.5),
+    ("log_f64", 1.5),
+    ("log2_f64", 1.5),
+    ("tanh_f64", 3.0),
+    ("sigmoid_f64", 3.0),
+];
+
+/// Compiles the single-precision driver with the configured compiler and flags into `dir`.
 fn build_driver(dir: &Path) -> std::path::PathBuf {
+    build("vmath_sweep", dir)
+}
+
+/// Compiles `tests/data/NAME.c` with the configured compiler and flags into `dir`.
+fn build(name: &str, dir: &Path) -> std::path::PathBuf {
     let cfg = CompilerConfig::from_env().expect("compiler configuration");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join("vmath_sweep");
+    let exe = dir.join(name);
     let mut cmd = Command::new(&cfg.compiler);
     cmd.arg(format!("-O{}", cfg.opt_level))
         .args(&cfg.arch_flags)
         .args(&cfg.extra_flags)
         .arg("-std=gnu11")
         .arg(format!("-I{}", root.join("runtime_c").display()))
-        .arg(root.join("tests/data/vmath_sweep.c"))
+        .arg(root.join(format!("tests/data/{name}.c")))
         .arg("-o")
         .arg(&exe)
         .arg("-lm");
@@ -49,10 +64,10 @@ fn build_driver(dir: &Path) -> std::path::PathBuf {
     exe
 }
 
-/// Runs the driver: `(function, width, max ulp, worst input bits, count)` per line.
-fn run(exe: &Path, step: u32, widths: u32) -> Vec<(String, u32, f64, String, u64)> {
+/// Runs a driver with `args`: `(function, width, max ulp, worst input bits, count)` per line.
+fn run(exe: &Path, args: &[String]) -> Vec<(String, u32, f64, String, u64)> {
     let out = Command::new(exe)
-        .args([step.to_string(), widths.to_string()])
+        .args(args)
         .output()
         .expect("the driver runs");
     assert!(
@@ -81,8 +96,8 @@ fn vector_math_is_within_its_documented_bounds() {
     let dir = tempfile::tempdir().unwrap();
     let exe = build_driver(dir.path());
     // Width 8 densely (mask 2), widths 4 and 16 more sparsely (masks 1 and 4).
-    let mut rows = run(&exe, 97, 2);
-    rows.extend(run(&exe, 997, 1 | 4));
+    let mut rows = run(&exe, &["97".into(), "2".into()]);
+    rows.extend(run(&exe, &["997".into(), (1 | 4).to_string()]));
     assert_eq!(rows.len(), BOUNDS.len() * 3, "{rows:?}");
     let mut failures = vec![];
     for (name, width, worst, bits, count) in &rows {
@@ -94,6 +109,29 @@ fn vector_math_is_within_its_documented_bounds() {
         // Every 97th pattern of 2^32, plus the special values.
         assert!(*count > 4_000_000, "{name} x{width}: only {count} values");
         eprintln!("{name:8} x{width:2}: {worst:.3} ulp (worst at 0x{bits}) over {count} values");
+        if *worst > bound {
+            failures.push(format!(
+                "{name} x{width}: {worst} ulp at 0x{bits} (bound {bound})"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The double-precision family (`aj_vexp_f64_4`, ...) against the long double libm:
+/// `tests/data/vmath_sweep_f64.c` evaluates 2^22 bit patterns spread over all doubles with 4
+/// lanes (2^19 with 2 and 8), the special values, and 64 ulps around each threshold.
+#[test]
+fn double_vector_math_is_within_its_documented_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build("vmath_sweep_f64", dir.path());
+    let rows = run(&exe, &[(1u64 << 22).to_string()]);
+    assert_eq!(rows.len(), BOUNDS_F64.len() * 3, "{rows:?}");
+    let mut failures = vec![];
+    for (name, width, worst, bits, count) in &rows {
+        let bound = BOUNDS_F64.iter().find(|b| b.0 == name).expect("known").1;
+        assert!(*count > 500_000, "{name} x{width}: only {count} values");
+        eprintln!("{name:12} x{width}: {worst:.3} ulp (worst at 0x{bits}) over {count} values");
         if *worst > bound {
             failures.push(format!(
                 "{name} x{width}: {worst} ulp at 0x{bits} (bound {bound})"

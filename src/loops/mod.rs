@@ -191,9 +191,8 @@ impl Vlv {
 
 /// Whether the runtime header has a lane-wise vector function for `op` on vectors of
 /// precision `prec` ([`Vlv::Unop`]): exact operations (identity, neg, abs, relu, recip,
-/// satur01) for single and double; `exp exp2 log log2 tanh sigmoid sin cos rsqrt` for
-/// single. Others (`sqrt`, rounding, `not`, and the double transcendental functions) stay
-/// scalar code.
+/// satur01) and `exp exp2 log log2 tanh sigmoid` for single and double; `sin cos rsqrt` for
+/// single only. Others (`sqrt`, rounding, `not`) stay scalar code.
 pub fn vector_unop(op: Unop, prec: Prec) -> bool {
     let exact = matches!(
         op,
@@ -215,7 +214,13 @@ pub fn vector_unop(op: Unop, prec: Prec) -> bool {
                         | Unop::Rsqrt
                 )
         }
-        Prec::Double => exact,
+        Prec::Double => {
+            exact
+                || matches!(
+                    op,
+                    Unop::Exp | Unop::Exp2 | Unop::Log | Unop::Log2 | Unop::Tanh | Unop::Sigmoid
+                )
+        }
         _ => false,
     }
 }

@@ -28,10 +28,11 @@
 //!   one by one. Sums are reassociated (results change in the last bits, as in any parallel
 //!   reduction; the partial sums start at -0.0, the exact identity of addition); max and min
 //!   are exact (the NaN rule of `aj_max_f` holds lane by lane, and max/min are associative and
-//!   commutative up to the payload of a NaN).
+//!   commutative up to the payload of a NaN, so for them the accumulator vectors are combined
+//!   lane-wise first and only one vector's lanes go through the scalar tree).
 //!
 //! Everything else stays scalar code, which is always correct: loops with guards, lookups,
-//! several statements, inlined local scopes, index values, random values, imported functions,
+//! reductions fused with other statements, inlined local scopes, index values, random values, imported functions,
 //! merge-buffer reads, mixed precisions (a conversion per element), strided reads, or an
 //! operation without a vector spelling (`sqrt`, rounding, comparisons, `where`, and the
 //! double-precision transcendental functions).
@@ -405,7 +406,22 @@ fn reduction(
         .collect();
     let blocks = l.len() / partials as i64;
     stmts.push(for_(jo, 0, blocks - 1, Llc::Seq(body)));
-    for (a, r) in regs.iter().enumerate() {
+    // Max and min are associative and commutative on the partial results (which are never
+    // NaN: they start at -inf or +inf and maximumNumber ignores NaN), so their vectors are
+    // combined lane-wise first and only one vector's lanes go through the scalar tree. Sums
+    // keep all partial results for the fixed tree.
+    let stored = if combine == Binop::Add {
+        &regs[..]
+    } else {
+        for r in &regs[1..] {
+            stmts.push(Llc::VSet(
+                regs[0],
+                Vlv::Binop(combine, Box::new(Vlv::Reg(regs[0])), Box::new(Vlv::Reg(*r))),
+            ));
+        }
+        &regs[..1]
+    };
+    for (a, r) in stored.iter().enumerate() {
         stmts.push(Llc::VStore {
             tn: part.clone(),
             idcs: vec![AxisIndex::Fixed(a * t.lanes)],
@@ -413,7 +429,7 @@ fn reduction(
         });
     }
     // A balanced tree over the partial results, in a fixed order.
-    let mut level: Vec<Llv> = (0..partials)
+    let mut level: Vec<Llv> = (0..stored.len() * t.lanes)
         .map(|k| Llv::Get(part.clone(), vec![AxisIndex::Fixed(k)]))
         .collect();
     while level.len() > 1 {
