@@ -281,7 +281,16 @@ fn elementwise(
         .collect();
     for (tn, idcs, value) in sets {
         let one_cell = written.iter().all(|(w, c)| w != tn || c == idcs);
+        // A result entry of several letters (`(a+b)`) writes one cell from several points:
+        // the C writer keeps such stores in order with a compiler barrier (see
+        // `overwrites_shared_cells` in the C writer); they stay scalar.
+        let mut accumulates = false;
+        crate::loops::visit_value(value, &mut |v| {
+            accumulates |= matches!(v, Llv::Get(t, i) if t == tn && i == idcs);
+        });
+        let shared_cells = !accumulates && idcs.iter().any(|ix| ix.symbols().len() > 1);
         if tn.prec() != prec
+            || shared_cells
             || !one_cell
             || stride(tn, idcs, l.j) != 1
             || !computes_in_own_type(prec, value)
