@@ -487,9 +487,10 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
  * log(+inf) = +inf, rsqrt(+-0) = +-inf, tanh and sin keep the sign of zero. Targets without
  * vectors use libm throughout.
  *
- * The families are macros instantiated below for every width (unused static inline functions
- * cost the C compiler only their parsing). AVX-sized vectors on a target without AVX change
- * no ABI here (every function is static inline), so GCC's -Wpsabi note is silenced. */
+ * The families are macros: the types and masks below for every width, the functions where a
+ * file instantiates them (AJ_VMATH_F32(N), AJ_VMATH_F64(N, 2N)). AVX-sized vectors on a target
+ * without AVX change no ABI here (every function is static inline), so GCC's -Wpsabi note is
+ * silenced. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -856,6 +857,9 @@ static inline aj_vf64_##N aj_vlog2_f64_##N(aj_vf64_##N x) {                     
 }                                                                                                  \
 
 
+/* Everything below is only compiled in files that use vector functions (the C writer
+ * defines AJ_VMATH before including this header) or with AJ_VMATH_ALL. */
+#if defined(AJ_VMATH) || defined(AJ_VMATH_ALL)
 AJ_VTYPES(2)
 AJ_VTYPES(4)
 AJ_VTYPES(8)
@@ -886,12 +890,18 @@ static inline int aj_vany_i32_16(aj_vi32_16 m) {
   memcpy(h, &m, sizeof h);
   return aj_vany_i32_8(h[0] | h[1]);
 }
+/* The function families are instantiated by the files that use them (the C writer puts
+ * `AJ_VMATH_F32(8)` and the like after this header), or all of them with AJ_VMATH_ALL: each
+ * family is about 200 lines that Clang would otherwise analyze in every compile. */
+#ifdef AJ_VMATH_ALL
 AJ_VMATH_F32(4)
 AJ_VMATH_F32(8)
 AJ_VMATH_F32(16)
 AJ_VMATH_F64(2, 4)
 AJ_VMATH_F64(4, 8)
 AJ_VMATH_F64(8, 16)
+#endif
+#endif /* AJ_VMATH || AJ_VMATH_ALL */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif

@@ -175,7 +175,9 @@ fn vector_math_special_values() {
     let fns = [
         "exp", "exp2", "log", "log2", "tanh", "sigmoid", "sin", "cos", "rsqrt",
     ];
-    let mut c = String::from("#include \"arrayjit.h\"\n#include <stdio.h>\nint main(void) {\n");
+    let mut c = String::from(
+        "#define AJ_VMATH_ALL 1\n#include \"arrayjit.h\"\n#include <stdio.h>\nint main(void) {\n",
+    );
     c.push_str(&format!(
         "  uint32_t bits[16] = {{{}}};\n  aj_vf32_16 x;\n  memcpy(&x, bits, sizeof x);\n",
         bits.join(", ")

@@ -7,6 +7,7 @@
  * infinity or a zero must match exactly (with its sign), and an exact result that rounds
  * past the largest float must give the infinity of its sign.
  * Prints one line per function and width: "NAME WIDTH MAX_ULP WORST_INPUT_BITS COUNT". */
+#define AJ_VMATH_ALL 1 /* every function family */
 #include "arrayjit.h"
 #include <stdio.h>
 

@@ -4,6 +4,7 @@
  * against the long double libm (64-bit significand on x86). Errors are in ulps of the double
  * result (2^-1074 for subnormals); a wrong NaN, infinity or zero counts 1e9.
  * Prints "NAME WIDTH MAX_ULP WORST_INPUT_BITS COUNT" per function and width. */
+#define AJ_VMATH_ALL 1 /* every function family */
 #include "arrayjit.h"
 #include <stdio.h>
 
