@@ -7,6 +7,7 @@ mod loops;
 mod simplify;
 mod taps;
 mod trace;
+mod vectorize;
 mod virtualize;
 
 pub use simplify::simplify;
@@ -208,6 +209,20 @@ pub fn optimize_with(
         f.code
     } else {
         code
+    };
+    // Explicit vector loops, last: on the fused loops, whose rows stay in L1.
+    let code = match settings.target {
+        Some(t) if settings.enabled && settings.loop_opts && t.vector_bytes >= 16 => {
+            let v = vectorize::vectorize(code, &t);
+            verify("vectorize", &v.code)?;
+            for tn in &v.locals {
+                modes.refine(tn, MemoryMode::Local, provenance::KERNEL)?;
+            }
+            written_first.extend(v.written_first);
+            nodes.extend(v.locals.into_iter().map(|t| (t, MemoryMode::Local)));
+            v.code
+        }
+        _ => code,
     };
     // The decisions this routine made or relied on, about its own nodes.
     let mine: std::collections::HashSet<Tnode> = traced_store
