@@ -255,11 +255,7 @@ fn exact_elementwise_operations_match_plain_loops_bitwise() {
             let out_refs: Vec<&Tnode> = outs.iter().collect();
             for bytes in [16, 32, 64] {
                 let r = run(&code, &out_refs, Some(target(bytes)));
-                assert!(
-                    r.src.contains("AJ_VMAX("),
-                    "{prec:?} {bytes}:\n{}",
-                    r.src
-                );
+                assert!(r.src.contains("AJ_VMAX("), "{prec:?} {bytes}:\n{}", r.src);
                 for (k, (t, f)) in outs.iter().zip(&refs).enumerate() {
                     let want: Vec<f64> = (0..n).map(|i| f(av[i], bv[i], cv[i])).collect();
                     let what = format!("{prec:?} n={n} {bytes}B {}", t.name());
