@@ -9,16 +9,16 @@
 //! or one cross (class 1: a horizontal and a vertical line through the same point), at a
 //! random place, with noise. The network: a 3×3 convolution (1 → 8 channels, padding 1) and
 //! its bias, ReLU, 2×2 max-pooling, a dense layer to 2 logits, and softmax cross-entropy
-//! against `int32` labels. Every step, each of N devices computes the gradients of its share
-//! of the batch; the gradients are summed across devices (`all_reduce`) and every device
-//! applies the same SGD update, so the replicas stay identical. It prints the loss per epoch
-//! and the accuracy on a held-out set, on its last line:
+//! against `int32` labels. It is trained with `arrayjit::parallel`: every step, each of N
+//! devices computes the gradients of its share of the batch, the gradients are summed across
+//! devices and every device ends the step with the same parameters (SGD). It prints the loss
+//! per epoch and the accuracy on a held-out set, on its last line:
 //! `accuracy: A devices: N samples/s: S`.
 
 use arrayjit::ir::{Assignments, Bindings, Binop, InitOp, Prec, Tnode};
 use arrayjit::nn::{self, SoftmaxScratch, Window};
+use arrayjit::parallel::{self, Devices, LearningRate, Model, Settings, Slice, Update};
 use arrayjit::{Jit, JitConfig};
-use std::time::Instant;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -136,123 +136,137 @@ fn images(n: usize, rng: &mut Rng) -> (Vec<f64>, Vec<i32>) {
     (x, y)
 }
 
-/// The network's parameters, gradients and the routines of one device's step.
+/// The network's parameters and gradients (plain nodes: `arrayjit::parallel` keeps their
+/// values), their initial values, and the class indices the loss compares labels with.
 struct Net {
-    params: Vec<Tnode>,
-    grads: Vec<Tnode>,
-    grad_step: Assignments,
-    update: Assignments,
-    x: Tnode,
-    labels: Tnode,
-    logits: Tnode,
-    loss: Tnode,
+    params: Vec<(Tnode, Tnode, Vec<f64>)>,
     classes: Tnode,
 }
 
-fn build(per_device: usize, batch: usize, lr: f64, rng: &mut Rng) -> Result<Net> {
-    let f = Prec::Single;
-    let b = per_device;
-    let half = SIDE / 2;
-    let t = |name: &str, dims: &[usize]| Tnode::new(&[name], dims, f);
-    let hosted = |name: &str, dims: &[usize], prec: Prec| Tnode::hosted(&[name], dims, prec);
-    let init = |name: &str, dims: &[usize], scale: f64, rng: &mut Rng| -> Result<Tnode> {
-        let n: usize = dims.iter().product();
-        let v: Vec<f64> = (0..n)
-            .map(|_| scale * (2.0 * rng.uniform() - 1.0))
-            .collect();
-        Ok(Tnode::with_init(
-            &[name],
-            dims,
-            f,
-            &InitOp::ConstantFill {
-                values: v,
-                strict: true,
-            },
-        )?)
-    };
-    let w1 = init("w1", &[3, 3, 1, CHANNELS], 0.5, rng)?;
-    let b1 = init("b1", &[CHANNELS], 0.0, rng)?;
-    let w2 = init("w2", &[half, half, CHANNELS, CLASSES], 0.2, rng)?;
-    let b2 = init("b2", &[CLASSES], 0.0, rng)?;
-    let x = hosted("x", &[b, SIDE, SIDE, 1], f)?;
-    let labels = hosted("labels", &[b], Prec::Int32)?;
-    let classes = Tnode::with_init(
-        &["classes"],
-        &[CLASSES],
-        Prec::Int32,
-        &InitOp::RangeOverOffsets,
-    )?;
-    let (z1, r1) = (
-        t("z1", &[b, SIDE, SIDE, CHANNELS])?,
-        t("r1", &[b, SIDE, SIDE, CHANNELS])?,
-    );
-    let p1 = t("p1", &[b, half, half, CHANNELS])?;
-    let logits = hosted("logits", &[b, CLASSES], f)?;
-    let loss = hosted("loss", &[1], f)?;
-    let dz2 = t("dz2", &[b, CLASSES])?;
-    let dp1 = t("dp1", &[b, half, half, CHANNELS])?;
-    let (dr1, up) = (
-        t("dr1", &[b, SIDE, SIDE, CHANNELS])?,
-        t("up", &[b, SIDE, SIDE, CHANNELS])?,
-    );
-    let dz1 = t("dz1", &[b, SIDE, SIDE, CHANNELS])?;
-    let gw1 = hosted("gw1", &[3, 3, 1, CHANNELS], f)?;
-    let gb1 = hosted("gb1", &[CHANNELS], f)?;
-    let gw2 = hosted("gw2", &[half, half, CHANNELS, CLASSES], f)?;
-    let gb2 = hosted("gb2", &[CLASSES], f)?;
-    let scratch = SoftmaxScratch::new("xent", b, CLASSES, f)?;
-    let same = Window {
-        stride: 1,
-        padding: 1,
-    };
-    let none = Bindings::empty();
-    let grad_step = Assignments::seq([
-        Assignments::block(
+/// The forward pass of `b` images `x` (`[b, 8, 8, 1]`): its code, the logits, and the
+/// activations the backward pass reads.
+struct Forward {
+    code: Assignments,
+    logits: Tnode,
+    r1: Tnode,
+    p1: Tnode,
+}
+
+impl Net {
+    fn new(rng: &mut Rng) -> arrayjit::Result<Net> {
+        let f = Prec::Single;
+        let half = SIDE / 2;
+        let mut param = |name: &str, dims: &[usize], scale: f64| -> arrayjit::Result<_> {
+            let n: usize = dims.iter().product();
+            let v: Vec<f64> = (0..n)
+                .map(|_| scale * (2.0 * rng.uniform() - 1.0))
+                .collect();
+            let grad = format!("g{name}");
+            Ok((
+                Tnode::new(&[name], dims, f)?,
+                Tnode::new(&[&grad], dims, f)?,
+                v,
+            ))
+        };
+        let params = vec![
+            param("w1", &[3, 3, 1, CHANNELS], 0.5)?,
+            param("b1", &[CHANNELS], 0.0)?,
+            param("w2", &[half, half, CHANNELS, CLASSES], 0.2)?,
+            param("b2", &[CLASSES], 0.0)?,
+        ];
+        let classes = Tnode::with_init(
+            &["classes"],
+            &[CLASSES],
+            Prec::Int32,
+            &InitOp::RangeOverOffsets,
+        )?;
+        Ok(Net { params, classes })
+    }
+
+    fn p(&self, i: usize) -> &Tnode {
+        &self.params[i].0
+    }
+
+    fn g(&self, i: usize) -> &Tnode {
+        &self.params[i].1
+    }
+
+    fn forward(&self, x: &Tnode, b: usize, logits: Tnode) -> arrayjit::Result<Forward> {
+        let t = |name: &str, dims: &[usize]| Tnode::new(&[name], dims, Prec::Single);
+        let half = SIDE / 2;
+        let z1 = t("z1", &[b, SIDE, SIDE, CHANNELS])?;
+        let r1 = t("r1", &[b, SIDE, SIDE, CHANNELS])?;
+        let p1 = t("p1", &[b, half, half, CHANNELS])?;
+        let same = Window {
+            stride: 1,
+            padding: 1,
+        };
+        let none = Bindings::empty();
+        let code = Assignments::block(
             "forward",
             Assignments::seq([
-                nn::conv2d(&z1, &x, &w1, same)?,
-                nn::binary(&z1, Binop::Add, &z1, &b1, Some("bhvd,d->bhvd"))?,
+                nn::conv2d(&z1, x, self.p(0), same)?,
+                nn::binary(&z1, Binop::Add, &z1, self.p(1), Some("bhvd,d->bhvd"))?,
                 nn::relu(&r1, &z1)?,
                 nn::max_pool2d(&p1, &r1, 2)?,
-                nn::matmul(&logits, &p1, &w2, "bhvc,hvck->bk", &none)?,
-                nn::binary(&logits, Binop::Add, &logits, &b2, Some("bk,k->bk"))?,
+                nn::matmul(&logits, &p1, self.p(2), "bhvc,hvck->bk", &none)?,
+                nn::binary(&logits, Binop::Add, &logits, self.p(3), Some("bk,k->bk"))?,
             ]),
-        ),
-        Assignments::block(
-            "loss and backward",
-            Assignments::seq([
-                nn::softmax_cross_entropy(
-                    &loss, &dz2, &logits, &labels, &classes, &scratch, batch,
-                )?,
-                nn::matmul(&gw2, &p1, &dz2, "bhvc,bk->hvck", &none)?,
-                nn::sum(&gb2, &dz2, "bk->k", &none)?,
-                nn::matmul(&dp1, &dz2, &w2, "bk,hvck->bhvc", &none)?,
-                nn::max_pool2d_backward(&dr1, &r1, &p1, &dp1, &up, 2)?,
-                nn::relu_backward(&dz1, &r1, &dr1)?,
-                nn::conv2d_weight_grad(&gw1, &x, &dz1, same)?,
-                nn::sum(&gb1, &dz1, "bhvd->d", &none)?,
-            ]),
-        ),
-    ]);
-    let params = vec![w1, b1, w2, b2];
-    let grads = vec![gw1, gb1, gw2, gb2];
-    let (rate, rate_fill) = nn::constant("lr", lr, f)?;
-    let (decay, decay_fill) = nn::constant("lr_wd", 0.0, f)?;
-    let mut update = vec![rate_fill, decay_fill];
-    for (p, g) in params.iter().zip(&grads) {
-        update.push(nn::sgd_step(p, g, &rate, &decay)?);
+        );
+        Ok(Forward {
+            code,
+            logits,
+            r1,
+            p1,
+        })
     }
-    Ok(Net {
-        params,
-        grads,
-        grad_step,
-        update: Assignments::seq(update),
-        x,
-        labels,
-        logits,
-        loss,
-        classes,
-    })
+
+    /// The gradient code of a slice: forward, loss (the slice's share of the batch's mean)
+    /// and backward.
+    fn gradient(&self, s: &Slice, loss: &Tnode) -> arrayjit::Result<Assignments> {
+        let f = Prec::Single;
+        let t = |name: &str, dims: &[usize]| Tnode::new(&[name], dims, f);
+        let (x, labels, b) = (&s.data[0], &s.data[1], s.rows);
+        let half = SIDE / 2;
+        let fwd = self.forward(x, b, t("logits", &[b, CLASSES])?)?;
+        let dz2 = t("dz2", &[b, CLASSES])?;
+        let dp1 = t("dp1", &[b, half, half, CHANNELS])?;
+        let (dr1, up) = (
+            t("dr1", &[b, SIDE, SIDE, CHANNELS])?,
+            t("up", &[b, SIDE, SIDE, CHANNELS])?,
+        );
+        let dz1 = t("dz1", &[b, SIDE, SIDE, CHANNELS])?;
+        let scratch = SoftmaxScratch::new("xent", b, CLASSES, f)?;
+        let same = Window {
+            stride: 1,
+            padding: 1,
+        };
+        let none = Bindings::empty();
+        Ok(Assignments::seq([
+            fwd.code,
+            Assignments::block(
+                "loss and backward",
+                Assignments::seq([
+                    nn::softmax_cross_entropy(
+                        loss,
+                        &dz2,
+                        &fwd.logits,
+                        labels,
+                        &self.classes,
+                        &scratch,
+                        s.batch,
+                    )?,
+                    nn::matmul(self.g(2), &fwd.p1, &dz2, "bhvc,bk->hvck", &none)?,
+                    nn::sum(self.g(3), &dz2, "bk->k", &none)?,
+                    nn::matmul(&dp1, &dz2, self.p(2), "bk,hvck->bhvc", &none)?,
+                    nn::max_pool2d_backward(&dr1, &fwd.r1, &fwd.p1, &dp1, &up, 2)?,
+                    nn::relu_backward(&dz1, &fwd.r1, &dr1)?,
+                    nn::conv2d_weight_grad(self.g(0), x, &dz1, same)?,
+                    nn::sum(self.g(1), &dz1, "bhvd->d", &none)?,
+                ]),
+            ),
+        ]))
+    }
 }
 
 /// The predicted class of each row of logits.
@@ -274,9 +288,46 @@ fn argmax_rows(logits: &[f64]) -> Vec<i32> {
 fn main() -> Result<()> {
     let args = parse_args()?;
     let jit = Jit::new(JitConfig::from_env()?)?;
+    let backend = jit.backend();
+    let mut rng = Rng(args.seed);
+    let (train_x, train_y) = images(args.train, &mut rng);
+    let test_n = 1024;
+    let (test_x, test_y) = images(test_n, &mut rng);
+    let net = std::rc::Rc::new(Net::new(&mut rng)?);
+    let f = Prec::Single;
+
+    // The data, the held-out images and what the evaluation writes.
+    let x = Tnode::hosted(&["images"], &[args.train, SIDE, SIDE, 1], f)?;
+    x.set_host_values(&train_x)?;
+    let labels = Tnode::hosted(&["labels"], &[args.train], Prec::Int32)?;
+    labels.set_host_slice(&train_y)?;
+    let test_images = Tnode::hosted(&["test", "images"], &[test_n, SIDE, SIDE, 1], f)?;
+    test_images.set_host_values(&test_x)?;
+    let test_logits = Tnode::hosted(&["test", "logits"], &[test_n, CLASSES], f)?;
+    let eval = net.forward(&test_images, test_n, test_logits.clone())?.code;
+
+    let loss = Tnode::new(&["loss"], &[1], f)?;
+    let mut model = Model::new();
+    for (p, g, init) in &net.params {
+        model = model.param(p, g, init.clone());
+    }
+    let (n2, l2) = (net.clone(), loss.clone());
+    let model = model
+        .loss(&loss)
+        .data(&x)
+        .data(&labels)
+        .constant(&net.classes)
+        .gradient(move |s| n2.gradient(s, &l2))
+        .update(Update::sgd(LearningRate::Constant(args.lr)))
+        .evaluate(
+            eval,
+            std::slice::from_ref(&test_images),
+            std::slice::from_ref(&test_logits),
+        );
+    let settings = Settings::new(args.batch, args.epochs);
     let devices = match args.devices {
         Some(n) => n,
-        None => jit.suggested_devices()?.clamp(1, 2),
+        None => parallel::devices_for(backend, &model, &settings)?,
     };
     if devices == 0 || args.batch % devices != 0 {
         bail!(
@@ -284,12 +335,6 @@ fn main() -> Result<()> {
             args.batch
         );
     }
-    let per = args.batch / devices;
-    let mut rng = Rng(args.seed);
-    let (train_x, train_y) = images(args.train, &mut rng);
-    let test_n = 1024 - 1024 % per;
-    let (test_x, test_y) = images(test_n, &mut rng);
-    let net = build(per, args.batch, args.lr, &mut rng)?;
     println!(
         "bars vs crosses: {} training images 8x8, conv 3x3x{CHANNELS} + relu + max-pool 2x2 + dense, batch {}, {} epochs, {devices} device{}",
         args.train,
@@ -297,83 +342,27 @@ fn main() -> Result<()> {
         args.epochs,
         if devices == 1 { "" } else { "s" }
     );
-    let t0 = Instant::now();
-    let none = Bindings::empty();
-    let grad_code = jit.compile("convnet_grad", &none, &net.grad_step)?;
-    let update_code = jit.compile("convnet_sgd", &none, &net.update)?;
-    let devs = jit.devices(devices)?;
-    let mut grad_routines = vec![];
-    let mut update_routines = vec![];
-    for d in &devs {
-        let ctx = jit.context(d)?;
-        let g = jit.link(&ctx, &grad_code)?;
-        let u = jit.link(g.context(), &update_code)?;
-        for p in net.params.iter().chain([&net.classes]) {
-            jit.upload(u.context(), p)?;
-        }
-        grad_routines.push(g);
-        update_routines.push(u);
-    }
+    let report = parallel::train(
+        backend,
+        &model,
+        &settings.devices(Devices::Count(devices)),
+        &mut |e| println!("epoch {} loss {:.4}", e.epoch - 1, e.loss),
+    )?;
     println!(
         "compiled and linked in {:.0} ms",
-        t0.elapsed().as_secs_f64() * 1e3
+        (report.compile_time + report.setup_time).as_secs_f64() * 1e3
     );
-    let ctxs: Vec<_> = update_routines
+    // Accuracy on the held-out images, computed by the evaluation with the trained weights.
+    let logits = test_logits.host_values().ok_or("logits are not hosted")?;
+    let correct = argmax_rows(&logits)
         .iter()
-        .map(|u| u.context().clone())
-        .collect();
-    let pixels = SIDE * SIDE;
-    let steps = args.train / args.batch;
-    let t1 = Instant::now();
-    for epoch in 0..args.epochs {
-        let mut total = 0.0;
-        for s in 0..steps {
-            for (k, g) in grad_routines.iter().enumerate() {
-                let start = s * args.batch + k * per;
-                net.x
-                    .set_host_values(&train_x[start * pixels..(start + per) * pixels])?;
-                net.labels.set_host_slice(&train_y[start..start + per])?;
-                jit.upload(g.context(), &net.x)?;
-                jit.upload(g.context(), &net.labels)?;
-                g.schedule()?;
-            }
-            jit.backend().all_reduce(&net.grads, &ctxs)?;
-            for u in &update_routines {
-                u.schedule()?;
-            }
-            // The loss of every device's share (each is already divided by the batch size).
-            for (g, d) in grad_routines.iter().zip(&devs) {
-                jit.download(g.context(), &net.loss)?;
-                jit.sync(d)?;
-                total += net.loss.host_values().ok_or("loss is not hosted")?[0];
-            }
-        }
-        println!("epoch {epoch} loss {:.4}", total / steps as f64);
-    }
-    let seconds = t1.elapsed().as_secs_f64();
-    // Accuracy on the held-out images, with the first device's replica.
-    let g = &grad_routines[0];
-    let mut correct = 0;
-    for start in (0..test_n).step_by(per) {
-        net.x
-            .set_host_values(&test_x[start * pixels..(start + per) * pixels])?;
-        net.labels.set_host_slice(&test_y[start..start + per])?;
-        jit.upload(g.context(), &net.x)?;
-        jit.upload(g.context(), &net.labels)?;
-        g.schedule()?;
-        jit.download(g.context(), &net.logits)?;
-        jit.sync(&devs[0])?;
-        let logits = net.logits.host_values().ok_or("logits are not hosted")?;
-        correct += argmax_rows(&logits)
-            .iter()
-            .zip(&test_y[start..start + per])
-            .filter(|(p, y)| p == y)
-            .count();
-    }
+        .zip(&test_y)
+        .filter(|(p, y)| p == y)
+        .count();
     println!(
         "accuracy: {:.4} devices: {devices} samples/s: {:.0}",
         correct as f64 / test_n as f64,
-        (steps * args.epochs * args.batch) as f64 / seconds
+        report.samples_per_sec()
     );
     Ok(())
 }

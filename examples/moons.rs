@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example moons -- [--seed N] [--points N] [--hidden N] [--batch N]
 //!     [--epochs N] [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-//!     [--schedule auto|exchange|tree|host-tree] [--backend multicore|sync|mpi]
+//!     [--schedule auto|exchange|tree|host-tree|deterministic:S] [--backend multicore|sync|mpi]
 //!     [--plot FILE.png] [--no-plot]
 //! mpirun -n R target/release/examples/moons --backend mpi [--devices N] ...
 //! ```
@@ -18,19 +18,22 @@
 //! all-reduce the gradients, and only rank 0 prints; `devices: N` in the summary is per rank.
 //! An error on a rank prints `rank R: error: ...` and aborts the whole job.
 //!
-//! The model, the training step (per-device gradients of batch slices, merged through merge
-//! buffers in a tree or the hierarchical exchange, the SGD update) and the dataset live in the
-//! library: `arrayjit::nn` and `arrayjit::nn::moons`.
+//! The dataset and the model (the MLP, its hinge loss and gradients) are `arrayjit::nn::moons`;
+//! the training (per-device gradients of batch slices, merged through merge buffers in a tree
+//! or the hierarchical exchange, the SGD update) is `arrayjit::parallel`, which trains any
+//! model this way.
 
 use arrayjit::backend::{backend_by_name, Backend, Config, MergeBufferUse};
-use arrayjit::nn::moons::{
-    dataset, default_devices, train, Dataset, HostMlp, Schedule, TrainConfig,
-};
+use arrayjit::ir::Prec;
+use arrayjit::nn::moons::{self, Dataset};
+use arrayjit::nn::{HostMlp, Mlp};
+use arrayjit::parallel::{self, Devices, Schedule, Settings, Update};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: moons [--seed N] [--points N] [--hidden N] [--batch N] [--epochs N]
              [--lr X] [--weight-decay X] [--devices N] [--copy-to-merge]
-             [--schedule auto|exchange|tree|host-tree] [--backend multicore|sync|mpi]
+             [--schedule auto|exchange|tree|host-tree|deterministic:S]
+             [--backend multicore|sync|mpi]
              [--plot FILE.png] [--no-plot]
 
 Trains a 2-H-H-1 ReLU MLP (hinge loss, SGD with linearly decaying learning rate and weight
@@ -43,20 +46,29 @@ decay) on two moons, data-parallel over N virtual devices.
   --epochs N        passes over the dataset (default 20)
   --lr X            initial learning rate, decaying linearly (default 0.1)
   --weight-decay X  weight decay (default 0.0002)
-  --devices N       virtual devices (default: what the backend suggests, dividing the batch);
-                    with --backend mpi: devices per rank (default 1)
+  --devices N       virtual devices (default: as many as pay off for a step this size, by
+                    the library's cost model, dividing the batch); with --backend mpi:
+                    devices per rank (default 1)
   --copy-to-merge   copy gradients into merge buffers (default: streaming, no copy)
   --schedule NAME   how steps run: auto (default: the exchange where the devices allow it,
                     else the tree, as one program per core; the host-scheduled tree over
-                    MPI), exchange, tree, or host-tree (the tree, scheduled step by step)
+                    MPI), exchange, tree, host-tree (the tree, scheduled step by step), or
+                    deterministic:S (S shards per batch: the same bits on any number of
+                    devices up to S)
   --backend NAME    multicore (default), sync, or mpi (under mpirun; needs a build with
                     --features mpi)
   --plot FILE.png   also draw the points and the decision boundary into a PNG
   --no-plot         skip the terminal plot";
 
 struct Args {
-    cfg: TrainConfig,
+    seed: u64,
     points: usize,
+    hidden: usize,
+    lr: f64,
+    weight_decay: f64,
+    /// Devices per rank (on the in-process backends, the one rank holds them all).
+    devices: Option<usize>,
+    settings: Settings,
     backend: String,
     png: Option<String>,
     terminal_plot: bool,
@@ -64,8 +76,13 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
-        cfg: TrainConfig::default(),
+        seed: 1,
         points: 2400,
+        hidden: 16,
+        lr: 0.1,
+        weight_decay: 0.0002,
+        devices: None,
+        settings: Settings::new(120, 20),
         backend: "multicore".into(),
         png: None,
         terminal_plot: true,
@@ -81,26 +98,30 @@ fn parse_args() -> Result<Args, String> {
                 .map_err(|_| format!("{flag}: cannot read {v:?} as a number"))
         }
         match flag.as_str() {
-            "--seed" => a.cfg.seed = num(&flag, value()?)?,
+            "--seed" => a.seed = num(&flag, value()?)?,
             "--points" => a.points = num(&flag, value()?)?,
-            "--hidden" => a.cfg.hidden = num(&flag, value()?)?,
-            "--batch" => a.cfg.batch = num(&flag, value()?)?,
-            "--epochs" => a.cfg.epochs = num(&flag, value()?)?,
-            "--lr" => a.cfg.learning_rate = num(&flag, value()?)?,
-            "--weight-decay" => a.cfg.weight_decay = num(&flag, value()?)?,
-            "--devices" => a.cfg.devices = Some(num(&flag, value()?)?),
-            "--copy-to-merge" => a.cfg.merge = MergeBufferUse::Copy,
+            "--hidden" => a.hidden = num(&flag, value()?)?,
+            "--batch" => a.settings.batch = num(&flag, value()?)?,
+            "--epochs" => a.settings.epochs = num(&flag, value()?)?,
+            "--lr" => a.lr = num(&flag, value()?)?,
+            "--weight-decay" => a.weight_decay = num(&flag, value()?)?,
+            "--devices" => a.devices = Some(num(&flag, value()?)?),
+            "--copy-to-merge" => a.settings.merge = MergeBufferUse::Copy,
             "--schedule" => {
-                a.cfg.schedule = match value()?.as_str() {
+                a.settings.schedule = match value()?.as_str() {
                     "auto" => Schedule::Auto,
                     "exchange" => Schedule::Exchange,
                     "tree" => Schedule::Tree,
                     "host-tree" => Schedule::HostTree,
-                    other => {
-                        return Err(format!(
-                            "--schedule: {other:?} is not auto, exchange, tree or host-tree"
-                        ))
-                    }
+                    other => match other.strip_prefix("deterministic:").map(str::parse) {
+                        Some(Ok(shards)) => Schedule::Deterministic { shards },
+                        _ => {
+                            return Err(format!(
+                                "--schedule: {other:?} is not auto, exchange, tree, host-tree \
+                                 or deterministic:SHARDS"
+                            ))
+                        }
+                    },
                 }
             }
             "--backend" => a.backend = value()?,
@@ -247,67 +268,73 @@ fn ms(d: std::time::Duration) -> f64 {
 
 fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
     backend.initialize(Config::default());
-    let data = dataset(args.points, args.cfg.seed);
+    let e = |e: arrayjit::Error| e.to_string();
+    let data = moons::dataset(args.points, args.seed);
     let ranks = backend.num_ranks();
     // Only rank 0 prints (every rank computes the same).
     let out = backend.rank() == 0;
     macro_rules! say {
         ($($t:tt)*) => { if out { println!($($t)*) } };
     }
-    // Devices per rank (on the in-process backends, the one rank holds them all).
-    let devices = match args.cfg.devices {
-        Some(n) => n,
-        None if ranks > 1 => 1,
-        None => default_devices(backend, args.cfg.batch).map_err(|e| e.to_string())?,
+    let h = args.hidden;
+    let mlp = Mlp::new_unstored(&[2, h, h, 1], Prec::Single, args.seed).map_err(e)?;
+    let (model, scores) = moons::model(&mlp, &data).map_err(e)?;
+    let settings = args.settings.clone().shuffle(Some(args.seed));
+    let steps = data.len() / settings.batch.max(1) * settings.epochs;
+    let update = Update::sgd(moons::learning_rate(args.lr, steps)).weight_decay(args.weight_decay);
+    let model = model.update(update);
+    // The devices: as many per rank as asked for, else what the library's cost model picks
+    // (one per rank over MPI).
+    let settings = match args.devices {
+        Some(n) => settings.devices(Devices::Count(n * ranks)),
+        None => {
+            let n = parallel::devices_for(backend, &model, &settings).map_err(e)?;
+            settings.devices(Devices::Count(n))
+        }
     };
-    let cfg = TrainConfig {
-        devices: Some(devices * ranks),
-        ..args.cfg.clone()
+    let Devices::Count(total) = settings.devices else {
+        unreachable!("the count was just set")
     };
+    let devices = total / ranks.max(1);
+    let plural = if devices == 1 { "" } else { "s" };
     let where_ = if ranks > 1 {
         format!(
-            "{ranks} ranks × {devices} {} device{} ({} devices)",
-            backend.name(),
-            if devices == 1 { "" } else { "s" },
-            devices * ranks
+            "{ranks} ranks × {devices} {} device{plural} ({total} devices)",
+            backend.name()
         )
     } else {
-        format!(
-            "{devices} {} device{}",
-            backend.name(),
-            if devices == 1 { "" } else { "s" }
-        )
+        format!("{devices} {} device{plural}", backend.name())
+    };
+    let merges = match settings.merge {
+        MergeBufferUse::Copy => "copy",
+        _ => "streaming",
     };
     say!(
-        "two moons: {} points, MLP 2-{h}-{h}-1, batch {}, {} epochs, {where_} ({} merges)",
+        "two moons: {} points, MLP 2-{h}-{h}-1, batch {}, {} epochs, {where_} ({merges} merges)",
         data.len(),
-        cfg.batch,
-        cfg.epochs,
-        if cfg.merge == MergeBufferUse::Copy {
-            "copy"
-        } else {
-            "streaming"
-        },
-        h = cfg.hidden,
+        settings.batch,
+        settings.epochs,
     );
-    let report = train(backend, &data, &cfg, &mut |epoch, loss| {
-        say!("epoch {epoch} loss {loss:.4}")
+    let report = parallel::train(backend, &model, &settings, &mut |ep| {
+        say!("epoch {} loss {:.4}", ep.epoch, ep.loss)
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(e)?;
     if !out {
         backend.unsafe_cleanup();
         return Ok(());
     }
-    println!("training-set accuracy: {:.4}", report.accuracy);
+    let accuracy = moons::accuracy(&scores, &data).map_err(e)?;
+    let trained = mlp.host_model_from(&report.flat_params()).map_err(e)?;
+    println!("training-set accuracy: {accuracy:.4}");
     if args.terminal_plot {
         // Terminal cells are about twice as tall as wide: keep the picture's proportions.
         let (x0, x1, y0, y1) = bounds(&data);
         let rows = ((78.0 * (y1 - y0) / (x1 - x0) / 2.0).round() as usize).clamp(8, 60);
-        println!("{}", terminal_plot(&data, &report.model, 78, rows));
+        println!("{}", terminal_plot(&data, &trained, 78, rows));
         println!("(+ label 1, o label -1, . predicted 1, # decision boundary)");
     }
     if let Some(path) = &args.png {
-        png_plot(path, &data, &report.model)?;
+        png_plot(path, &data, &trained)?;
         println!("wrote {path}");
     }
     let p = &report.phases;
@@ -326,6 +353,7 @@ fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
         match report.schedule {
             Schedule::Exchange => "the exchange, one program per device queue",
             Schedule::Tree => "the tree, one program per device queue",
+            Schedule::Deterministic { .. } => "deterministic: shards summed in order",
             _ => "the tree, scheduled step by step",
         },
         ms(p.scheduling),
@@ -334,8 +362,7 @@ fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
     );
     backend.unsafe_cleanup();
     println!(
-        "accuracy: {:.4} devices: {} ranks: {} samples/s: {:.0} compile_ms: {:.0}",
-        report.accuracy,
+        "accuracy: {accuracy:.4} devices: {} ranks: {} samples/s: {:.0} compile_ms: {:.0}",
         report.devices / report.ranks,
         report.ranks,
         report.samples_per_sec(),

@@ -458,6 +458,88 @@ pub enum Error {
         /// What is wrong (naming the context or device).
         msg: String,
     },
+    /// Something a model, a job or a fusion buffer needs was not given (e.g. a
+    /// [`crate::parallel::Model`] without parameters).
+    #[error("no {what}: {hint}")]
+    Missing {
+        /// What is missing (e.g. `parameters`).
+        what: String,
+        /// How to give it.
+        hint: String,
+    },
+    /// A value outside what it may be: a setting of a training job (a batch of 0, devices
+    /// that do not fit), a range, a size.
+    #[error("{what} = {value}: expected {expected}")]
+    Invalid {
+        /// What was given (e.g. `Settings::batch`).
+        what: String,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: String,
+    },
+    /// A gradient tensor whose dims differ from those of its parameter.
+    #[error(
+        "gradient {grad} has dims {grad_dims:?}, but its parameter {param} has dims {param_dims:?}"
+    )]
+    GradientDims {
+        /// The parameter's name.
+        param: String,
+        /// Its dims.
+        param_dims: Vec<usize>,
+        /// The gradient's name.
+        grad: String,
+        /// Its dims.
+        grad_dims: Vec<usize>,
+    },
+    /// Tensors that must share one precision (the parts of a fusion buffer: parameters,
+    /// gradients and the loss of a model) do not.
+    #[error("{what}: tensor {tensor} is {prec}, but {expected} is expected")]
+    MixedPrecision {
+        /// What the tensors form together.
+        what: String,
+        /// The tensor of another precision.
+        tensor: String,
+        /// Its precision.
+        prec: String,
+        /// The precision of the others.
+        expected: String,
+    },
+    /// A batch that does not split evenly into the parts of a data-parallel step.
+    #[error("a batch of {batch} samples cannot be split evenly into {parts} {into}")]
+    BatchSplit {
+        /// The batch size.
+        batch: usize,
+        /// The number of parts.
+        parts: usize,
+        /// What the parts are (`device slices`, `shards`).
+        into: String,
+    },
+    /// A number of devices that cannot be spread evenly over the MPI ranks.
+    #[error("{devices} devices cannot be spread evenly over {ranks} ranks (the number of devices is the total over all ranks)")]
+    DeviceSpread {
+        /// The number of devices (over all ranks).
+        devices: usize,
+        /// The number of ranks.
+        ranks: usize,
+    },
+    /// A schedule of data-parallel training asked for where it cannot run.
+    #[error("schedule {schedule} cannot run here: {reason}")]
+    ScheduleUnavailable {
+        /// The schedule asked for.
+        schedule: String,
+        /// Why not.
+        reason: String,
+    },
+    /// An error in one part of a job (a transfer or routine of a training step), naming it.
+    #[error("{job}: {source}")]
+    InJob {
+        /// The part of the job (e.g. `merge the gradients of multicore:1:0 into multicore:0:0`).
+        job: String,
+        /// What went wrong.
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -475,10 +557,10 @@ impl Error {
         }
     }
 
-    /// The error under any [`Error::InRoutine`] wrapping.
+    /// The error under any [`Error::InRoutine`] or [`Error::InJob`] wrapping.
     pub fn root(&self) -> &Error {
         match self {
-            Error::InRoutine { source, .. } => source.root(),
+            Error::InRoutine { source, .. } | Error::InJob { source, .. } => source.root(),
             e => e,
         }
     }

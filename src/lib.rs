@@ -8,7 +8,8 @@
 //! loads the shared object ([`compile`]: compiler detection, flags, the compile cache), and
 //! runs it as *routines* on *contexts* that hold each device's buffers ([`backend`]). A worker
 //! thread per core runs each device's queue, so data-parallel training runs across cores, with
-//! merge buffers to add gradients up ([`nn`] has the building blocks and the two-moons trainer).
+//! merge buffers to add gradients up ([`parallel`] trains any model data-parallel; [`nn`] has
+//! the building blocks and the two-moons demo's model).
 //! [`interp`] is a reference interpreter of the loop IR, used to test the compiled code.
 //!
 //! The guide is in the repository's `docs/` directory: `docs/getting-started.md`,
@@ -174,8 +175,8 @@
 //! [`loops`]) → [`optimize`] (tracing, inlining, simplification, loop passes, kernels) →
 //! [`codegen`] (C text) → [`compile`] (compiler, flags, cache, loading) → [`backend`]
 //! (contexts, routines, devices). [`jit`] is the configured entry point, [`nn`] builds models,
-//! [`interp`] interprets the loop IR, [`target`] describes the CPU's vector instructions, and
-//! [`error`] holds the one error type.
+//! [`parallel`] trains them data-parallel over devices, [`interp`] interprets the loop IR,
+//! [`target`] describes the CPU's vector instructions, and [`error`] holds the one error type.
 //!
 //! # Features
 //!
@@ -195,6 +196,7 @@ pub mod loops;
 pub mod lower;
 pub mod nn;
 pub mod optimize;
+pub mod parallel;
 pub mod pipeline;
 pub mod target;
 

@@ -3,8 +3,9 @@
 
 use arrayjit::backend::{Backend, Config, MergeBufferUse, MulticoreBackend, SyncBackend};
 use arrayjit::ir::{Bindings, InitOp, MemoryMode, Ndarray, Prec, StaticSymbol, Tnode};
-use arrayjit::nn::moons::{dataset, train, Schedule, TrainConfig, TrainReport};
-use arrayjit::nn::{self, Mlp};
+use arrayjit::nn::moons::{self, dataset};
+use arrayjit::nn::{self, HostMlp, Mlp};
+use arrayjit::parallel::{self, Devices, Report, Schedule, Settings, Update};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -262,27 +263,61 @@ fn gradients_match_finite_differences() {
     });
 }
 
-fn short_config(devices: usize, merge: MergeBufferUse) -> TrainConfig {
-    TrainConfig {
-        batch: 24,
-        epochs: 10,
-        devices: Some(devices),
-        merge,
-        ..TrainConfig::default()
+/// The demo's job as `examples/moons.rs` runs it: the moons model with the SGD update,
+/// trained by `arrayjit::parallel`, the accuracy of the evaluation, and the trained model.
+struct TrainReport {
+    report: Report,
+    accuracy: f64,
+    model: HostMlp,
+}
+
+impl std::ops::Deref for TrainReport {
+    type Target = Report;
+    fn deref(&self) -> &Report {
+        &self.report
     }
+}
+
+fn train(
+    backend: &dyn Backend,
+    data: &moons::Dataset,
+    settings: &Settings,
+    on_epoch: &mut dyn FnMut(usize, f64),
+) -> arrayjit::Result<TrainReport> {
+    let mlp = Mlp::new_unstored(&[2, 16, 16, 1], Prec::Single, 1)?;
+    let (model, scores) = moons::model(&mlp, data)?;
+    let steps = data.len() / settings.batch.max(1) * settings.epochs;
+    let model = model.update(Update::sgd(moons::learning_rate(0.1, steps)).weight_decay(0.0002));
+    let report = parallel::train(backend, &model, settings, &mut |e| {
+        on_epoch(e.epoch, e.loss)
+    })?;
+    Ok(TrainReport {
+        accuracy: moons::accuracy(&scores, data)?,
+        model: mlp.host_model_from(&report.flat_params())?,
+        report,
+    })
+}
+
+fn short_config(devices: usize, merge: MergeBufferUse) -> Settings {
+    Settings::new(24, 10)
+        .devices(Devices::Count(devices))
+        .merge(merge)
+        .shuffle(Some(1))
 }
 
 fn short_run(backend: &dyn Backend, devices: usize, merge: MergeBufferUse) -> TrainReport {
     short_run_with(backend, &short_config(devices, merge))
 }
 
-fn short_run_with(backend: &dyn Backend, cfg: &TrainConfig) -> TrainReport {
-    let devices = cfg.devices.unwrap_or(0);
+fn short_run_with(backend: &dyn Backend, cfg: &Settings) -> TrainReport {
+    let Devices::Count(devices) = cfg.devices else {
+        panic!("short runs give the number of devices")
+    };
     let data = dataset(480, 1);
     let mut seen = vec![];
     let report = train(backend, &data, cfg, &mut |e, l| seen.push((e, l))).unwrap();
     assert_eq!(report.devices, devices);
-    // The host copy of the trained model agrees with the inference routine.
+    // The host copy of the trained model agrees with the evaluation on the device.
     let host_correct = data
         .points
         .iter()
@@ -364,31 +399,62 @@ fn copy_merges_on_three_devices_follow_the_same_curve() {
 }
 
 #[test]
-fn bad_settings_are_errors() {
+fn bad_settings_are_typed_errors() {
+    use arrayjit::Error;
     let b = SyncBackend::new();
     let data = dataset(100, 1);
-    let mut quiet = |_: usize, _: f64| {};
-    let cfg = |devices, batch, merge| TrainConfig {
-        devices: Some(devices),
-        batch,
-        merge,
-        epochs: 1,
-        ..TrainConfig::default()
+    let cfg = |devices, batch, merge| {
+        Settings::new(batch, 1)
+            .devices(Devices::Count(devices))
+            .merge(merge)
     };
-    for (c, what) in [
-        (cfg(3, 20, MergeBufferUse::Streaming), "evenly"),
-        (
-            cfg(1, 200, MergeBufferUse::Streaming),
-            "larger than the dataset",
+    let err = |c: Settings| {
+        train(&b, &data, &c, &mut |_, _| {})
+            .err()
+            .expect("an error")
+    };
+    let e = err(cfg(3, 20, MergeBufferUse::Streaming));
+    assert!(
+        matches!(
+            e,
+            Error::BatchSplit {
+                batch: 20,
+                parts: 3,
+                ..
+            }
         ),
-        (cfg(1, 20, MergeBufferUse::No), "Streaming"),
-        (cfg(0, 20, MergeBufferUse::Copy), "evenly"),
-    ] {
-        let err = train(&b, &data, &c, &mut quiet).unwrap_err().to_string();
-        assert!(err.contains(what), "{err}");
-    }
-    assert!(Mlp::new(&[2], Prec::Single, 1).is_err());
-    assert!(Mlp::new(&[2, 0, 1], Prec::Single, 1).is_err());
+        "{e}"
+    );
+    let e = err(cfg(1, 200, MergeBufferUse::Streaming));
+    assert!(
+        matches!(&e, Error::Invalid { what, .. } if what == "Settings::batch"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("at most the 100 samples"), "{e}");
+    let e = err(cfg(1, 20, MergeBufferUse::No));
+    assert!(
+        matches!(&e, Error::Invalid { what, .. } if what == "Settings::merge"),
+        "{e}"
+    );
+    let e = err(cfg(0, 20, MergeBufferUse::Copy));
+    assert!(
+        matches!(&e, Error::Invalid { what, .. } if what == "Settings::devices"),
+        "{e}"
+    );
+    assert!(matches!(
+        Mlp::new(&[2], Prec::Single, 1),
+        Err(Error::Invalid { .. })
+    ));
+    assert!(matches!(
+        Mlp::new(&[2, 0, 1], Prec::Single, 1),
+        Err(Error::Invalid { .. })
+    ));
+    // The moons model needs 2 inputs and 1 output.
+    let wide = Mlp::new_unstored(&[3, 4, 1], Prec::Single, 1).unwrap();
+    assert!(matches!(
+        moons::model(&wide, &data),
+        Err(Error::Invalid { .. })
+    ));
 }
 
 /// The devices order their work with events, not host awaits, and the host runs ahead: any
@@ -435,18 +501,12 @@ fn every_schedule_gives_the_same_bits() {
         ];
         for devices in [1, 2, 3, 4, 6, 8] {
             for merge in [MergeBufferUse::Streaming, MergeBufferUse::Copy] {
-                let host_tree = TrainConfig {
-                    schedule: Schedule::HostTree,
-                    ..short_config(devices, merge)
-                };
+                let host_tree = short_config(devices, merge).schedule(Schedule::HostTree);
                 let reference = short_run_with(&SyncBackend::new(), &host_tree);
                 assert_eq!(reference.schedule, Schedule::HostTree);
                 for (name, make) in &backends {
                     for schedule in [Schedule::Auto, Schedule::Tree, Schedule::HostTree] {
-                        let cfg = TrainConfig {
-                            schedule,
-                            ..host_tree.clone()
-                        };
+                        let cfg = host_tree.clone().schedule(schedule);
                         let r = short_run_with(make().as_ref(), &cfg);
                         let what = format!("{devices} devices, {merge:?}, {name}, {schedule:?}");
                         assert_eq!(reference.epoch_losses, r.epoch_losses, "{what}");
@@ -463,11 +523,14 @@ fn every_schedule_gives_the_same_bits() {
             }
         }
         // Asked for where it does not fit, the exchange is an error naming why.
-        let cfg = TrainConfig {
-            schedule: Schedule::Exchange,
-            ..short_config(3, MergeBufferUse::Streaming)
-        };
-        let e = train(&SyncBackend::new(), &dataset(480, 1), &cfg, &mut |_, _| {}).unwrap_err();
+        let cfg = short_config(3, MergeBufferUse::Streaming).schedule(Schedule::Exchange);
+        let e = train(&SyncBackend::new(), &dataset(480, 1), &cfg, &mut |_, _| {})
+            .err()
+            .expect("an error");
+        assert!(
+            matches!(e, arrayjit::Error::ScheduleUnavailable { .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("the exchange needs"), "{e}");
     });
 }

@@ -1,7 +1,8 @@
-//! The MPI backend end to end (issue 12): program files and the moons example under
-//! `mpirun` with 2 and 4 ranks, values checked against the in-process backends and by hand,
-//! and faults (a rank that errors, panics or is killed; ranks that compiled different code)
-//! that must end the job within a bound, naming the rank.
+//! The MPI backend end to end (issue 12): program files, the moons example and
+//! `arrayjit::parallel` on a model of its own (the regression example) under `mpirun` with 2
+//! and 4 ranks, values checked against the in-process backends and by hand, and faults (a
+//! rank that errors, panics or is killed; ranks that compiled different code) that must end
+//! the job within a bound, naming the rank.
 //!
 //! Needs Open MPI's `mpirun` on the PATH (`.ci/run` installs `openmpi-bin` and
 //! `libopenmpi-dev`). Every `mpirun` runs in its own process group under a watchdog that kills
@@ -143,7 +144,7 @@ fn examples() -> &'static Path {
         let out = Command::new(cargo)
             .args(["build", "--release", "--features", "mpi"])
             .args(["--example", "moons", "--example", "mpi_faults"])
-            .args(["--example", "mpi_allreduce"])
+            .args(["--example", "mpi_allreduce", "--example", "regression"])
             .current_dir(manifest())
             .env("CARGO_TARGET_DIR", &target)
             .output()
@@ -449,6 +450,83 @@ fn moons_on_2_and_4_ranks_trains_the_same_model() {
             "{ranks} ranks × {per}"
         );
     }
+}
+
+/// The `bits:` line of a regression run: its epochs' losses and trained parameters, bit for
+/// bit.
+fn bits_line(stdout: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("bits: "))
+        .unwrap_or_else(|| panic!("no bits line in:\n{stdout}"))
+        .to_string()
+}
+
+/// `arrayjit::parallel` over 2 ranks, on a model of the example's own (a tanh network in
+/// double precision): the host-scheduled tree (each rank's block merged into its leader, the
+/// leaders all-reduced) gives the bits of the same tree on one process's devices; the
+/// deterministic schedule gives the bits of one device whatever the ranks and devices;
+/// `Devices::Auto` is one device per rank; devices the ranks do not divide are a typed error
+/// on every rank.
+#[test]
+fn the_parallel_module_trains_a_users_model_over_2_ranks() {
+    let _serial = serial();
+    let reg = example("regression");
+    let here = |args: &[&str]| -> String {
+        let o = Command::new(&reg)
+            .args(args)
+            .arg("--bits")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        bits_line(&String::from_utf8(o.stdout).unwrap())
+    };
+    let over_mpi = |args: &[&str]| -> String {
+        let mut all = vec![reg.as_str(), "--backend", "mpi", "--bits"];
+        all.extend_from_slice(args);
+        let o = mpirun(2, &all, Duration::from_secs(180));
+        o.ok();
+        let summary = o
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("loss: "))
+            .unwrap_or_else(|| panic!("no summary in:\n{}", o.stdout));
+        assert_eq!(field(summary, "ranks:"), "2", "{summary}");
+        o.stdout.clone()
+    };
+    for devices in ["2", "4"] {
+        let reference = here(&["--devices", devices, "--schedule", "host-tree"]);
+        let out = over_mpi(&["--devices", devices]);
+        assert!(
+            out.contains(&format!("devices: {devices} ranks: 2 schedule: host-tree")),
+            "{out}"
+        );
+        assert_eq!(bits_line(&out), reference, "{devices} devices over 2 ranks");
+    }
+    let one = here(&["--devices", "1", "--schedule", "deterministic:12"]);
+    assert_ne!(one, here(&["--devices", "2", "--schedule", "host-tree"]));
+    for devices in ["2", "4"] {
+        let out = over_mpi(&["--devices", devices, "--schedule", "deterministic:12"]);
+        assert_eq!(
+            bits_line(&out),
+            one,
+            "deterministic, {devices} devices over 2 ranks"
+        );
+    }
+    let out = over_mpi(&[]);
+    assert!(out.contains("devices: 2 ranks: 2"), "{out}");
+    let o = mpirun(
+        2,
+        &[&reg, "--backend", "mpi", "--devices", "3"],
+        Duration::from_secs(60),
+    );
+    assert_ne!(o.code, Some(0), "{}", o.stdout);
+    assert!(
+        o.stderr
+            .contains("error: 3 devices cannot be spread evenly over 2 ranks"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

@@ -173,7 +173,7 @@ fn hostile_names_and_comments_are_sanitized() {
     assert_eq!(got[0], vec![-2., -3., -3., -4.]);
     for src in [&src, &src2] {
         for (i, line) in src.lines().enumerate() {
-            if line != "#include \"arrayjit.h\"" {
+            if line != "#include \"arrayjit.h\"" && line != "#define AJ_VMATH 1" {
                 assert!(!line.contains('#'), "line {i} has '#': {line}\n{src}");
                 assert!(!line.contains('"'), "line {i} has a quote: {line}\n{src}");
                 assert!(

@@ -159,6 +159,9 @@ pub struct Part {
     pub params: Vec<Param>,
     /// The vector types it uses.
     pub vtypes: Vec<VType>,
+    /// The vector types whose runtime function family (`AJ_VMATH_F32(N)`, `AJ_VMATH_F64(N,
+    /// 2N)` of `runtime_c/arrayjit.h`) it calls.
+    pub vmath: Vec<VType>,
 }
 
 /// The C code of some routines: their parts, in order, and their signatures.
@@ -183,6 +186,7 @@ impl Generated {
         let mut names: Vec<&str> = vec![];
         let mut imports: Vec<&str> = vec![];
         let mut vtypes: Vec<VType> = vec![];
+        let mut vmath: Vec<VType> = vec![];
         for &k in parts {
             let Some(p) = self.parts.get(k) else { continue };
             let name = self.sigs.get(p.routine).map_or("", |s| s.name.as_str());
@@ -199,6 +203,11 @@ impl Generated {
                     vtypes.push(*t);
                 }
             }
+            for t in &p.vmath {
+                if !vmath.contains(t) {
+                    vmath.push(*t);
+                }
+            }
         }
         let names: Vec<String> = names.iter().map(|n| sanitize_comment(n)).collect();
         let _ = writeln!(
@@ -212,6 +221,9 @@ impl Generated {
         if self.traced {
             out.push_str("#define AJ_TRACE 1\n");
         }
+        if !vmath.is_empty() {
+            out.push_str("#define AJ_VMATH 1\n");
+        }
         out.push_str("#include \"arrayjit.h\"\n");
         if !vtypes.is_empty() {
             if let Some(inc) = self.dialect.include() {
@@ -219,6 +231,19 @@ impl Generated {
             }
             for t in vtypes {
                 out.push_str(&self.dialect.prelude(t));
+            }
+            // The runtime's vector function families these parts call, instantiated here
+            // only (see the header's vector math).
+            for t in vmath {
+                match (t.prec, t.lanes) {
+                    (Prec::Single, 4 | 8 | 16) => {
+                        let _ = writeln!(out, "AJ_VMATH_F32({})", t.lanes);
+                    }
+                    (Prec::Double, 2 | 4 | 8) => {
+                        let _ = writeln!(out, "AJ_VMATH_F64({}, {})", t.lanes, 2 * t.lanes);
+                    }
+                    _ => {}
+                }
             }
         }
         for f in imports {
@@ -918,6 +943,22 @@ impl Writer {
                     .binop(t, *op, &a, &b)
                     .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
             }
+            Vlv::Unop(op, a) => {
+                let a = self.vexpr(a, pre, indent);
+                self.dialect
+                    .unop(t, *op, &a)
+                    .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
+            }
+            Vlv::Ternop(op, a, b, c) => {
+                let (a, b, c) = (
+                    self.vexpr(a, pre, indent),
+                    self.vexpr(b, pre, indent),
+                    self.vexpr(c, pre, indent),
+                );
+                self.dialect
+                    .ternop(t, *op, &a, &b, &c)
+                    .unwrap_or_else(|| format!("/* unsupported vector {op} */ {a}"))
+            }
             Vlv::Shuffle(a, b, idx) => {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
                 self.dialect.shuffle(t, &a, &b, idx)
@@ -1075,6 +1116,7 @@ impl Writer {
                 imports,
                 params: mine.iter().map(|(_, p)| (*p).clone()).collect(),
                 vtypes: vector_types(group),
+                vmath: vector_math_types(group),
             });
         }
         let sig = RoutineSignature {
@@ -1296,6 +1338,27 @@ fn vector_types(stmts: &[Llc]) -> Vec<VType> {
         crate::loops::visit_vectors(c, &mut |v| {
             let t = v.ty();
             if !out.contains(&t) {
+                out.push(t);
+            }
+        });
+    }
+    out
+}
+
+/// The vector types on which some statements call the runtime's vector functions (lane-wise
+/// unary and ternary operations, max and min).
+fn vector_math_types(stmts: &[Llc]) -> Vec<VType> {
+    let mut out: Vec<VType> = vec![];
+    for c in stmts {
+        crate::loops::visit_vectors(c, &mut |v| {
+            let calls = matches!(
+                v,
+                Vlv::Unop(..)
+                    | Vlv::Ternop(..)
+                    | Vlv::Binop(crate::ir::Binop::Max | crate::ir::Binop::Min, _, _)
+            );
+            let t = v.ty();
+            if calls && !out.contains(&t) {
                 out.push(t);
             }
         });

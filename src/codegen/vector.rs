@@ -19,7 +19,7 @@
 //! load and store helpers take untyped pointers, so that one helper moves the lanes of
 //! `int32_t` and `uint32_t` arrays alike (bit patterns, through `memcpy`).
 
-use crate::ir::{Binop, Prec};
+use crate::ir::{Binop, Prec, Ternop, Unop};
 use crate::loops::VType;
 use crate::target::{Isa, VectorTarget};
 
@@ -282,6 +282,8 @@ impl Dialect {
             Binop::Add => (native.as_ref().map(|n| n.add), "+"),
             Binop::Sub => (native.as_ref().map(|n| n.sub), "-"),
             Binop::Mul => (native.as_ref().map(|n| n.mul), "*"),
+            // Every compiler spells `/` on its vector types, intrinsic types included.
+            Binop::Div => (None, "/"),
             // IEEE maximumNumber / minimumNumber lane by lane, as the scalar `aj_max_f`
             // (the runtime header's `AJ_VMAX`, bit masks on GCC/Clang vectors, which the
             // intrinsics' types are too).
@@ -293,6 +295,65 @@ impl Dialect {
             Some(f) => format!("{f}({a}, {b})"),
             None => format!("({a} {infix} {b})"),
         })
+    }
+}
+
+impl Dialect {
+    /// A call of the runtime header's lane-wise vector function `aj_v<name>_<f32|f64>_<lanes>`
+    /// (see `runtime_c/arrayjit.h`, vector math); `None` for types it has no family for. With
+    /// intrinsics, the operands and the result are cast between the intrinsic type and the
+    /// header's generic vector type of the same shape (a bit cast).
+    fn runtime_call(&self, t: VType, name: &str, args: &[&str]) -> Option<String> {
+        let family = match (t.prec, t.lanes) {
+            (Prec::Single, 4 | 8 | 16) => format!("f32_{}", t.lanes),
+            (Prec::Double, 2 | 4 | 8) => format!("f64_{}", t.lanes),
+            _ => return None,
+        };
+        Some(if self.native(t).is_some() {
+            let generic = format!("aj_v{family}");
+            let args: Vec<String> = args.iter().map(|a| format!("({generic})({a})")).collect();
+            format!("(({})aj_v{name}_{family}({}))", self.ty(t), args.join(", "))
+        } else {
+            format!("aj_v{name}_{family}({})", args.join(", "))
+        })
+    }
+
+    /// A lane-wise unary operation ([`crate::loops::Vlv::Unop`]); `None` for operations
+    /// without a vector function ([`crate::loops::vector_unop`]).
+    pub fn unop(&self, t: VType, op: Unop, a: &str) -> Option<String> {
+        if !crate::loops::vector_unop(op, t.prec) {
+            return None;
+        }
+        let one = if t.prec == Prec::Double {
+            "1.0"
+        } else {
+            "1.0f"
+        };
+        match op {
+            Unop::Identity => Some(a.to_string()),
+            Unop::Neg => Some(format!("(-{a})")),
+            Unop::Recip => Some(format!("({} / {a})", self.splat(t, one))),
+            Unop::Satur01 => {
+                let zero = self.zero(t);
+                let low = self.runtime_call(t, "max", &[a, &zero])?;
+                self.runtime_call(t, "min", &[&low, &self.splat(t, one)])
+            }
+            op => self.runtime_call(t, op.name(), &[a]),
+        }
+    }
+
+    /// A lane-wise ternary operation ([`crate::loops::Vlv::Ternop`]): `fma` rounded once
+    /// (the runtime's `aj_vfma_*`, one instruction where the target has FMA), `mul3` as two
+    /// products; `None` for `where`.
+    pub fn ternop(&self, t: VType, op: Ternop, a: &str, b: &str, c: &str) -> Option<String> {
+        match op {
+            Ternop::Fma => self.runtime_call(t, "fma", &[a, b, c]),
+            Ternop::Mul3 => {
+                let ab = self.binop(t, Binop::Mul, a, b)?;
+                self.binop(t, Binop::Mul, &ab, c)
+            }
+            Ternop::Where => None,
+        }
     }
 }
 

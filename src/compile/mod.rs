@@ -257,7 +257,11 @@ fn compile_and_load_uninstrumented(
         return Err(err);
     };
     if speculation.is_some() {
-        // The ordinary compile (for the probed target) looks into the failure.
+        // The ordinary compile (for the probed target) looks into the failure, and reports
+        // it with its own log: the one this attempt kept would be left behind unnamed.
+        if let Some(log) = kept_log_of(&err) {
+            let _ = fs::remove_file(log);
+        }
         return Ok(None);
     }
     // Whose fault is it? A compiler that builds and loads a trivial library works: the failure
@@ -538,7 +542,7 @@ fn failure_output(
             None => keep_log(root, stem, &run.output),
         };
         let place = match kept {
-            Ok(p) => format!("all of it is in {}", p.display()),
+            Ok(p) => format!("{KEPT_LOG_MARK}{}", p.display()),
             Err(e) => format!("it could not be kept: {e}"),
         };
         format!(
@@ -555,6 +559,21 @@ fn failure_output(
     }
     Ok(output)
 }
+
+/// The log a compile error's output says it kept in the temporary root (see
+/// [`failure_output`]), if any.
+fn kept_log_of(err: &Error) -> Option<PathBuf> {
+    let Error::Compile { output, .. } = err else {
+        return None;
+    };
+    let rest = output.split(KEPT_LOG_MARK).nth(1)?;
+    let path = PathBuf::from(rest.split(']').next()?);
+    let name = path.file_name()?.to_str()?;
+    (name.starts_with("arrayjit-compile-") && name.ends_with(".log")).then_some(path)
+}
+
+/// What [`failure_output`] writes before the path of a kept log.
+const KEPT_LOG_MARK: &str = "all of it is in ";
 
 /// Keeps a compiler's whole output in `<root>/arrayjit-compile-<stem>-XXXXXX.log`.
 fn keep_log(root: &Path, stem: &str, output: &Captured) -> Result<PathBuf> {

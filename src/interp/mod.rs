@@ -657,12 +657,12 @@ impl<'m> Machine<'m> {
             Vlv::Reg(_) | Vlv::Zero(_) => Ok(()),
             Vlv::Splat(_, x) => self.check_value(x, bound),
             Vlv::Load(_, tn, idcs) => self.check_index(tn, "reading", idcs, bound),
-            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
+            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
                 self.check_vector(a, bound)?;
                 self.check_vector(b, bound)?;
                 self.check_vector(c, bound)
             }
-            Vlv::Repeat(a, _) => self.check_vector(a, bound),
+            Vlv::Repeat(a, _) | Vlv::Unop(_, a) => self.check_vector(a, bound),
             Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
                 self.check_vector(a, bound)?;
                 self.check_vector(b, bound)
@@ -1031,10 +1031,13 @@ impl<'m> Machine<'m> {
                 let n = a.len();
                 a.into_iter().cycle().take(n * times).collect()
             }
-            Vlv::DotPairs(..) => {
+            Vlv::DotPairs(..) | Vlv::Unop(..) | Vlv::Ternop(..) => {
                 return Err(Error::Interpreter {
                     routine: self.routine.to_string(),
-                    msg: format!("dot products of bfloat16 pairs into {} lanes", ty.prec),
+                    msg: format!(
+                        "{} lanes have no dot products, vector functions or ternary operations",
+                        ty.prec
+                    ),
                 })
             }
         })
@@ -1082,6 +1085,24 @@ impl<'m> Machine<'m> {
                 a.iter()
                     .zip(&b)
                     .map(|(a, b)| round(op.interpret(*a, *b)))
+                    .collect()
+            }
+            Vlv::Unop(op, a) => self
+                .eval_vector(a)?
+                .into_iter()
+                .map(|a| round(op.interpret(a)))
+                .collect(),
+            Vlv::Ternop(op, a, b, c) => {
+                let (a, b, c) = (
+                    self.eval_vector(a)?,
+                    self.eval_vector(b)?,
+                    self.eval_vector(c)?,
+                );
+                let in_float = ty.prec.computes_in_float();
+                a.iter()
+                    .zip(&b)
+                    .zip(&c)
+                    .map(|((a, b), c)| round(op.interpret(in_float, *a, *b, *c)))
                     .collect()
             }
             Vlv::Shuffle(a, b, idx) => {

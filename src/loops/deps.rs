@@ -314,7 +314,7 @@ pub(crate) fn statements<'a>(c: &'a Llc, f: &mut dyn FnMut(&'a Llc)) {
     fn vector<'a>(v: &'a Vlv, f: &mut dyn FnMut(&'a Llc)) {
         match v {
             Vlv::Splat(_, x) => value(x, f),
-            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
+            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
                 vector(a, f);
                 vector(b, f);
                 vector(c, f);
@@ -323,7 +323,7 @@ pub(crate) fn statements<'a>(c: &'a Llc, f: &mut dyn FnMut(&'a Llc)) {
                 vector(a, f);
                 vector(b, f);
             }
-            Vlv::Repeat(a, _) => vector(a, f),
+            Vlv::Repeat(a, _) | Vlv::Unop(_, a) => vector(a, f),
             Vlv::Reg(_) | Vlv::Zero(_) | Vlv::Load(..) => {}
         }
     }
@@ -364,7 +364,7 @@ fn reads_of<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Tnode, &'a [AxisIndex], usize
             match v {
                 Vlv::Load(t, tn, idcs) => f(tn, idcs, t.lanes),
                 Vlv::Splat(_, x) => value(x, f),
-                Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
+                Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
                     vector(a, f);
                     vector(b, f);
                     vector(c, f);
@@ -373,7 +373,7 @@ fn reads_of<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Tnode, &'a [AxisIndex], usize
                     vector(a, f);
                     vector(b, f);
                 }
-                Vlv::Repeat(a, _) => vector(a, f),
+                Vlv::Repeat(a, _) | Vlv::Unop(_, a) => vector(a, f),
                 Vlv::Reg(_) | Vlv::Zero(_) => {}
             }
         }

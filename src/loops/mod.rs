@@ -188,8 +188,16 @@ pub enum Vlv {
     /// `a * b + c`, rounded once where the target has fused multiply-add (twice otherwise);
     /// on integer lanes, exact modulo 2^bits.
     Fma(Box<Vlv>, Box<Vlv>, Box<Vlv>),
-    /// A lane-wise binary operation (add, sub, mul, max, min).
+    /// A lane-wise binary operation (add, sub, mul, div, max, min), with the operation's
+    /// meaning ([`Binop::interpret`]).
     Binop(Binop, Box<Vlv>, Box<Vlv>),
+    /// A lane-wise unary operation of single or double vectors, with the operation's meaning
+    /// ([`Unop::interpret`]) up to the documented error bound of the runtime's vector function
+    /// (`aj_v<op>_f32_<lanes>` of `runtime_c/arrayjit.h`; [`vector_unop`] says which exist).
+    Unop(Unop, Box<Vlv>),
+    /// A lane-wise ternary operation ([`Ternop::Fma`]: one rounding on every target;
+    /// [`Ternop::Mul3`]: `(a * b) * c`).
+    Ternop(Ternop, Box<Vlv>, Box<Vlv>, Box<Vlv>),
     /// A permutation of two vectors' lanes: lane `i` is lane `idx[i]` of `a` followed by `b`
     /// (`idx[i] < lanes` picks lane `idx[i]` of `a`, else lane `idx[i] - lanes` of `b`). `a`
     /// and `b` have one type; `idx` has one entry per lane, each below `2 · lanes`.
@@ -214,6 +222,8 @@ impl Vlv {
             Vlv::Zero(t) | Vlv::Splat(t, _) | Vlv::Load(t, _, _) => *t,
             Vlv::Fma(a, _, _)
             | Vlv::Binop(_, a, _)
+            | Vlv::Unop(_, a)
+            | Vlv::Ternop(_, a, _, _)
             | Vlv::Shuffle(a, _, _)
             | Vlv::DotPairs(a, _, _) => a.ty(),
             Vlv::Repeat(a, times) => {
@@ -224,6 +234,42 @@ impl Vlv {
                 }
             }
         }
+    }
+}
+
+/// Whether the runtime header has a lane-wise vector function for `op` on vectors of
+/// precision `prec` ([`Vlv::Unop`]): exact operations (identity, neg, abs, relu, recip,
+/// satur01) and `exp exp2 log log2 tanh sigmoid` for single and double; `sin cos rsqrt` for
+/// single only. Others (`sqrt`, rounding, `not`) stay scalar code.
+pub fn vector_unop(op: Unop, prec: Prec) -> bool {
+    let exact = matches!(
+        op,
+        Unop::Identity | Unop::Neg | Unop::Abs | Unop::Relu | Unop::Recip | Unop::Satur01
+    );
+    match prec {
+        Prec::Single => {
+            exact
+                || matches!(
+                    op,
+                    Unop::Exp
+                        | Unop::Exp2
+                        | Unop::Log
+                        | Unop::Log2
+                        | Unop::Tanh
+                        | Unop::Sigmoid
+                        | Unop::Sin
+                        | Unop::Cos
+                        | Unop::Rsqrt
+                )
+        }
+        Prec::Double => {
+            exact
+                || matches!(
+                    op,
+                    Unop::Exp | Unop::Exp2 | Unop::Log | Unop::Log2 | Unop::Tanh | Unop::Sigmoid
+                )
+        }
+        _ => false,
     }
 }
 

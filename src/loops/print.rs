@@ -146,6 +146,14 @@ fn vlv_doc(v: &Vlv, indent: usize) -> String {
                 .join(", ")
         ),
         Vlv::Repeat(a, times) => format!("repeat({}, {times})", vlv_doc(a, indent)),
+        Vlv::Unop(op, a) => format!("{}({})", op.name(), vlv_doc(a, indent)),
+        Vlv::Ternop(op, a, b, c) => format!(
+            "{}({}, {}, {})",
+            op.name(),
+            vlv_doc(a, indent),
+            vlv_doc(b, indent),
+            vlv_doc(c, indent)
+        ),
         Vlv::DotPairs(a, b, c) => format!(
             "dot_pairs({}, {}, {})",
             vlv_doc(a, indent),

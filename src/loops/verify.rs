@@ -270,6 +270,35 @@ impl Verifier {
                 self.vector(a)?;
                 self.vector(b)
             }
+            Vlv::Unop(op, a) => {
+                self.vector(a)?;
+                let t = a.ty();
+                if !super::vector_unop(*op, t.prec) {
+                    return Err(format!(
+                        "vector {op} of {}x{} lanes (no vector function)",
+                        t.prec, t.lanes
+                    ));
+                }
+                Ok(())
+            }
+            Vlv::Ternop(op, a, b, c) => {
+                self.vector(a)?;
+                self.vector(b)?;
+                self.vector(c)?;
+                let t = a.ty();
+                if b.ty() != t || c.ty() != t || *op == crate::ir::Ternop::Where {
+                    return Err(format!(
+                        "vector {op} of {}x{}, {}x{} and {}x{} vectors",
+                        t.prec,
+                        t.lanes,
+                        b.ty().prec,
+                        b.ty().lanes,
+                        c.ty().prec,
+                        c.ty().lanes
+                    ));
+                }
+                Ok(())
+            }
             Vlv::Repeat(a, times) => {
                 // The one repeat the C writer spells: 4 bytes broadcast to 64.
                 let t = a.ty();

@@ -120,7 +120,7 @@ pub fn visit_value_indices(v: &Llv, f: &mut impl FnMut(&AxisIndex)) {
 pub(crate) fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
     f(v);
     match v {
-        Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) => {
+        Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
             visit_vlv(a, f);
             visit_vlv(b, f);
             visit_vlv(c, f);
@@ -129,7 +129,7 @@ pub(crate) fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
             visit_vlv(a, f);
             visit_vlv(b, f);
         }
-        Vlv::Repeat(a, _) => visit_vlv(a, f),
+        Vlv::Repeat(a, _) | Vlv::Unop(_, a) => visit_vlv(a, f),
         Vlv::Reg(_) | Vlv::Zero(_) | Vlv::Splat(..) | Vlv::Load(..) => {}
     }
 }
@@ -260,6 +260,13 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
                 idx.clone(),
             ),
             Vlv::Repeat(a, times) => Vlv::Repeat(Box::new(vector(a, f)?), *times),
+            Vlv::Unop(op, a) => Vlv::Unop(*op, Box::new(vector(a, f)?)),
+            Vlv::Ternop(op, a, b, c) => Vlv::Ternop(
+                *op,
+                Box::new(vector(a, f)?),
+                Box::new(vector(b, f)?),
+                Box::new(vector(c, f)?),
+            ),
             Vlv::DotPairs(a, b, c) => Vlv::DotPairs(
                 Box::new(vector(a, f)?),
                 Box::new(vector(b, f)?),

@@ -22,8 +22,9 @@ impl Bucket {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] when `parts` is empty, mixes precisions, or holds a tensor of more than
-    /// four axes (a linear index has at most four terms).
+    /// [`Error::Missing`] when `parts` is empty, [`Error::MixedPrecision`] when it mixes
+    /// precisions, [`Error::Dims`] when it holds a tensor of more than four axes (a linear
+    /// index has at most four terms).
     pub fn on_device(label: &[&str], parts: &[Tnode]) -> Result<Bucket> {
         Bucket::new(label, parts, false)
     }
@@ -41,17 +42,23 @@ impl Bucket {
     fn new(label: &[&str], parts: &[Tnode], hosted: bool) -> Result<Bucket> {
         let prec: Prec = match parts.first() {
             Some(t) => t.prec(),
-            None => return Err(Error::Usage(format!("bucket {label:?}: no tensors"))),
+            None => {
+                return Err(Error::Missing {
+                    what: format!("tensors for bucket {}", label.join(".")),
+                    hint: "a bucket packs at least one tensor".into(),
+                })
+            }
         };
         let mut offset = 0;
         let mut placed = vec![];
         for t in parts {
             if t.prec() != prec {
-                return Err(Error::Usage(format!(
-                    "bucket {label:?}: {} is {:?}, the bucket is {prec:?}",
-                    t.name(),
-                    t.prec()
-                )));
+                return Err(Error::MixedPrecision {
+                    what: format!("the parts of bucket {}", label.join(".")),
+                    tensor: t.name(),
+                    prec: t.prec().to_string(),
+                    expected: prec.to_string(),
+                });
             }
             placed.push((t.clone(), offset));
             offset += t.dims().iter().product::<usize>();
@@ -95,12 +102,13 @@ impl Bucket {
             }
             stride *= d;
         }
-        let flat = AxisIndex::linear(&terms, offset).ok_or_else(|| {
-            Error::Usage(format!(
-                "bucket {}: {} has more than four axes",
-                self.flat.name(),
-                t.name()
-            ))
+        let flat = AxisIndex::linear(&terms, offset).ok_or_else(|| Error::Dims {
+            tensor: t.name(),
+            dims: t.dims().to_vec(),
+            problem: format!(
+                "have more than four axes, too many for a part of bucket {} (its linear index                  has at most four terms)",
+                self.flat.name()
+            ),
         })?;
         Ok((p, flat))
     }
@@ -131,26 +139,35 @@ impl Bucket {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] when `rows` is not `[k, n]`, or `row`'s range exceeds `k`.
+    /// [`Error::Dims`] when `rows` is not `[k, n]`, [`Error::Invalid`] when `row`'s range
+    /// exceeds `k`.
     pub fn pack_into_row(&self, rows: &Tnode, row: &StaticSymbol) -> Result<Assignments> {
         let n = self.flat.dims()[0];
         let k = match rows.dims() {
             [k, m] if *m == n => *k,
             other => {
-                return Err(Error::Usage(format!(
-                    "bucket {}: {} has dims {other:?}, packing into a row needs [k, {n}]",
-                    self.flat.name(),
-                    rows.name()
-                )))
+                return Err(Error::Dims {
+                    tensor: rows.name(),
+                    dims: other.to_vec(),
+                    problem: format!(
+                        "do not fit packing bucket {} into a row, which needs [k, {n}]",
+                        self.flat.name()
+                    ),
+                })
             }
         };
         if row.range.is_none_or(|r| r > k) {
-            return Err(Error::Usage(format!(
-                "bucket {}: the row index {} must have a range of at most {k} (the rows of {})",
-                self.flat.name(),
-                row.name,
-                rows.name()
-            )));
+            return Err(Error::Invalid {
+                what: format!("the range of row index {}", row.name),
+                value: row
+                    .range
+                    .map_or_else(|| "unbounded".to_string(), |r| r.to_string()),
+                expected: format!(
+                    "at most {k} (the rows of {}, packing bucket {})",
+                    rows.name(),
+                    self.flat.name()
+                ),
+            });
         }
         let mut code = vec![];
         for (t, off) in &self.parts {
@@ -183,31 +200,45 @@ impl Bucket {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] when `from`'s dims differ from the flat tensor's, or `into` does not
-    /// have one tensor of the right dims per part.
+    /// [`Error::Dims`] when `from`'s dims differ from the flat tensor's or a tensor of `into`
+    /// has other dims than its part, [`Error::Count`] when `into` does not have one tensor
+    /// per part.
     pub fn unpack_from(&self, from: &Tnode, into: &[Tnode]) -> Result<Assignments> {
-        if from.dims() != self.flat.dims() || into.len() != self.parts.len() {
-            return Err(Error::Usage(format!(
-                "bucket {}: unpacking {} ({:?}) into {} tensors; the bucket is {:?} with {} parts",
-                self.flat.name(),
-                from.name(),
-                from.dims(),
-                into.len(),
-                self.flat.dims(),
-                self.parts.len()
-            )));
+        if from.dims() != self.flat.dims() {
+            return Err(Error::Dims {
+                tensor: from.name(),
+                dims: from.dims().to_vec(),
+                problem: format!(
+                    "differ from the dims {:?} of bucket {}, so it cannot be unpacked like it",
+                    self.flat.dims(),
+                    self.flat.name()
+                ),
+            });
+        }
+        if into.len() != self.parts.len() {
+            return Err(Error::Count {
+                what: format!(
+                    "tensors to unpack {} into (one per part of bucket {})",
+                    from.name(),
+                    self.flat.name()
+                ),
+                expected: self.parts.len(),
+                got: into.len(),
+            });
         }
         let mut code = vec![];
         for ((t, off), dst) in self.parts.iter().zip(into) {
             if dst.dims() != t.dims() {
-                return Err(Error::Usage(format!(
-                    "bucket {}: {} has dims {:?}, its part {} has {:?}",
-                    self.flat.name(),
-                    dst.name(),
-                    dst.dims(),
-                    t.name(),
-                    t.dims()
-                )));
+                return Err(Error::Dims {
+                    tensor: dst.name(),
+                    dims: dst.dims().to_vec(),
+                    problem: format!(
+                        "differ from the dims {:?} of part {} of bucket {}, which it receives",
+                        t.dims(),
+                        t.name(),
+                        self.flat.name()
+                    ),
+                });
             }
             let (mut p, flat) = self.projections(t, *off)?;
             p.rhs_dims = vec![from.dims().to_vec()];
@@ -274,10 +305,12 @@ mod tests {
 
         let wide = Tnode::new(&["wide"], &[2, 4], Prec::Single).unwrap();
         let e = bucket.pack_into_row(&wide, &row).unwrap_err();
+        assert!(matches!(e, Error::Dims { .. }), "{e}");
         assert!(e.to_string().contains("needs [k, 3]"), "{e}");
         let e = bucket
             .pack_into_row(&rows, &StaticSymbol::new("r3", Some(3)))
             .unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
         assert!(e.to_string().contains("at most 2"), "{e}");
     }
 
@@ -303,11 +336,15 @@ mod tests {
         let e = bucket
             .unpack_from(&sum, &[b2.clone(), a2.clone()])
             .unwrap_err();
-        assert!(e.to_string().contains("its part a has [2]"), "{e}");
+        assert!(matches!(e, Error::Dims { .. }), "{e}");
+        assert!(e.to_string().contains("of part a of bucket"), "{e}");
         let e = bucket
             .unpack_from(&a2, &[a2.clone(), b2.clone()])
             .unwrap_err();
-        assert!(e.to_string().contains("unpacking a2"), "{e}");
+        assert!(
+            matches!(&e, Error::Dims { tensor, .. } if tensor == "a2"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -315,11 +352,15 @@ mod tests {
         let a = Tnode::new(&["a"], &[2], Prec::Single).unwrap();
         let d = Tnode::new(&["d"], &[2], Prec::Double).unwrap();
         let e = Bucket::on_device(&["mixed"], &[a, d]).unwrap_err();
-        assert!(e.to_string().contains("d is"), "{e}");
+        assert!(
+            matches!(&e, Error::MixedPrecision { tensor, .. } if tensor == "d"),
+            "{e}"
+        );
         let e = Bucket::on_device(&["none"], &[]).unwrap_err();
-        assert!(e.to_string().contains("no tensors"), "{e}");
+        assert!(matches!(e, Error::Missing { .. }), "{e}");
         let five = Tnode::new(&["five"], &[2, 2, 2, 2, 2], Prec::Single).unwrap();
         let e = Bucket::on_device(&["deep"], &[five]).unwrap_err();
+        assert!(matches!(e, Error::Dims { .. }), "{e}");
         assert!(e.to_string().contains("more than four axes"), "{e}");
     }
 }

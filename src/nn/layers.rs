@@ -266,7 +266,7 @@ impl SoftmaxScratch {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] only if a node cannot be created.
+    /// [`Error::Dims`] only if a node cannot be created.
     pub fn new(label: &str, b: usize, k: usize, prec: Prec) -> Result<SoftmaxScratch> {
         Ok(SoftmaxScratch {
             row: Tnode::new(&[label, "row"], &[b], prec)?,

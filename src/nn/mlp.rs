@@ -131,7 +131,7 @@ impl Mlp {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] when there are fewer than two sizes or a size is zero.
+    /// [`Error::Invalid`] when there are fewer than two sizes or a size is zero.
     pub fn new(sizes: &[usize], prec: Prec, seed: u64) -> Result<Mlp> {
         Mlp::build(sizes, prec, seed, true)
     }
@@ -152,9 +152,11 @@ impl Mlp {
 
     fn build(sizes: &[usize], prec: Prec, seed: u64, stored: bool) -> Result<Mlp> {
         if sizes.len() < 2 || sizes.contains(&0) {
-            return Err(Error::Usage(format!(
-                "an MLP needs at least two layer sizes, all positive; got {sizes:?}"
-            )));
+            return Err(Error::Invalid {
+                what: "the layer sizes of an MLP".into(),
+                value: format!("{sizes:?}"),
+                expected: "at least two sizes (inputs and outputs), all positive".into(),
+            });
         }
         let mut rng = Rng::new(seed);
         let mut layers = vec![];
@@ -219,34 +221,27 @@ impl Mlp {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] when `flat` does not have exactly one value per parameter cell.
+    /// [`Error::Count`] when `flat` does not have exactly one value per parameter cell.
     pub fn host_model_from(&self, flat: &[f64]) -> Result<HostMlp> {
+        let expected: usize = self.params().iter().map(Tnode::numel).sum();
+        if flat.len() != expected {
+            return Err(Error::Count {
+                what: format!("values for the parameters of an MLP {:?}", self.sizes),
+                expected,
+                got: flat.len(),
+            });
+        }
         let mut rest = flat;
-        let mut take = |t: &Tnode| -> Result<Vec<f64>> {
-            let n = t.dims().iter().product::<usize>();
-            if rest.len() < n {
-                return Err(Error::Usage(format!(
-                    "{} values for the parameters of an MLP {:?}",
-                    flat.len(),
-                    self.sizes
-                )));
-            }
-            let (head, tail) = rest.split_at(n);
+        let mut take = |t: &Tnode| {
+            let (head, tail) = rest.split_at(t.numel());
             rest = tail;
-            Ok(head.to_vec())
+            head.to_vec()
         };
         let mut weights = vec![];
         let mut biases = vec![];
         for l in &self.layers {
-            weights.push(take(&l.w)?);
-            biases.push(take(&l.b)?);
-        }
-        if !rest.is_empty() {
-            return Err(Error::Usage(format!(
-                "{} values for the parameters of an MLP {:?}",
-                flat.len(),
-                self.sizes
-            )));
+            weights.push(take(&l.w));
+            biases.push(take(&l.b));
         }
         Ok(HostMlp {
             sizes: self.sizes.clone(),
@@ -347,7 +342,7 @@ impl Mlp {
     ///
     /// # Errors
     ///
-    /// [`Error::Assignment`] when dims do not fit; [`Error::Usage`] when `full_batch` is 0.
+    /// [`Error::Assignment`] when dims do not fit; [`Error::Invalid`] when `full_batch` is 0.
     pub fn loss_and_backward(
         &self,
         x: &Tnode,
@@ -359,7 +354,11 @@ impl Mlp {
         let outs = *self.sizes.last().unwrap_or(&1);
         let m = self.check_batch("targets", t, outs)?;
         if full_batch == 0 {
-            return Err(Error::Usage("full_batch must be positive".into()));
+            return Err(Error::Invalid {
+                what: "full_batch".into(),
+                value: "0".into(),
+                expected: "a positive batch size".into(),
+            });
         }
         if loss.dims() != [1] {
             return Err(Error::Assignment(format!(
@@ -568,11 +567,13 @@ impl Mlp {
     ///
     /// # Errors
     ///
-    /// [`Error::Usage`] if a parameter has no host array.
+    /// [`Error::NotHosted`] if a parameter has no host array.
     pub fn to_host_model(&self) -> Result<HostMlp> {
         let values = |t: &Tnode| {
-            t.host_values()
-                .ok_or_else(|| Error::Usage(format!("parameter {} is not hosted", t.name())))
+            t.host_values().ok_or_else(|| Error::NotHosted {
+                what: "an MLP's host model: ".into(),
+                tensor: t.name(),
+            })
         };
         Ok(HostMlp {
             sizes: self.sizes.clone(),

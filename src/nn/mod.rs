@@ -1,4 +1,4 @@
-//! Neural-network building blocks written as [`Assignments`], and a data-parallel trainer.
+//! Neural-network building blocks written as [`Assignments`], and the two-moons demo.
 //!
 //! The helpers here are small: each returns the assignments for one array operation (a matrix
 //! product, a bias add, a ReLU and its gradient, a reduction, an SGD step...), so that a model's
@@ -16,7 +16,8 @@
 //! - [`Mlp`]: a multi-layer perceptron with ReLU hidden layers, its parameters and gradients,
 //!   and the routines of a training step (per-device gradient with a hinge loss, merges,
 //!   SGD update, inference);
-//! - [`moons`]: the two-moons dataset and a data-parallel trainer over any [`Backend`].
+//! - [`moons`]: the two-moons dataset and the demo's model, to train with
+//!   [`crate::parallel::train`] over any [`Backend`].
 //!
 //! Loop order matters for speed: `*_ordered` variants take the order of the loops (outermost
 //! first) as letters of the spec; a product whose innermost loop runs along the contiguous
@@ -427,7 +428,7 @@ pub fn transpose(out: &Tnode, x: &Tnode, spec: &str, statics: &Bindings) -> Resu
 ///
 /// # Errors
 ///
-/// [`Error::Usage`] only if the node cannot be created.
+/// [`Error::Dims`] only if the node cannot be created.
 pub fn constant(label: &str, value: f64, prec: Prec) -> Result<(Tnode, Assignments)> {
     let c = Tnode::new(&[label], &[1], prec)?;
     let fill = Assignments::Fetch {

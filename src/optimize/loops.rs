@@ -92,7 +92,14 @@ fn pass(code: Llc, target: Option<&VectorTarget>, out: &mut LoopResult) -> Llc {
                 },
                 None => c,
             };
-            vectorize_reduction(tile_contraction(interchange(c)), &mut out.locals)
+            let c = tile_contraction(interchange(c));
+            // With vectors, reductions are vectorized explicitly after fusion
+            // (`super::vectorize`), which falls back to this rewrite where it cannot.
+            if target.is_some_and(|t| t.vector_bytes >= 16) {
+                c
+            } else {
+                vectorize_reduction(c, &mut out.locals)
+            }
         }
         c => c,
     }
@@ -231,7 +238,7 @@ fn reads(v: &Llv, out: &mut Vec<(Tnode, Vec<AxisIndex>)>) {
 }
 
 /// The stride, in elements, with which an access moves when `s` increases by one.
-fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
+pub(super) fn stride(tn: &Tnode, idcs: &[AxisIndex], s: Symbol) -> usize {
     let dims = tn.dims();
     // Saturating: an affine index may carry a huge coefficient (its points are then skipped
     // by guards); a saturated stride just counts as strided.
@@ -399,7 +406,7 @@ fn subst_llc(c: &Llc, j: Symbol, by: AxisIndex) -> Option<Llc> {
 }
 
 /// Whether a value mentions iterator `j` anywhere (including inside local scopes).
-fn mentions(v: &Llv, j: Symbol) -> bool {
+pub(super) fn mentions(v: &Llv, j: Symbol) -> bool {
     let has = |i: &[AxisIndex]| i.iter().any(|ix| ix.symbols().contains(&j));
     match v {
         Llv::Get(_, i) | Llv::GetMergeBuffer(_, i) => has(i),
@@ -420,7 +427,7 @@ fn mentions_llc(c: &Llc, j: Symbol) -> bool {
 }
 
 /// Rewrites the innermost reduction loop of a nest with independent accumulators.
-fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
+pub(super) fn vectorize_reduction(c: Llc, locals: &mut Vec<Tnode>) -> Llc {
     let (mut loops, body) = perfect_nest(c);
     let Some(red) = loops.last() else {
         return body;

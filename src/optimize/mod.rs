@@ -8,6 +8,7 @@ mod parallel;
 mod simplify;
 mod taps;
 mod trace;
+mod vectorize;
 mod virtualize;
 
 pub use simplify::simplify;
@@ -221,6 +222,22 @@ pub fn optimize_with(
     } else {
         code
     };
+    // Explicit vector loops, last: on the fused loops, whose rows stay in L1.
+    let code = match settings.target {
+        Some(t) if settings.enabled && settings.loop_opts && t.vector_bytes >= 16 => {
+            let v = vectorize::vectorize(code, &t);
+            verify("vectorize", &v.code)?;
+            for tn in &v.locals {
+                modes.refine(tn, MemoryMode::Local, provenance::KERNEL)?;
+            }
+            written_first.extend(v.written_first);
+            nodes.extend(v.locals.into_iter().map(|t| (t, MemoryMode::Local)));
+            v.code
+        }
+        _ => code,
+    };
+    // Parallel regions, the very last: loops as the kernels, fusion and vectorization left
+    // them.
     let code = if settings.enabled && settings.loop_opts && settings.parallel {
         let local_set: std::collections::HashSet<Tnode> = nodes
             .iter()

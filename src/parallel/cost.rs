@@ -1,0 +1,122 @@
+//! The cost model behind [`Devices::Auto`](super::Devices::Auto): how much work a step's
+//! gradient code does, and how many devices make a step fastest.
+
+use crate::ir::Assignments;
+
+/// Nanoseconds per cell operation: a core runs about ten billion of the loop iterations
+/// (cells of a product space) a second of vectorized code. Measured on the moons job, whose
+/// gradient of 120 samples is 122,000 cell operations and took 12 µs on one core of a
+/// 2-core AMD EPYC VM (AVX2). (The big moons job's, 410 million, took 12 ms: its products
+/// run in packed GEMM kernels, three times faster; the model only has to rank counts.)
+pub(crate) const CELL_NS: f64 = 0.1;
+
+/// Nanoseconds a routine run costs whatever it computes (entering the generated code,
+/// locking its buffers).
+pub(crate) const RUN_NS: f64 = 500.0;
+
+/// Nanoseconds each level of the sum of the gradients over devices costs: a transfer, a
+/// merge routine and the wait for the device merged from (measured at 1 to 3 µs per merge
+/// between two cores in the moons job).
+pub(crate) const LEVEL_NS: f64 = 2000.0;
+
+/// The work of `code` in cell operations: for every statement, the number of points of its
+/// product space (the loop iterations it runs; a fetch or a gather counts the cells it
+/// writes). Loop nests the optimizer fuses or kernels it packs still count their points.
+pub(crate) fn work(code: &Assignments) -> u64 {
+    let mut total = 0u64;
+    code.visit(&mut |a| {
+        let n: usize = match a {
+            Assignments::AccumBinop { projections, .. }
+            | Assignments::AccumTernop { projections, .. }
+            | Assignments::AccumUnop { projections, .. } => {
+                projections.product_space.iter().product()
+            }
+            Assignments::Gather { lhs, .. } => lhs.numel(),
+            Assignments::ScatterAdd { src, .. } => src.numel(),
+            Assignments::Fetch { array, .. } => array.numel(),
+            _ => 0,
+        };
+        total = total.saturating_add(n as u64);
+    });
+    total
+}
+
+/// The estimated time in nanoseconds of a step whose gradient code does `work` cell
+/// operations on the whole batch, split into `parts` slices on `devices` devices over
+/// `queues` queues (cores): each queue runs its block of `⌈devices / queues⌉` devices one
+/// after another, each device its `⌈parts / devices⌉` slices (a routine run each), then the
+/// sums over devices take `⌈log2 devices⌉` levels.
+pub(crate) fn step_ns(work: u64, parts: usize, devices: usize, queues: usize) -> f64 {
+    let (parts, devices, queues) = (parts.max(1), devices.max(1), queues.max(1));
+    let per_queue = devices.div_ceil(queues);
+    let per_device = parts.div_ceil(devices);
+    let slice = work as f64 * CELL_NS / parts as f64 + RUN_NS;
+    let levels = usize::BITS - (devices - 1).leading_zeros();
+    (per_queue * per_device) as f64 * slice + f64::from(levels) * LEVEL_NS
+}
+
+/// The number of devices among `candidates` (ascending) whose step [`step_ns`] estimates
+/// fastest; a larger count must beat the best smaller one by 5 % (splitting has costs the
+/// model does not see: cores shared with other processes, caches). `parts` is the number
+/// of slices of a batch (`None`: one per device).
+pub(crate) fn best_devices(
+    work: u64,
+    parts: Option<usize>,
+    queues: usize,
+    candidates: &[usize],
+) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for &n in candidates {
+        let t = step_ns(work, parts.unwrap_or(n), n, queues);
+        match best {
+            Some((_, b)) if t >= 0.95 * b => {}
+            _ => best = Some((n, t)),
+        }
+    }
+    best.map(|(n, _)| n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tiny_step_stays_on_one_device_and_a_large_one_spreads() {
+        let all = [1, 2, 3, 4, 6, 8];
+        // 20,000 cell operations: 2 µs on one core; a second core would save 1 µs and cost
+        // a merge of 2 µs.
+        assert_eq!(best_devices(20_000, None, 2, &all), Some(1));
+        // The moons job: 122,000 operations, 12.7 µs on one core, 8.6 µs on two.
+        assert_eq!(best_devices(122_000, None, 2, &all), Some(2));
+        // On 8 cores, 4 devices: 3 levels of merges would cost more than 8 devices save.
+        let eight = [1, 2, 3, 4, 5, 6, 8];
+        assert_eq!(best_devices(122_000, None, 8, &eight), Some(4));
+        // A big step on 2 cores: 2 devices; more devices than cores only add merges.
+        assert_eq!(best_devices(400_000_000, None, 2, &all), Some(2));
+        // On 8 cores, 8 devices.
+        assert_eq!(best_devices(400_000_000, None, 8, &all), Some(8));
+        // One queue (the sync backend): one device.
+        assert_eq!(best_devices(400_000_000, None, 1, &all), Some(1));
+        // Shards: 8 shards on 3 devices run 3 slices a device, as slow as on 4.
+        assert!(step_ns(1_000_000, 8, 3, 8) >= step_ns(1_000_000, 8, 4, 8));
+        assert_eq!(best_devices(5, None, 2, &[]), None);
+    }
+
+    #[test]
+    fn work_counts_the_points_of_every_product_space() {
+        use crate::ir::{Bindings, Prec, Tnode};
+        let t = |n: &str, d: &[usize]| Tnode::new(&[n], d, Prec::Single).unwrap();
+        let (x, w, y, s) = (
+            t("x", &[4, 3]),
+            t("w", &[3, 5]),
+            t("y", &[4, 5]),
+            t("s", &[4]),
+        );
+        let none = Bindings::empty();
+        let code = Assignments::seq([
+            crate::nn::matmul(&y, &x, &w, "bi,io->bo", &none).unwrap(),
+            crate::nn::sum(&s, &y, "bo->b", &none).unwrap(),
+        ]);
+        assert_eq!(work(&code), 4 * 3 * 5 + 4 * 5);
+    }
+}
