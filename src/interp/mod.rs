@@ -970,7 +970,7 @@ impl<'m> Machine<'m> {
     fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<(f64, Option<u64>)> {
         let c = crate::loops::statement_compute(p, value);
         let bits = if c.is_integer() {
-            self.eval_int(value, IntCtx::new(p, c))?
+            self.eval_int(value, p.int_bits().unwrap_or(64))?
         } else if p.is_integer() {
             int_bits_of_f64(self.eval(value, c)?)
         } else {
@@ -1001,8 +1001,11 @@ impl<'m> Machine<'m> {
         }
     }
 
-    /// Evaluates a value in an integer compute type: 64-bit wrapping patterns.
-    fn eval_int(&mut self, v: &Llv, cx: IntCtx) -> Result<u64> {
+    /// Evaluates a value in the integer compute type: 64-bit wrapping patterns, each operation
+    /// reading its operands with their own signedness (SPEC 9.1, exact values); `width` is
+    /// the result's width in bits.
+    fn eval_int(&mut self, v: &Llv, width: u32) -> Result<u64> {
+        use crate::loops::int_unsigned;
         Ok(match v {
             Llv::Constant(c) => int_bits_of_f64(*c),
             Llv::EmbedIndex(ix) => self.index(ix)? as u64,
@@ -1030,18 +1033,20 @@ impl<'m> Machine<'m> {
                 self.local_int(id)?
             }
             Llv::Binop(op, a, b) => {
-                let a = self.eval_int(a, cx)?;
-                let b = self.eval_int(b, cx)?;
+                let cx = IntCtx::new(width, int_unsigned(a), int_unsigned(b));
+                let a = self.eval_int(a, width)?;
+                let b = self.eval_int(b, width)?;
                 op.interpret_int(a, b, cx)
             }
             Llv::Unop(op, a) => {
-                let a = self.eval_int(a, cx)?;
+                let cx = IntCtx::new(width, int_unsigned(a), false);
+                let a = self.eval_int(a, width)?;
                 op.interpret_int(a, cx)
             }
             Llv::Ternop(op, a, b, c) => {
-                let a = self.eval_int(a, cx)?;
-                let b = self.eval_int(b, cx)?;
-                let c = self.eval_int(c, cx)?;
+                let a = self.eval_int(a, width)?;
+                let b = self.eval_int(b, width)?;
+                let c = self.eval_int(c, width)?;
                 op.interpret_int(a, b, c)
             }
             Llv::Random {

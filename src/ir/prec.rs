@@ -37,19 +37,18 @@ pub enum Compute {
     F32,
     /// IEEE binary64 (`double`).
     F64,
-    /// 64-bit integer patterns (`uint64_t` in C, wrapping), with signed (int64) meanings for
-    /// comparisons, `div`, `mod`, `max`, `min`, `abs` and the like.
-    I64,
-    /// 64-bit integer patterns with unsigned (uint64) meanings.
-    U64,
+    /// Exact integer arithmetic reduced modulo 2^64: 64-bit patterns (`uint64_t` in C,
+    /// wrapping). Each value keeps the signedness of where it comes from (a `uint64` value is
+    /// unsigned, every other one signed; see [`crate::loops::int_unsigned`]), so comparisons,
+    /// `div`, `mod`, `max`, `min`, `abs` and the like see exact values.
+    Int,
 }
 
 impl Compute {
     /// The compute type of a statement writing `result` and reading `args`: a floating result
     /// computes in `double` when it is `double`, else `float`; an integer result with only
-    /// integer arguments computes in 64-bit integers (unsigned when the result or an argument
-    /// is `uint64`, else signed); an integer result with a floating argument computes in
-    /// `double`.
+    /// integer arguments computes in exact integers reduced modulo 2^64; an integer result
+    /// with a floating argument computes in `double`.
     pub fn of(result: Prec, args: impl IntoIterator<Item = Prec>) -> Compute {
         if !result.is_integer() {
             return if result == Prec::Double {
@@ -58,23 +57,17 @@ impl Compute {
                 Compute::F32
             };
         }
-        let mut unsigned = result == Prec::Uint64;
         for a in args {
             if !a.is_integer() {
                 return Compute::F64;
             }
-            unsigned |= a == Prec::Uint64;
         }
-        if unsigned {
-            Compute::U64
-        } else {
-            Compute::I64
-        }
+        Compute::Int
     }
 
     /// Whether this is an integer compute type.
     pub fn is_integer(self) -> bool {
-        matches!(self, Compute::I64 | Compute::U64)
+        self == Compute::Int
     }
 
     /// The C type of values in this compute type.
@@ -82,7 +75,7 @@ impl Compute {
         match self {
             Compute::F32 => "float",
             Compute::F64 => "double",
-            Compute::I64 | Compute::U64 => "uint64_t",
+            Compute::Int => "uint64_t",
         }
     }
 
@@ -379,8 +372,8 @@ mod tests {
 
     #[test]
     fn compute_types() {
-        assert_eq!(Compute::of(Prec::Int32, [Prec::Int32]), Compute::I64);
-        assert_eq!(Compute::of(Prec::Int32, [Prec::Uint64]), Compute::U64);
+        assert_eq!(Compute::of(Prec::Int32, [Prec::Int32]), Compute::Int);
+        assert_eq!(Compute::of(Prec::Uint64, [Prec::Int64]), Compute::Int);
         assert_eq!(Compute::of(Prec::Byte, [Prec::Single]), Compute::F64);
         assert_eq!(Compute::of(Prec::Half, [Prec::Int64]), Compute::F32);
         assert_eq!(Compute::of(Prec::Double, []), Compute::F64);
