@@ -1078,7 +1078,7 @@ impl<'m> Machine<'m> {
     }
 
     /// Evaluates a value in a floating compute type `c`: operands are converted to it,
-    /// operations are computed in `f64`.
+    /// operations are computed in `f64` and each result is rounded to `c`.
     fn eval(&mut self, v: &Llv, c: Compute) -> Result<f64> {
         Ok(match v {
             Llv::Constant(x) => c.round_float(*x),
@@ -1109,14 +1109,15 @@ impl<'m> Machine<'m> {
                 let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
                 c.round_float(v)
             }
+            // Every operation rounds to the compute type, as the C computes in it.
             Llv::Binop(op, a, b) => {
                 let a = self.eval(a, c)?;
                 let b = self.eval(b, c)?;
-                op.interpret(a, b)
+                c.round_float(op.interpret(a, b))
             }
             Llv::Unop(op, a) => {
                 let a = self.eval(a, c)?;
-                op.interpret(a)
+                c.round_float(op.interpret(a))
             }
             Llv::Ternop(op, a, b, x) => {
                 let a = self.eval(a, c)?;
