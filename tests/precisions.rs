@@ -649,6 +649,47 @@ fn run_cli(prog: &str, extra_env: &[(&str, &str)]) -> (bool, String, String) {
     )
 }
 
+/// bfloat16 and fp8 round once, to nearest even, from a double (SPEC 9.1: the conversions of
+/// ml_dtypes) and from the decimal text of a program's `values`: 1.0039062500000002 lies just
+/// above the midpoint 1.00390625 of the bfloat16s 1 and 1.0078125, so it rounds up (through
+/// a float it became the midpoint, which ties down to 1); 1.125 + 2^-30 rounds up to the fp8
+/// 1.25. A decimal whose nearest double is the midpoint itself is compared with the midpoint
+/// (1.00390625000000000000001 rounds up, 1.00390624999999999999999 down). Found by
+/// scripts/conformance.py.
+#[test]
+fn bf16_and_fp8_round_once_from_a_double_or_a_decimal() {
+    let above = 1.0039062500000002;
+    assert_eq!(Prec::Bfloat16.round(above), 1.0078125);
+    assert_eq!(Prec::Bfloat16.round(-above), -1.0078125);
+    assert_eq!(Prec::Fp8.round(1.125 + 2f64.powi(-30)), 1.25);
+    assert_eq!(Prec::Fp8.round(1.125), 1.0);
+    assert_eq!(Prec::Bfloat16.round(1.00390625), 1.0);
+    // a host array of a library user
+    let h = input(
+        "h",
+        &[2],
+        Prec::Bfloat16,
+        &[above, 1.00390625 - 2f64.powi(-40)],
+    );
+    assert_eq!(h.with_host(|a| a.get(0)).unwrap(), 1.0078125);
+    assert_eq!(h.with_host(|a| a.get(1)).unwrap(), 1.0);
+    // the CLI's values
+    let prog = r#"{"tensors": [
+        {"name": "b", "dims": [4], "prec": "bfloat16", "init": {"values":
+          [1.00390625000001, 1.0039062500000002, 1.00390625000000000000001, 1.00390624999999999999999]}},
+        {"name": "f", "dims": [3], "prec": "fp8", "init": {"values":
+          [1.12500000000001, 1.12500000000000000000001, 1.1249999999999999999999]}}],
+      "print": ["b", "f"]}"#;
+    let (ok, out, err) = run_cli(prog, &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["b"]["values"].to_string(),
+        "[1.0078125,1.0078125,1.0078125,1]"
+    );
+    assert_eq!(v["f"]["values"].to_string(), "[1.25,1.25,1]");
+}
+
 const BIG: &str = r#"{
   "tensors": [
     {"name": "a", "dims": [4], "prec": "int64", "init": {"values": [9007199254740993, -9223372036854775808, 9223372036854775807, -7]}},

@@ -26,8 +26,13 @@ impl Buffer {
 /// What a [`Assignments::Fetch`] puts into its array.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FetchOp {
-    /// Every cell gets the constant (0 becomes a `Zero_out`).
+    /// Every cell gets the constant (0 becomes a `Zero_out`), stored by the array's rule
+    /// (SPEC 9.1; a half, bfloat16 or fp8 array gets the constant rounded once, directly).
     Constant(f64),
+    /// Every cell gets the exact integer, stored by the array's rule (wrapped into an integer
+    /// precision: every digit of an int64 above 2^53 is kept; a floating array gets it
+    /// rounded). The program format's `"constant"` for integer tensors.
+    ConstantInt(i128),
     /// `array[idcs] = sliced[batch_idx, idcs]`.
     Slice {
         /// The static index selecting the slice.
@@ -356,6 +361,7 @@ impl Assignments {
             Assignments::Fetch { array, fetch_op } => {
                 let what = match fetch_op {
                     FetchOp::Constant(c) => format!("{c}"),
+                    FetchOp::ConstantInt(c) => format!("{c}"),
                     FetchOp::Slice { batch_idx, sliced } => {
                         format!(
                             "{}[{}, ...]",

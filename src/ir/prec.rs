@@ -270,10 +270,29 @@ pub fn int_bits_of_f64(v: f64) -> u64 {
     (r as i128) as u64
 }
 
+/// `v` rounded to binary32 toward zero, with the last bit set when that is inexact ("round to
+/// odd"). Rounding this to a format of p ≤ 22 bits (bfloat16, fp8) to nearest gives `v`
+/// rounded to nearest once: the odd bit stands for everything below and can neither create
+/// nor break a tie. (Rounding to binary32 to nearest first would: 1.0039062500000002 would
+/// become the bfloat16 midpoint 1.00390625, which ties down to 1.)
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f64::from(f) == v {
+        return f;
+    }
+    let mut b = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        // one step toward zero (the magnitude is in the low 31 bits)
+        b -= 1;
+    }
+    f32::from_bits(b | 1)
+}
+
 /// A value (binary64) rounded to bfloat16, to nearest, ties to even, as its bit pattern
-/// (mirrors `aj_f2bf` in C). Rounding through binary32 first is exact here (24 ≥ 2·8+2 bits).
+/// (from a binary32 it is what `aj_f2bf` in C computes): rounded once, through binary32
+/// rounded to odd.
 pub fn bf16_of_f64(v: f64) -> u16 {
-    let u = (v as f32).to_bits();
+    let u = f32_round_to_odd(v).to_bits();
     if (u & 0x7fff_ffff) > 0x7f80_0000 {
         return ((u >> 16) | 0x40) as u16;
     }
@@ -286,9 +305,10 @@ pub fn bf16_to_f64(b: u16) -> f64 {
 }
 
 /// A value (binary64) rounded to fp8 E5M2, to nearest, ties to even, as its bit pattern
-/// (mirrors `aj_f2fp8` in C). Rounding through binary32 first is exact here.
+/// (from a binary32 it is what `aj_f2fp8` in C computes): rounded once, through binary32
+/// rounded to odd.
 pub fn fp8_of_f64(v: f64) -> u8 {
-    let u = (v as f32).to_bits();
+    let u = f32_round_to_odd(v).to_bits();
     let sign = ((u >> 24) & 0x80) as u8;
     let a = u & 0x7fff_ffff;
     let m: u8 = if a > 0x7f80_0000 {

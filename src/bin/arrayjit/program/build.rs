@@ -246,7 +246,22 @@ impl<'a> Builder<'a> {
             Statement::Fetch(f) => {
                 let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
                 let fetch_op = match &f.kind {
-                    FetchKind::Constant(c) => FetchOp::Constant(*c),
+                    // Exactly as written, like `values`: integers keep every digit, floats
+                    // round once, from the decimal, to the tensor's precision.
+                    FetchKind::Constant(c) => {
+                        let prec = array.prec();
+                        let at = || with(path, json_path!["constant"]);
+                        if prec.is_integer() {
+                            FetchOp::ConstantInt(
+                                decimal::convert_int(c, prec)
+                                    .map_err(|m| ProgramError::at(at(), m))?,
+                            )
+                        } else {
+                            FetchOp::Constant(
+                                decimal::convert(c, prec).map_err(|m| ProgramError::at(at(), m))?,
+                            )
+                        }
+                    }
                     FetchKind::Random { seed } => FetchOp::Random { seed: *seed },
                     FetchKind::EmbedIndex(s) => FetchOp::EmbedSymbol(
                         self.static_index(s, with(path, json_path!["embed_index"]))?,

@@ -382,8 +382,9 @@ pub struct FetchDecl {
 /// What a fetch fills its tensor with.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FetchKind {
-    /// `"constant": c`
-    Constant(f64),
+    /// `"constant": c` (its decimal text, converted exactly once the tensor's precision is
+    /// known, as `values` are)
+    Constant(ValueLit),
     /// `"slice": SRC, "index": STATIC`
     Slice {
         /// The tensor sliced (dims `[n] ++ lhs dims`).
@@ -785,7 +786,7 @@ impl<'de> Deserialize<'de> for Statement {
                 let mut accum: Option<String> = None;
                 let mut init_neutral: Option<bool> = None;
                 let mut fetch: Option<String> = None;
-                let mut constant: Option<Scalar> = None;
+                let mut constant: Option<ValueLit> = None;
                 let mut slice: Option<String> = None;
                 let mut index: Option<String> = None;
                 let mut embed_index: Option<String> = None;
@@ -914,7 +915,7 @@ impl<'de> Deserialize<'de> for Statement {
                         ));
                     }
                     let kind = if let Some(c) = constant {
-                        FetchKind::Constant(c.0)
+                        FetchKind::Constant(c)
                     } else if let Some(r) = random {
                         FetchKind::Random { seed: r.seed }
                     } else if let Some(src) = slice {
