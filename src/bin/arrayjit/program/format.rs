@@ -587,40 +587,6 @@ impl<'de> Deserialize<'de> for AwaitTarget {
     }
 }
 
-/// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scalar(pub f64);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number or one of the strings \"inf\", \"-inf\", \"nan\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-                match v {
-                    "inf" => Ok(Scalar(f64::INFINITY)),
-                    "-inf" => Ok(Scalar(f64::NEG_INFINITY)),
-                    "nan" => Ok(Scalar(f64::NAN)),
-                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// Stores a field's value, rejecting a second occurrence of the key.
 fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
     map: &mut A,
