@@ -587,3 +587,47 @@ fn static_index_limit_is_the_smallest_axis() {
         ));
     }
 }
+
+/// The optimizer's simplifications keep IEEE values: a scalar constant 0 is inlined into
+/// `f * k` and `f + k`, and nan·0 is nan, inf·0 is nan, -2·0 and -0·0 are -0, -0 + 0 is +0,
+/// exactly
+/// as when `k` is a tensor in memory (and as the interpreter computes). Found by
+/// scripts/conformance.py: `x*0 → 0` and `x+0 → x` made the compiled results depend on
+/// whether the optimizer inlined `k`.
+#[test]
+fn simplification_keeps_ieee_values() {
+    let b = Bindings::empty();
+    let make = |prec: Prec| {
+        let f = input("f", &[4], prec, &[f64::NAN, f64::INFINITY, -2.0, -0.0]);
+        let k = temp("k", &[1], prec);
+        let m = output("m", &[4], prec);
+        let s = output("s", &[4], prec);
+        let a = Assignments::seq([
+            Assignments::Fetch {
+                array: k.clone(),
+                fetch_op: FetchOp::Constant(0.0),
+            },
+            binop(&m, Binop::Arg2, false, Binop::Mul, &f, &k, "i,0->i", &b),
+            binop(&s, Binop::Arg2, false, Binop::Add, &f, &k, "i,0->i", &b),
+        ]);
+        (a, m, s)
+    };
+    for prec in [Prec::Single, Prec::Double] {
+        let (a, m, s) = make(prec);
+        let (got, src) = compute(&a, &b, &[&m, &s]);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (gm, gs) = (bits(&got[0]), bits(&got[1]));
+        assert!(
+            got[0][0].is_nan() && got[0][1].is_nan(),
+            "{prec}: {:?}\n{src}",
+            got[0]
+        );
+        assert_eq!(gm[2..], bits(&[-0.0, -0.0])[..], "{prec}: {src}");
+        assert!(got[1][0].is_nan(), "{src}");
+        assert_eq!(
+            gs[1..],
+            bits(&[f64::INFINITY, -2.0, 0.0])[..],
+            "{prec}: {src}"
+        );
+    }
+}
