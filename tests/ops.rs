@@ -631,3 +631,41 @@ fn simplification_keeps_ieee_values() {
         );
     }
 }
+
+/// `init_neutral` fills a logical or bitwise reduction with the operation's identity, as
+/// numpy's `logical_and.reduce` / `bitwise_and.reduce` start from True / all ones: 1 for
+/// `and`, all ones for `bit_and`, 0 for `or`, `bit_or`, `bit_xor`. Rows [7, 6, 14] and
+/// [0, 5, 6] (by hand): and → 1, 0; or → 1, 1; bit_and → 7&6&14 = 6, 0; bit_or → 15, 7;
+/// bit_xor → 7^6^14 = 15, 3. Found by scripts/conformance.py: `and` and `bit_and` started
+/// from 0, so the result was always 0.
+#[test]
+fn logical_and_bitwise_reductions_start_from_their_identity() {
+    let b = Bindings::empty();
+    let vals = [7., 6., 14., 0., 5., 6.];
+    let cases = [
+        (Binop::And, [1., 0.]),
+        (Binop::Or, [1., 1.]),
+        (Binop::BitAnd, [6., 0.]),
+        (Binop::BitOr, [15., 7.]),
+        (Binop::BitXor, [15., 3.]),
+    ];
+    for prec in [Prec::Int32, Prec::Uint64, Prec::Byte, Prec::Single] {
+        let x = input("x", &[2, 3], prec, &vals);
+        let mut asgns = vec![];
+        let mut outs = vec![];
+        for (acc, _) in cases {
+            if acc.is_integer_only() && !prec.is_integer() {
+                continue;
+            }
+            let out = output(&format!("r_{}", acc.name()), &[2], prec);
+            asgns.push(unop(&out, acc, true, Unop::Identity, &x, "ij->i", &b));
+            outs.push((acc, out));
+        }
+        let refs: Vec<&Tnode> = outs.iter().map(|o| &o.1).collect();
+        let (got, _) = compute(&Assignments::seq(asgns), &b, &refs);
+        for ((acc, _), got) in outs.iter().zip(&got) {
+            let want = cases.iter().find(|c| c.0 == *acc).unwrap().1;
+            assert_eq!(got, &want.to_vec(), "{prec} {acc}");
+        }
+    }
+}

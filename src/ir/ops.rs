@@ -610,7 +610,7 @@ impl Binop {
             ),
             Binop::And => row(
                 "and",
-                0.0,
+                1.0,
                 "(float)($a != 0.0f && $b != 0.0f)",
                 "(double)($a != 0.0 && $b != 0.0)",
                 None,
@@ -719,13 +719,15 @@ impl Binop {
     }
 
     /// The neutral element as an accumulator: 0 for add/sub, 1 for mul/div/pow, -inf for max,
-    /// +inf for min, 0 otherwise.
+    /// +inf for min, 1 for `and` (0 for `or`, `bit_or`, `bit_xor`; see [`Binop::int_neutral`]
+    /// for `bit_and`), 0 otherwise.
     pub fn neutral(self) -> f64 {
         self.info().neutral
     }
 
     /// The neutral element for results of an integer precision `prec` (SPEC 9.1): the type's
-    /// minimum for max and maximum for min, as a 64-bit pattern; otherwise as [`Binop::neutral`].
+    /// minimum for max and maximum for min, all ones for `bit_and`, as a 64-bit pattern;
+    /// otherwise as [`Binop::neutral`].
     pub fn int_neutral(self, prec: crate::ir::Prec) -> u64 {
         let signed = prec.is_signed_integer();
         let bits = prec.int_bits().unwrap_or(64);
@@ -734,6 +736,8 @@ impl Binop {
             Binop::Max => 0,
             Binop::Min if signed => (i64::MAX >> (64 - bits)) as u64,
             Binop::Min => u64::MAX >> (64 - bits),
+            // all ones (numpy's bitwise_and.reduce starts there)
+            Binop::BitAnd => u64::MAX,
             op => crate::ir::prec::int_bits_of_f64(op.neutral()),
         }
     }
