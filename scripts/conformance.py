@@ -437,7 +437,17 @@ def fsigmoid(a):
 
 
 def fpow(a, b):
-    return float(np.power(np.float64(a), np.float64(b)))
+    """C's pow (C99 Annex F special cases: pow(-inf, 0.5) = inf, pow(-0, -1) = -inf, ...)."""
+    def odd_int(y):
+        return math.isfinite(y) and y == math.floor(y) and int(y) % 2 == 1
+    if a == 0 and b < 0:
+        return math.copysign(INF, a) if odd_int(b) else INF
+    try:
+        return math.pow(a, b)
+    except ValueError:
+        return NAN
+    except OverflowError:
+        return -INF if (a < 0 and odd_int(b)) else INF
 
 
 def fmax(a, b):
@@ -839,6 +849,13 @@ def neutral(accum, prec):
         return int_min(prec) if is_int(prec) else -INF
     if accum == "min":
         return int_max(prec) if is_int(prec) else INF
+    # DECISION (numpy's reductions): the identity of the logical and bitwise operations
+    if accum == "and":
+        return 1 if is_int(prec) else 1.0
+    if accum in ("or", "bit_or", "bit_xor"):
+        return 0 if is_int(prec) else 0.0
+    if accum == "bit_and" and is_int(prec):
+        return wrap(-1, prec)
     raise Unsupported("no neutral element for accum %s" % accum)
 
 
@@ -951,6 +968,15 @@ class Reference:
             else:
                 raise Unsupported("init %r" % (init,))
             self.T[name] = t
+        # host copies of hosted tensors (an init, printed, or "memory": "hosted"), for the
+        # from_host / to_host steps
+        printed = set(prog.get("print", []))
+        self.host = {}
+        for td in prog.get("tensors", []):
+            mem = td.get("memory")
+            if mem == "hosted" or (mem is None and ("init" in td or td["name"] in printed)):
+                t = self.T[td["name"]]
+                self.host[t.name] = (list(t.vals), list(t.errs))
         self.statics = {}
         for sd in prog.get("static_indices", []):
             self.statics[sd["name"]] = sd.get("range")
@@ -993,6 +1019,18 @@ class Reference:
                 b[k] = v
             self.env_static = b
             self.exec_code(self.routines[name])
+            return
+        if "from_host" in st or "to_host" in st:
+            name = st.get("from_host", st.get("to_host"))
+            t = self.tensor(name)
+            if name not in self.host:
+                raise RefError("tensor %s has no host array" % name)
+            if "from_host" in st:
+                vals, errs = self.host[name]
+                for i in range(t.size):
+                    self.set_cell(t, i, vals[i], errs[i])
+            else:
+                self.host[name] = (list(t.vals), list(t.errs))
             return
         raise Unsupported("run step %r" % (st,))
 
@@ -1217,11 +1255,9 @@ class Reference:
                             raise RefError("letter %s of an affine entry has no extent" % c)
         for c in order:
             ext.setdefault(c, 1)
-        # a result axis of extent 1 holding a letter of extent > 1
-        for ent, d in zip(res_term, lhs.dims):
-            if ent[0] == "L" and d == 1 and ext[ent[1]] > 1:
-                raise Unsupported("result axis of extent 1 with letter %s of extent %d" % (ent[1], ext[ent[1]]))
-        res_letters = {ent[1] for ent, d in zip(res_term, lhs.dims) if ent[0] == "L"}
+        # A result axis of extent 1 uses index 0 (SPEC 2: axes of extent 1 are not iterated),
+        # so a letter of extent > 1 on it is reduced over.
+        res_letters = {ent[1] for ent, d in zip(res_term, lhs.dims) if ent[0] == "L" and d != 1}
         affine_res = any(ent[0] == "A" for ent in res_term)
         # DECISION (arrayjit's docs/language-affine.md): a statement with an affine entry
         # anywhere is never a plain assignment; with init_neutral it fills the result first.
@@ -1458,7 +1494,8 @@ BIN_WEIGHTS = {op: 1.0 for op in BINOPS}
 BIN_WEIGHTS.update({"add": 4.0, "sub": 2.5, "mul": 4.0, "div": 2.0, "max": 1.5, "min": 1.5})
 ACC_WEIGHTS = {op: 0.4 for op in BINOPS}
 ACC_WEIGHTS.update({"set": 14.0, "add": 12.0, "max": 3.0, "min": 2.5, "mul": 2.0, "sub": 1.5})
-NEUTRAL_ACCS = ("add", "sub", "mul", "div", "pow", "max", "min", "set", "arg2")
+NEUTRAL_ACCS = ("add", "sub", "mul", "div", "pow", "max", "min", "set", "arg2", "and", "or",
+                "bit_and", "bit_or", "bit_xor")
 
 
 def wchoice(rng, weights):
@@ -1611,6 +1648,8 @@ class Gen:
     def pick_op(self, arity, precs):
         r = self.rng
         allint = all(is_int(p) for p in precs)
+        if arity == 2 and allint and r.random() < 0.3:
+            return r.choice(INT_ONLY + ("div", "mod", "lt", "max", "min", "pow"))
         for _ in range(20):
             if arity == 1:
                 op = wchoice(r, UN_WEIGHTS)
@@ -1626,6 +1665,8 @@ class Gen:
     def pick_accum(self, precs, reduce):
         r = self.rng
         allint = all(is_int(p) for p in precs)
+        if allint and r.random() < 0.15:
+            return r.choice(INT_ONLY + ("div", "mod", "pow", "and", "or"))
         for _ in range(20):
             acc = wchoice(r, ACC_WEIGHTS)
             if acc in INT_ONLY and not allint and not (self.errors_ok and r.random() < 0.3):
@@ -1729,6 +1770,9 @@ class Gen:
             args.append(self.arg(dims))
         rterm = list(res_letters)
         rdims = [ext[c] for c in res_letters]
+        if reduce and rdims and r.random() < 0.1:
+            # a result axis of extent 1 under a letter of extent > 1: reduced over (keepdims)
+            rdims[r.randrange(len(rdims))] = 1
         if r.random() < 0.06:
             s = self.static(3)
             pos = r.randint(0, len(rterm))
@@ -1852,6 +1896,29 @@ class Gen:
             logic = "b%s%sc,ijcd->bhwd" % (eh, ew)
             self.assignment(y, [x, w], logic, 2, True, op="mul", accum="add",
                             init=r.random() < 0.85 or None)
+
+    def chain(self):
+        """A chain of pointwise statements over one shape, each reading earlier results (the
+        optimizer inlines and fuses them), some reading one result twice or transposed."""
+        r = self.rng
+        rank = r.choice([1, 2, 2, 3])
+        dims = [self.extent() if r.random() < 0.7 else r.choice([8, 16, 33]) for _ in range(rank)]
+        while prod_dims(dims) > 20000:
+            dims = [max(1, d // 2) for d in dims]
+        letters = "ijk"[:rank]
+        prev = [self.arg(dims)]
+        for _ in range(r.randint(2, 5)):
+            arity = r.choice([1, 2, 2, 3])
+            args = [prev[-1]] + [r.choice(prev) if r.random() < 0.6 else self.arg(dims)
+                                 for _ in range(arity - 1)]
+            r.shuffle(args)
+            for a in args:
+                self.read_later.add(a)
+            y = self.new_tensor(dims, init=False)
+            logic = None if r.random() < 0.5 else ",".join([letters] * arity) + "->" + letters
+            self.assignment(y, args, logic, arity, False,
+                            accum=r.choice(["set", "set", "set", None]), init=r.random() < 0.5)
+            prev.append(y)
 
     def conv_kernel(self):
         """A convolution large enough for the GEMM kernels (single or double operands)."""
@@ -2022,7 +2089,7 @@ class Gen:
 
     def program(self):
         r = self.rng
-        templates = {"elementwise": 5.0, "reduce": 3.0, "matmul": 1.2, "conv1d": 1.2, "conv2d": 0.7,
+        templates = {"elementwise": 5.0, "reduce": 3.0, "chain": 1.5, "matmul": 1.2, "conv1d": 1.2, "conv2d": 0.7,
                      "pool": 0.7, "concat": 0.7, "shift": 0.5, "random_affine": 1.2,
                      "gather": 0.8, "scatter": 0.6, "fetch": 1.2, "conv_kernel": 0.3}
         nst = r.choice([1, 2, 2, 3, 3, 4, 5, 6])
@@ -2063,6 +2130,16 @@ class Gen:
             if self.statics:
                 extra["bindings"] = binds()
             steps.append(extra)
+        if r.random() < 0.2:
+            # copies between host and device between the steps
+            hosted = [n for n, t in self.tensors.items() if "init" in t]
+            if hosted:
+                n = r.choice(hosted)
+                more = [{"to_host": n}] if r.random() < 0.5 else []
+                more.append({"routine": routines[-1]["name"]})
+                more.append({"from_host": n})
+                more.append({"routine": routines[0]["name"]})
+                steps.extend(more)
         if self.statics and self.errors_ok and r.random() < 0.2:
             s = r.choice(list(self.statics))
             steps.append({"routine": routines[0]["name"], "bindings": {s: self.statics[s] + r.randint(0, 2)}})
