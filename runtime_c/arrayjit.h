@@ -380,6 +380,21 @@ static inline uint64_t aj_ipos_s(uint64_t a) { return aj_lt_s(0, a); }
 static inline uint64_t aj_ipos_u(uint64_t a) { return (uint64_t)(a != 0); }
 static inline uint64_t aj_iabs_s(uint64_t a) { return (a >> 63) ? UINT64_C(0) - a : a; }
 static inline uint64_t aj_iabs_u(uint64_t a) { return a; }
+/* A signed and an unsigned operand (SPEC 9.1: exact values): _su has a signed first and an
+ * unsigned second operand, _us the reverse. A negative signed value is below every unsigned
+ * one, and -1 differs from 2^64-1. */
+static inline uint64_t aj_lt_su(uint64_t a, uint64_t b) { return (uint64_t)((a >> 63) | (uint64_t)(a < b)); }
+static inline uint64_t aj_lt_us(uint64_t a, uint64_t b) { return (uint64_t)(!(b >> 63) && a < b); }
+static inline uint64_t aj_le_su(uint64_t a, uint64_t b) { return (uint64_t)((a >> 63) | (uint64_t)(a <= b)); }
+static inline uint64_t aj_le_us(uint64_t a, uint64_t b) { return (uint64_t)(!(b >> 63) && a <= b); }
+static inline uint64_t aj_imax_su(uint64_t a, uint64_t b) { return aj_lt_su(a, b) ? b : a; }
+static inline uint64_t aj_imax_us(uint64_t a, uint64_t b) { return aj_lt_us(a, b) ? b : a; }
+static inline uint64_t aj_imin_su(uint64_t a, uint64_t b) { return aj_lt_us(b, a) ? b : a; }
+static inline uint64_t aj_imin_us(uint64_t a, uint64_t b) { return aj_lt_su(b, a) ? b : a; }
+static inline uint64_t aj_eq_s(uint64_t a, uint64_t b) { return (uint64_t)(a == b); }
+static inline uint64_t aj_eq_u(uint64_t a, uint64_t b) { return (uint64_t)(a == b); }
+static inline uint64_t aj_eq_su(uint64_t a, uint64_t b) { return (uint64_t)(a == b && !(a >> 63)); }
+static inline uint64_t aj_eq_us(uint64_t a, uint64_t b) { return (uint64_t)(a == b && !(b >> 63)); }
 static inline uint64_t aj_izero(uint64_t a, uint64_t b) { (void)a; (void)b; return 0; }
 static inline float aj_izero_f(float a, float b) { (void)a; (void)b; return 0.0f; }
 static inline double aj_izero_d(double a, double b) { (void)a; (void)b; return 0.0; }
@@ -394,6 +409,18 @@ static inline uint64_t aj_div_s(uint64_t a, uint64_t b) {
   return ((a ^ b) >> 63) ? UINT64_C(0) - q : q;
 }
 static inline uint64_t aj_div_u(uint64_t a, uint64_t b) { return b == 0 ? 0 : a / b; }
+/* The magnitude of a signed value (the most negative one's is 2^63). */
+static inline uint64_t aj_mag(uint64_t a) { return (a >> 63) ? UINT64_C(0) - a : a; }
+static inline uint64_t aj_div_su(uint64_t a, uint64_t b) {
+  if (b == 0) return 0;
+  uint64_t q = aj_mag(a) / b;
+  return (a >> 63) ? UINT64_C(0) - q : q;
+}
+static inline uint64_t aj_div_us(uint64_t a, uint64_t b) {
+  if (b == 0) return 0;
+  uint64_t q = a / aj_mag(b);
+  return (b >> 63) ? UINT64_C(0) - q : q;
+}
 /* C's %: the sign of the dividend; x % 0 = 0. */
 static inline uint64_t aj_mod_s(uint64_t a, uint64_t b) {
   if (b == 0) return 0;
@@ -402,6 +429,12 @@ static inline uint64_t aj_mod_s(uint64_t a, uint64_t b) {
   return (a >> 63) ? UINT64_C(0) - r : r;
 }
 static inline uint64_t aj_mod_u(uint64_t a, uint64_t b) { return b == 0 ? 0 : a % b; }
+static inline uint64_t aj_mod_su(uint64_t a, uint64_t b) {
+  if (b == 0) return 0;
+  uint64_t r = aj_mag(a) % b;
+  return (a >> 63) ? UINT64_C(0) - r : r;
+}
+static inline uint64_t aj_mod_us(uint64_t a, uint64_t b) { return b == 0 ? 0 : a % aj_mag(b); }
 /* Exact wrapped power for a non-negative exponent; a negative one truncates the real result
  * (0, except for bases 1 and -1). */
 static inline uint64_t aj_pow_u(uint64_t a, uint64_t e) {
@@ -417,18 +450,21 @@ static inline uint64_t aj_pow_s(uint64_t a, uint64_t e) {
   if (e >> 63) return a == 1 ? 1 : a == UINT64_MAX ? ((e & 1u) ? UINT64_MAX : 1) : 0;
   return aj_pow_u(a, e);
 }
-/* Shifts: the count is taken modulo the result's width w (a power of two <= 64). */
-static inline uint64_t aj_shl(uint64_t a, uint64_t b, unsigned w) { return a << (b & (w - 1u)); }
-static inline uint64_t aj_shr_u(uint64_t a, uint64_t b, unsigned w) {
-  uint64_t mask = w == 64 ? UINT64_MAX : ((UINT64_C(1) << w) - 1u);
-  return (a & mask) >> (b & (w - 1u));
+/* A signed base and an unsigned exponent; an unsigned base (2^64-1 is not -1) and a signed
+ * exponent. */
+static inline uint64_t aj_pow_su(uint64_t a, uint64_t e) { return aj_pow_u(a, e); }
+static inline uint64_t aj_pow_us(uint64_t a, uint64_t e) {
+  if (e >> 63) return a == 1 ? 1 : 0;
+  return aj_pow_u(a, e);
 }
-/* Arithmetic: sign-extend from w bits, then shift in the complement (no signed shift). */
+/* Shifts: the count is taken modulo the result's width w (a power of two <= 64); shr shifts
+ * the operand's exact value, logically for a uint64 one, arithmetically for a signed one (in
+ * the complement: no signed shift), before the result is stored by the wrapping rule. */
+static inline uint64_t aj_shl(uint64_t a, uint64_t b, unsigned w) { return a << (b & (w - 1u)); }
+static inline uint64_t aj_shr_u(uint64_t a, uint64_t b, unsigned w) { return a >> (b & (w - 1u)); }
 static inline uint64_t aj_shr_s(uint64_t a, uint64_t b, unsigned w) {
   unsigned k = (unsigned)(b & (w - 1u));
-  uint64_t sbit = UINT64_C(1) << (w - 1u);
-  uint64_t x = w == 64 ? a : (((a & ((sbit << 1) - 1u)) ^ sbit) - sbit);
-  return (x >> 63) ? ~(~x >> k) : x >> k;
+  return (a >> 63) ? ~(~a >> k) : a >> k;
 }
 
 static inline float aj_sgate_f(float a, float b) { return (a > 0.0f && a < 1.0f) ? b : 0.0f; }

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::ir::tnode::provenance;
 use crate::ir::{
-    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Projections, Symbol, Tnode,
+    Assignments, AxisIndex, Binop, Buffer, FetchOp, MemoryMode, Prec, Projections, Symbol, Tnode,
 };
 use crate::loops::{Llc, Llv};
 
@@ -120,29 +120,6 @@ fn check_projections(lhs: &Tnode, args: &[&Buffer], p: &Projections) -> Result<(
         }
     }
     Ok(())
-}
-
-/// The value of an integer constant stored into precision `prec`. Constants of the loop IR
-/// are `f64`; an integer one that a double does not hold (beyond 2^53) is written for an
-/// integer result as `hi + lo`, two doubles that hold it exactly (`lo` its low 32 bits, `hi`
-/// the rest, a multiple of 2^32 of at most 32 significant bits), added in the statement's
-/// exact integer compute (integer statements are not folded in doubles). A floating result
-/// gets the constant rounded to a double (then to its precision: rounding twice gives the
-/// same as once here, since a double has more than 2·11+2 bits).
-fn int_constant(c: i128, prec: crate::ir::Prec) -> Llv {
-    let bits = c as u64; // the value modulo 2^64: what an integer result keeps
-    let wrapped = prec.wrap_int(bits);
-    if !prec.is_integer() || (wrapped as f64) as i128 == wrapped {
-        let v = if prec.is_integer() { wrapped } else { c };
-        return Llv::Constant(v as f64);
-    }
-    let lo = bits & 0xffff_ffff;
-    let hi = bits - lo;
-    Llv::Binop(
-        Binop::Add,
-        Box::new(Llv::Constant(hi as f64)),
-        Box::new(Llv::Constant(lo as f64)),
-    )
 }
 
 fn fill_neutral(lhs: &Tnode, accum: Binop) -> Llc {
@@ -625,25 +602,55 @@ fn lower_scatter_add(lhs: &Tnode, src: &Tnode, index: &Tnode) -> Result<Llc> {
     Ok(add.unwrap_or(Llc::Noop))
 }
 
+/// An exact 64-bit pattern as a value of the integer compute type: one constant when the
+/// pattern, read as an int64, is a double; else its high and low 32 bits added (constants are
+/// doubles; integer statements are not constant-folded, see `optimize::simplify`).
+fn exact_int(bits: u64) -> Llv {
+    let v = bits as i64;
+    if v as f64 as i128 == i128::from(v) {
+        return Llv::Constant(v as f64);
+    }
+    let hi = (bits & !0xffff_ffff) as i64 as f64;
+    let lo = (bits & 0xffff_ffff) as f64;
+    Llv::Binop(
+        Binop::Add,
+        Box::new(Llv::Constant(hi)),
+        Box::new(Llv::Constant(lo)),
+    )
+}
+
+fn fill_constant(array: &Tnode, value: Llv) -> Llc {
+    if matches!(value, Llv::Constant(c) if c == 0.0 && c.is_sign_positive()) {
+        return Llc::ZeroOut(array.clone());
+    }
+    over_all_cells(array, |idcs| Llc::Set {
+        tn: array.clone(),
+        idcs,
+        value: value.clone(),
+    })
+}
+
 fn lower_fetch(array: &Tnode, fetch_op: &FetchOp) -> Result<Llc> {
+    let prec = array.prec();
     Ok(match fetch_op {
         FetchOp::Constant(c) if *c == 0.0 && c.is_sign_positive() => Llc::ZeroOut(array.clone()),
-        FetchOp::Constant(c) => over_all_cells(array, |idcs| Llc::Set {
-            tn: array.clone(),
-            idcs,
-            value: Llv::Constant(*c),
-        }),
-        FetchOp::IntConstant(c) => {
-            let value = int_constant(*c, array.prec());
-            if value == Llv::Constant(0.0) {
-                Llc::ZeroOut(array.clone())
-            } else {
-                over_all_cells(array, |idcs| Llc::Set {
-                    tn: array.clone(),
-                    idcs,
-                    value: value.clone(),
-                })
-            }
+        // Narrow floats: rounded once from the constant, not through the float compute type.
+        FetchOp::Constant(c) if matches!(prec, Prec::Half | Prec::Bfloat16 | Prec::Fp8) => {
+            fill_constant(array, Llv::Constant(prec.round(*c)))
+        }
+        FetchOp::Constant(c) => fill_constant(array, Llv::Constant(*c)),
+        FetchOp::ConstantInt(c) if prec.is_integer() => {
+            fill_constant(array, exact_int(prec.wrap_int(*c as u64) as u64))
+        }
+        FetchOp::ConstantInt(c) => {
+            // (Exact in f64 up to 2^53; beyond, rounded to double first.)
+            let x = *c as f64;
+            let x = match prec {
+                Prec::Single => x as f32 as f64,
+                Prec::Double => x,
+                p => p.round(x),
+            };
+            fill_constant(array, Llv::Constant(x))
         }
         FetchOp::Slice { batch_idx, sliced } => {
             if sliced.dims().len() != array.dims().len() + 1 || sliced.dims()[1..] != *array.dims()

@@ -428,6 +428,25 @@ fn affine_result_with_init_neutral_fills_first() {
     check_all_ways(&make, &[vec![1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0]]);
 }
 
+/// A statement reading its own result through an affine entry that leaves the axis at every
+/// point (`y[i] += -y[i+3]` with y of 2 cells): no point runs, so y keeps its values without
+/// init_neutral, and is filled with the neutral element (0) with it. Found by
+/// scripts/conformance.py: the snapshot of y that the statement reads was then never read, so
+/// the optimizer made it an output and refused to compile ("memory mode conflict for tensor
+/// y.old: cannot make it Materialized ...: it is already Local").
+#[test]
+fn self_read_through_an_affine_entry_that_never_hits() {
+    for (init, want) in [(false, vec![1.0, 3.0]), (true, vec![0.0, 0.0])] {
+        let make = move || {
+            let b = Bindings::empty();
+            let y = input("y", &[2], Prec::Single, &[1.0, 3.0]);
+            let a = unop(&y, Binop::Add, init, Unop::Neg, &y, "(i+3)->i", &b);
+            (a, vec![y])
+        };
+        check_all_ways(&make, &[want]);
+    }
+}
+
 #[test]
 fn affine_entry_on_extent_one_axis_never_broadcasts() {
     // x has one cell: `(i-1)` reaches it only at i = 1; other points are skipped.

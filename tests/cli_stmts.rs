@@ -313,6 +313,42 @@ fn ternary_and_random_errors() {
 
 /// The random fetch gives the same values on any device of any device count, and when the
 /// tensor is only read through its transpose (inlined into the consumer).
+/// A constant fetch stores its constant exactly as written, as `values` do: an int64 above
+/// 2^53 keeps every digit, the uint64 2^64-1 stays 2^64-1 (through a double it was 2^64,
+/// which wraps to 0), -2^31-1 wraps to 2^31-1 in an int32, 300.7 into a byte is 44, a
+/// bfloat16 constant rounds once, from the decimal (1.00390625000001 is above the midpoint
+/// of 1 and 1.0078125, so 1.0078125; through a float it tied to 1), and "-inf" is accepted
+/// as in `values`. Found by scripts/conformance.py.
+#[test]
+fn constant_fetches_are_exact() {
+    let prog = r#"{"tensors": [
+        {"name": "a", "dims": [2], "prec": "int64"},
+        {"name": "b", "dims": [1], "prec": "uint64"},
+        {"name": "e", "dims": [1], "prec": "int32"},
+        {"name": "c", "dims": [1], "prec": "byte"},
+        {"name": "d", "dims": [1], "prec": "bfloat16"},
+        {"name": "f", "dims": [1], "prec": "half"}],
+      "routines": [{"name": "r", "code": [
+        {"fetch": "a", "constant": 9007199254740993},
+        {"fetch": "b", "constant": 18446744073709551615},
+        {"fetch": "e", "constant": -2147483649},
+        {"fetch": "c", "constant": 300.7},
+        {"fetch": "d", "constant": 1.00390625000001},
+        {"fetch": "f", "constant": "-inf"}]}],
+      "run": [{"routine": "r"}], "print": ["a", "b", "e", "c", "d", "f"]}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p.json");
+    std::fs::write(&p, prog).unwrap();
+    let out = run_both(&p);
+    let text = |k: &str| out[k]["values"].to_string();
+    assert_eq!(text("a"), "[9007199254740993,9007199254740993]");
+    assert_eq!(text("b"), "[18446744073709551615]");
+    assert_eq!(text("e"), "[2147483647]");
+    assert_eq!(text("c"), "[44]");
+    assert_eq!(values(&out, "d"), vec![1.0078125]);
+    assert_eq!(text("f"), "[\"-inf\"]");
+}
+
 #[test]
 fn random_fetch_is_the_same_on_every_device() {
     let dir = tempfile::tempdir().unwrap();

@@ -513,6 +513,34 @@ fn compiler_emitting_invalid_assembly_is_retried_without_avx512() {
     );
 }
 
+/// Clang 14 at -O3 for AVX2 targets (`-march=x86-64-v3`, `haswell`, `znver3`) crashes on this
+/// generated routine ("fatal error: error in backend: Cannot emit physreg copy instruction",
+/// found by scripts/conformance.py, seed 12, case 157): its SLP vectorizer is at fault. The
+/// compile stage retries a compiler that crashed in its backend once with
+/// `-fno-slp-vectorize`, so the routine compiles and loads (other compilers compile it the
+/// first time).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn compiler_crashing_in_its_backend_is_retried_without_slp_vectorization() {
+    let source = include_str!("data/clang14_backend_crash.c");
+    for cc in ["clang", "gcc"] {
+        if Command::new(cc).arg("--version").output().is_err() {
+            continue; // CI installs both; a machine with one checks that one
+        }
+        let root = tempfile::tempdir().unwrap();
+        let cfg = CompilerConfig {
+            compiler: PathBuf::from(cc),
+            arch_flags: vec!["-march=x86-64-v3".into()],
+            opt_level: "3".into(),
+            ..config(root.path())
+        };
+        let lib = compile_and_load(&cfg, source, "backend_crash", &[])
+            .unwrap_or_else(|e| panic!("{cc}: {e}"));
+        lib.entry("main_routine_entry").unwrap();
+        assert_empty(root.path());
+    }
+}
+
 /// The same source compiled for two targets from one cache directory: `-march=x86-64-v2`
 /// and the default `-march=native`. The cache key holds what the flags resolve to, so the
 /// two get separate entries and each loads and computes right.

@@ -250,6 +250,32 @@ fn half_rounding() {
     assert_eq!(interpret(&asg, &[], &[&acc2])[0], vec![1. + 0.0001 * 4.]);
 }
 
+/// In the float compute type every operation rounds to float, as the generated C computes
+/// (SPEC 9.1: the accumulation is done in the compute type): y = 2^-24, then y += 1 + 2^-24.
+/// In float, 1 + 2^-24 ties to 1 and 2^-24 + 1 ties to 1 again: y = 1. Computed in double and
+/// rounded once, it would be 1 + 2^-23. Found by scripts/conformance.py (the interpreter
+/// rounded only the statement's final value).
+#[test]
+fn float_compute_rounds_every_operation() {
+    let b = Bindings::empty();
+    let eps = 2f64.powi(-24);
+    let y = input("y", &[1], Prec::Single, &[eps]);
+    let a = input("a", &[1], Prec::Single, &[1.]);
+    let c = input("c", &[1], Prec::Single, &[eps]);
+    let asg = binop(&y, Binop::Add, false, Binop::Add, &a, &c, "i,i->i", &b);
+    assert_eq!(interpret(&asg, &[], &[&y])[0], vec![1.]);
+    // The same statement compiled.
+    let y2 = input("y2", &[1], Prec::Single, &[eps]);
+    let asg = binop(&y2, Binop::Add, false, Binop::Add, &a, &c, "i,i->i", &b);
+    compute(&asg, &b, &[&y2]);
+    assert_eq!(y2.host_to_vec::<f32>().unwrap(), vec![1.0f32]);
+    // A unary operation, too: y3 = 1 + 2^-24 * 1 (identity) rounds, then + 2^-24 rounds.
+    let y3 = input("y3", &[1], Prec::Single, &[1.]);
+    let e2 = input("e2", &[2], Prec::Single, &[eps, eps]);
+    let asg = unop(&y3, Binop::Add, false, Unop::Identity, &e2, "i->0", &b);
+    assert_eq!(interpret(&asg, &[], &[&y3])[0], vec![1.]);
+}
+
 #[test]
 fn constants_and_operands_in_the_compute_type() {
     let b = Bindings::empty();

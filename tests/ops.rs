@@ -589,3 +589,85 @@ fn static_index_limit_is_the_smallest_axis() {
         ));
     }
 }
+
+/// The optimizer's simplifications keep IEEE values: a scalar constant 0 is inlined into
+/// `f * k` and `f + k`, and nan·0 is nan, inf·0 is nan, -2·0 and -0·0 are -0, -0 + 0 is +0,
+/// exactly
+/// as when `k` is a tensor in memory (and as the interpreter computes). Found by
+/// scripts/conformance.py: `x*0 → 0` and `x+0 → x` made the compiled results depend on
+/// whether the optimizer inlined `k`.
+#[test]
+fn simplification_keeps_ieee_values() {
+    let b = Bindings::empty();
+    let make = |prec: Prec| {
+        let f = input("f", &[4], prec, &[f64::NAN, f64::INFINITY, -2.0, -0.0]);
+        let k = temp("k", &[1], prec);
+        let m = output("m", &[4], prec);
+        let s = output("s", &[4], prec);
+        let a = Assignments::seq([
+            Assignments::Fetch {
+                array: k.clone(),
+                fetch_op: FetchOp::Constant(0.0),
+            },
+            binop(&m, Binop::Arg2, false, Binop::Mul, &f, &k, "i,0->i", &b),
+            binop(&s, Binop::Arg2, false, Binop::Add, &f, &k, "i,0->i", &b),
+        ]);
+        (a, m, s)
+    };
+    for prec in [Prec::Single, Prec::Double] {
+        let (a, m, s) = make(prec);
+        let (got, src) = compute(&a, &b, &[&m, &s]);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (gm, gs) = (bits(&got[0]), bits(&got[1]));
+        assert!(
+            got[0][0].is_nan() && got[0][1].is_nan(),
+            "{prec}: {:?}\n{src}",
+            got[0]
+        );
+        assert_eq!(gm[2..], bits(&[-0.0, -0.0])[..], "{prec}: {src}");
+        assert!(got[1][0].is_nan(), "{src}");
+        assert_eq!(
+            gs[1..],
+            bits(&[f64::INFINITY, -2.0, 0.0])[..],
+            "{prec}: {src}"
+        );
+    }
+}
+
+/// `init_neutral` fills a logical or bitwise reduction with the operation's identity, as
+/// numpy's `logical_and.reduce` / `bitwise_and.reduce` start from True / all ones: 1 for
+/// `and`, all ones for `bit_and`, 0 for `or`, `bit_or`, `bit_xor`. Rows [7, 6, 14] and
+/// [0, 5, 6] (by hand): and → 1, 0; or → 1, 1; bit_and → 7&6&14 = 6, 0; bit_or → 15, 7;
+/// bit_xor → 7^6^14 = 15, 3. Found by scripts/conformance.py: `and` and `bit_and` started
+/// from 0, so the result was always 0.
+#[test]
+fn logical_and_bitwise_reductions_start_from_their_identity() {
+    let b = Bindings::empty();
+    let vals = [7., 6., 14., 0., 5., 6.];
+    let cases = [
+        (Binop::And, [1., 0.]),
+        (Binop::Or, [1., 1.]),
+        (Binop::BitAnd, [6., 0.]),
+        (Binop::BitOr, [15., 7.]),
+        (Binop::BitXor, [15., 3.]),
+    ];
+    for prec in [Prec::Int32, Prec::Uint64, Prec::Byte, Prec::Single] {
+        let x = input("x", &[2, 3], prec, &vals);
+        let mut asgns = vec![];
+        let mut outs = vec![];
+        for (acc, _) in cases {
+            if acc.is_integer_only() && !prec.is_integer() {
+                continue;
+            }
+            let out = output(&format!("r_{}", acc.name()), &[2], prec);
+            asgns.push(unop(&out, acc, true, Unop::Identity, &x, "ij->i", &b));
+            outs.push((acc, out));
+        }
+        let refs: Vec<&Tnode> = outs.iter().map(|o| &o.1).collect();
+        let (got, _) = compute(&Assignments::seq(asgns), &b, &refs);
+        for ((acc, _), got) in outs.iter().zip(&got) {
+            let want = cases.iter().find(|c| c.0 == *acc).unwrap().1;
+            assert_eq!(got, &want.to_vec(), "{prec} {acc}");
+        }
+    }
+}

@@ -344,6 +344,104 @@ fn comparisons_max_min_pow_and_unary_ops_on_integers() {
     check_ints(asg, &checks);
 }
 
+/// SPEC 9.1: integer arithmetic is exact, then reduced modulo 2^64. Every value keeps the
+/// signedness of its own precision, whatever the result's: -5 <= 5 holds and |-6| = 6 even
+/// when the result is a uint64, and a signed value meets a uint64 one by their exact values
+/// (numpy does the same). Found by scripts/conformance.py: the whole statement used to
+/// compute with unsigned meanings as soon as the result or any argument was a uint64.
+#[test]
+fn integer_operands_keep_their_own_signedness() {
+    let e = Bindings::empty();
+    let umax = u64::MAX as i128;
+    let s32 = int_input("s32", Prec::Int32, &[-5, 63, 11]);
+    let u5 = int_input("u5", Prec::Uint64, &[5, 5, 5]);
+    let le = output("le", &[3], Prec::Uint64);
+    let s64 = int_input("s64", Prec::Int64, &[2, 5, -6, -3]);
+    let abs = output("abs", &[4], Prec::Uint64);
+    let r32 = int_input("r32", Prec::Int32, &[-7, 4, 0]);
+    let relu = output("relu", &[3], Prec::Uint64);
+    let m32 = int_input("m32", Prec::Int32, &[10, -7]);
+    let mu = int_input("mu", Prec::Uint64, &[6, 10]);
+    let min = output("min", &[2], Prec::Int64);
+    // a max reduction into int32 (stored at every step) of uint64 values: max(MIN, 6) = 6;
+    // max(6, 2^64-1) = 2^64-1, stored as -1; max(-1, 3) = 3
+    let xu = int_input("xu", Prec::Uint64, &[6, umax, 3]);
+    let red = output("red", &[1], Prec::Int32);
+    let d32 = int_input("d32", Prec::Int32, &[-7, 7]);
+    let du = int_input("du", Prec::Uint64, &[2, 2]);
+    let div = output("div", &[2], Prec::Int64);
+    let rem = output("rem", &[2], Prec::Int64);
+    // -1 (int32) and 2^64-1 (uint64) are different numbers
+    let e32 = int_input("e32", Prec::Int32, &[-1, 3]);
+    let eu = int_input("eu", Prec::Uint64, &[umax, 3]);
+    let eq = output("eq", &[2], Prec::Uint64);
+    // (2^64-1)^-1 is a real below 1 (truncated: 0); 1^-2 = 1
+    let pb = int_input("pb", Prec::Uint64, &[umax, 1]);
+    let pe = int_input("pe", Prec::Int32, &[-1, -2]);
+    let pow = output("pow", &[2], Prec::Int64);
+    // 0 + max(-7, 255) accumulated into a uint64
+    let a32 = int_input("a32", Prec::Int32, &[-7]);
+    let a64 = int_input("a64", Prec::Int64, &[255]);
+    let acc = output("acc", &[1], Prec::Uint64);
+    check_ints(
+        vec![
+            elementwise(&le, Binop::Le, &s32, &u5),
+            unop(&abs, Binop::Arg2, false, Unop::Abs, &s64, "i->i", &e),
+            unop(&relu, Binop::Arg2, false, Unop::Relu, &r32, "i->i", &e),
+            elementwise(&min, Binop::Min, &m32, &mu),
+            unop(&red, Binop::Max, true, Unop::Identity, &xu, "i->0", &e),
+            elementwise(&div, Binop::Div, &d32, &du),
+            elementwise(&rem, Binop::Mod, &d32, &du),
+            elementwise(&eq, Binop::Eq, &e32, &eu),
+            elementwise(&pow, Binop::ToPowOf, &pb, &pe),
+            binop(
+                &acc,
+                Binop::Add,
+                false,
+                Binop::Max,
+                &a32,
+                &a64,
+                "i,i->i",
+                &e,
+            ),
+        ],
+        &[
+            (&le, vec![1, 0, 0]),
+            (&abs, vec![2, 5, 6, 3]),
+            (&relu, vec![0, 4, 0]),
+            (&min, vec![6, -7]),
+            (&red, vec![3]),
+            (&div, vec![-3, 3]),
+            (&rem, vec![-1, 1]),
+            (&eq, vec![0, 1]),
+            (&pow, vec![0, 1]),
+            (&acc, vec![255]),
+        ],
+    );
+}
+
+/// `shr` shifts the exact value of its operand (arithmetic for a negative one, as numpy's
+/// `right_shift` on the operand's type), then the result is stored by the wrapping rule:
+/// -5 >> 2 = -2 stores 254 in a byte, 0x1ff >> 1 = 0xff stores 255, and the uint32
+/// 0xfffffff8 >> 1 is 0x7ffffffc in an int32. Found by scripts/conformance.py (the operand
+/// used to be read at the result's width and signedness: 62, 127 and -4).
+#[test]
+fn shr_shifts_the_operand_value_then_stores() {
+    let a = int_input("a", Prec::Int64, &[-5, 0x1ff]);
+    let k = int_input("k", Prec::Int32, &[2, 1]);
+    let byte = output("byte", &[2], Prec::Byte);
+    let u = int_input("u", Prec::Uint32, &[0xffff_fff8]);
+    let one = int_input("one", Prec::Int32, &[1]);
+    let s = output("s", &[1], Prec::Int32);
+    check_ints(
+        vec![
+            elementwise(&byte, Binop::Shr, &a, &k),
+            elementwise(&s, Binop::Shr, &u, &one),
+        ],
+        &[(&byte, vec![254, 255]), (&s, vec![0x7fff_fffc])],
+    );
+}
+
 #[test]
 fn integer_results_with_floating_arguments_compute_in_double() {
     // byte <- 2.7 + 2.7 stores 5 (double, then truncated); int32 <- 1e10 wraps; NaN stores 0.
@@ -549,6 +647,47 @@ fn run_cli(prog: &str, extra_env: &[(&str, &str)]) -> (bool, String, String) {
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
+}
+
+/// bfloat16 and fp8 round once, to nearest even, from a double (SPEC 9.1: the conversions of
+/// ml_dtypes) and from the decimal text of a program's `values`: 1.0039062500000002 lies just
+/// above the midpoint 1.00390625 of the bfloat16s 1 and 1.0078125, so it rounds up (through
+/// a float it became the midpoint, which ties down to 1); 1.125 + 2^-30 rounds up to the fp8
+/// 1.25. A decimal whose nearest double is the midpoint itself is compared with the midpoint
+/// (1.00390625000000000000001 rounds up, 1.00390624999999999999999 down). Found by
+/// scripts/conformance.py.
+#[test]
+fn bf16_and_fp8_round_once_from_a_double_or_a_decimal() {
+    let above = 1.0039062500000002;
+    assert_eq!(Prec::Bfloat16.round(above), 1.0078125);
+    assert_eq!(Prec::Bfloat16.round(-above), -1.0078125);
+    assert_eq!(Prec::Fp8.round(1.125 + 2f64.powi(-30)), 1.25);
+    assert_eq!(Prec::Fp8.round(1.125), 1.0);
+    assert_eq!(Prec::Bfloat16.round(1.00390625), 1.0);
+    // a host array of a library user
+    let h = input(
+        "h",
+        &[2],
+        Prec::Bfloat16,
+        &[above, 1.00390625 - 2f64.powi(-40)],
+    );
+    assert_eq!(h.with_host(|a| a.get(0)).unwrap(), 1.0078125);
+    assert_eq!(h.with_host(|a| a.get(1)).unwrap(), 1.0);
+    // the CLI's values
+    let prog = r#"{"tensors": [
+        {"name": "b", "dims": [4], "prec": "bfloat16", "init": {"values":
+          [1.00390625000001, 1.0039062500000002, 1.00390625000000000000001, 1.00390624999999999999999]}},
+        {"name": "f", "dims": [3], "prec": "fp8", "init": {"values":
+          [1.12500000000001, 1.12500000000000000000001, 1.1249999999999999999999]}}],
+      "print": ["b", "f"]}"#;
+    let (ok, out, err) = run_cli(prog, &[]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["b"]["values"].to_string(),
+        "[1.0078125,1.0078125,1.0078125,1]"
+    );
+    assert_eq!(v["f"]["values"].to_string(), "[1.25,1.25,1]");
 }
 
 const BIG: &str = r#"{

@@ -780,8 +780,9 @@ fn captured() -> Vec<Captured> {
 /// linking thread, and the once-per-routine warning about reads of never-written tensors,
 /// emitted by the run itself, so on the device's worker thread (named after its queue,
 /// `multicore:0`) on the multicore backend and on the caller's thread on the sync backend.
-/// The device layer itself logs nothing when tasks run or fail (only a failure to pin a
-/// worker to its core, which this test cannot provoke).
+/// The device layer logs awaits (trace), host transfers (trace), transfers between devices
+/// (debug) and an await that returns a task's failure (debug, naming the task), besides a
+/// failure to pin a worker to its core (which this test cannot provoke).
 #[test]
 fn events_of_routines_run_on_worker_threads_are_captured() {
     captured();
@@ -859,13 +860,21 @@ fn events_of_routines_run_on_worker_threads_are_captured() {
             } else {
                 assert_eq!(w.thread, me);
             }
-            // Nothing mentions the failed task.
-            assert!(
-                !events
-                    .iter()
-                    .any(|e| e.fields.values().any(|v| v.contains(&failing))),
-                "{events:?}"
-            );
+            // On a worker, the failed task is reported by the await that returned its error
+            // (debug, on the awaiting thread), and by nothing else; the sync backend returns
+            // it from `schedule` itself, and logs nothing.
+            let failed: Vec<&Captured> = events
+                .iter()
+                .filter(|e| e.fields.values().any(|v| v.contains(&failing)))
+                .collect();
+            if d.has_worker() {
+                assert_eq!(failed.len(), 1, "{failed:?}");
+                assert_eq!(failed[0].level, tracing::Level::DEBUG);
+                assert_eq!(failed[0].fields["message"], "await: a task failed");
+                assert_eq!(failed[0].thread, me);
+            } else {
+                assert!(failed.is_empty(), "{failed:?}");
+            }
             b.unsafe_cleanup();
         }
     });

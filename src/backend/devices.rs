@@ -258,7 +258,17 @@ pub trait Backend: Send + Sync {
     /// Blocks till the device becomes idle, i.e. synchronizes the device; returns the first
     /// failure of a task since the last report.
     fn await_device(&self, device: &Device) -> Result<()> {
-        device.await_idle()
+        tracing::trace!(target: "arrayjit::backend", device = %device.name(), "await");
+        let r = device.await_idle();
+        if let Err(e) = &r {
+            tracing::debug!(
+                target: "arrayjit::backend",
+                device = %device.name(),
+                error = %e,
+                "await: a task failed"
+            );
+        }
+        r
     }
     /// Whether the device is currently waiting for work.
     fn is_idle(&self, device: &Device) -> bool {
@@ -371,6 +381,7 @@ pub trait Backend: Send + Sync {
             return Ok(false);
         };
         let d = ctx_device(ctx)?;
+        tracing::trace!(target: "arrayjit::backend", tensor = %tn, device = %d.name(), "from_host");
         let description = format!("from_host {}", tn.name());
         let access = [(buf.clone(), true)];
         if !d.has_worker() {
@@ -428,6 +439,7 @@ pub trait Backend: Send + Sync {
             return Ok(false);
         };
         let d = ctx_device(ctx)?;
+        tracing::trace!(target: "arrayjit::backend", tensor = %tn, device = %d.name(), "to_host");
         let description = format!("to_host {}", tn.name());
         let access = [(buf.clone(), false)];
         let t = tn.clone();
@@ -488,6 +500,14 @@ pub trait Backend: Send + Sync {
     ) -> Result<bool> {
         match self.prepare_transfer(tn, into_merge_buffer, dst, src)? {
             Some(t) => {
+                tracing::debug!(
+                    target: "arrayjit::backend",
+                    tensor = %tn,
+                    merge = ?into_merge_buffer,
+                    from = src.label(),
+                    to = dst.label(),
+                    "device_to_device"
+                );
                 t.schedule()?;
                 Ok(true)
             }
@@ -511,8 +531,8 @@ pub trait Backend: Send + Sync {
     /// scheduled, not done now: it reads each buffer after the work already scheduled on
     /// its device, and the work scheduled on those devices afterwards sees the sums.
     ///
-    /// The sum is in the tensor's precision (halves are summed in `f32` and rounded once;
-    /// bytes wrap modulo 256). This default, for the in-process backends, is a task on the
+    /// The sum is exact in the tensor's precision: integers wrap into their width, and half,
+    /// bfloat16 and fp8 are summed in `f32` and rounded once. This default, for the in-process backends, is a task on the
     /// first context's device that waits for the others, sums the buffers in the order given
     /// and writes the sums back; the other devices wait for it. [`MpiBackend`] sums each
     /// rank's local contexts first and then across ranks with `MPI_Allreduce`; there every

@@ -397,30 +397,34 @@ fn store(prec: Prec, compute: Compute, e: String) -> String {
     }
 }
 
-/// The compute type of a statement and, for integer compute, how it reads patterns.
+/// The compute type of a statement and, for integer compute, the result's width in bits
+/// (shift counts are taken modulo it).
 #[derive(Clone, Copy, Debug)]
 struct Cm {
     compute: Compute,
-    ictx: IntCtx,
+    width: u32,
 }
 
 impl Cm {
     /// The compute type of a statement storing `value` into precision `result`.
     fn of(result: Prec, value: &Llv) -> Cm {
-        let compute = crate::loops::statement_compute(result, value);
         Cm {
-            compute,
-            ictx: IntCtx::new(result, compute),
+            compute: crate::loops::statement_compute(result, value),
+            width: result.int_bits().unwrap_or(64),
         }
     }
 
     /// Plain float or double compute.
     fn float(in_float: bool) -> Cm {
         let compute = if in_float { Compute::F32 } else { Compute::F64 };
-        Cm {
-            compute,
-            ictx: IntCtx::new(Prec::Double, compute),
-        }
+        Cm { compute, width: 64 }
+    }
+
+    /// How an integer operation on operands `a` and `b` (`b` unused by unary ones) reads
+    /// them: their signedness (SPEC 9.1, exact values).
+    fn int_ctx(self, a: &Llv, b: Option<&Llv>) -> IntCtx {
+        use crate::loops::int_unsigned;
+        IntCtx::new(self.width, int_unsigned(a), b.is_some_and(int_unsigned))
     }
 }
 
@@ -566,18 +570,20 @@ impl Writer {
                 Self::convert(id.tn.prec().c_type(), cm, n)
             }
             Llv::Binop(op, a, b) => {
+                let ictx = cm.int_ctx(a, Some(b));
                 let a = self.expr(a, cm, pre, indent, done);
                 let b = self.expr(b, cm, pre, indent, done);
                 if cm.compute.is_integer() {
-                    op.c_expr_int(cm.ictx, &a, &b)
+                    op.c_expr_int(ictx, &a, &b)
                 } else {
                     op.c_expr(cm.compute == Compute::F32, &a, &b)
                 }
             }
             Llv::Unop(op, a) => {
+                let ictx = cm.int_ctx(a, None);
                 let a = self.expr(a, cm, pre, indent, done);
                 if cm.compute.is_integer() {
-                    op.c_expr_int(cm.ictx, &a)
+                    op.c_expr_int(ictx, &a)
                 } else {
                     op.c_expr(cm.compute == Compute::F32, &a)
                 }

@@ -73,6 +73,9 @@ const MAX_STEM_LEN: usize = 64;
 const FALLBACK_STEM: &str = "kernel";
 /// Added (once) when the compiler produced assembly its own assembler rejects.
 const AVX512_FALLBACK_FLAG: &str = "-mno-avx512f";
+/// Added (once) when Clang crashed in its backend: Clang 14's SLP vectorizer makes it crash
+/// ("Cannot emit physreg copy instruction") on some integer routines for AVX2 targets.
+const CLANG_BACKEND_FALLBACK_FLAG: &str = "-fno-slp-vectorize";
 
 /// Added to the flags of every compile whose target has AVX512-FP16 (see `target_and_flags`).
 pub const NO_FP16_FLAG: &str = "-mno-avx512fp16";
@@ -123,7 +126,9 @@ fn sanitize_stem(stem: &str) -> String {
 /// temporary root).
 ///
 /// If the compiler fails inside its own assembler (GCC 12 can emit invalid AVX-512
-/// assembly from valid C), the compile is retried once with `-mno-avx512f`. If the compiler
+/// assembly from valid C), the compile is retried once with `-mno-avx512f`; if Clang crashes
+/// in its backend (Clang 14's SLP vectorizer, on some integer routines for AVX2), once with
+/// `-fno-slp-vectorize`. If the compiler
 /// was chosen by automatic detection and remembered in the cache directory, a failure makes
 /// it check itself on a trivial library; if that fails too, the detection runs afresh, the
 /// compile is retried if it finds another compiler, and otherwise the error names the file
@@ -494,6 +499,20 @@ fn compile_for(
         {
             let mut retry = config.clone();
             retry.extra_flags.push(AVX512_FALLBACK_FLAG.to_string());
+            tmp.close()?;
+            return compile_for(&retry, None, source, file_stem, debug_files_in);
+        }
+        // The same for Clang crashing in its backend (an internal error, not the program's).
+        if !config
+            .extra_flags
+            .iter()
+            .any(|f| f == CLANG_BACKEND_FALLBACK_FLAG)
+            && run.output.contains(b"error in backend")?
+        {
+            let mut retry = config.clone();
+            retry
+                .extra_flags
+                .push(CLANG_BACKEND_FALLBACK_FLAG.to_string());
             tmp.close()?;
             return compile_for(&retry, None, source, file_stem, debug_files_in);
         }

@@ -1014,10 +1014,20 @@ impl<'m> Machine<'m> {
             }
             Vlv::Binop(op, a, b) => {
                 let (a, b) = (self.eval_int_vector(a)?, self.eval_int_vector(b)?);
-                let cx = IntCtx::new(ty.prec, Compute::U64);
+                // Lanes hold `bits`-bit patterns; signed lanes are sign-extended for the
+                // operation, which sees their exact values.
+                let signed = ty.prec.is_signed_integer();
+                let ext = |x: u64| {
+                    if signed && bits < 64 {
+                        (((x << (64 - bits)) as i64) >> (64 - bits)) as u64
+                    } else {
+                        x
+                    }
+                };
+                let cx = IntCtx::new(bits, !signed, !signed);
                 a.iter()
                     .zip(&b)
-                    .map(|(a, b)| wrap(op.interpret_int(*a, *b, cx)))
+                    .map(|(a, b)| wrap(op.interpret_int(ext(*a), ext(*b), cx)))
                     .collect()
             }
             Vlv::Shuffle(a, b, idx) => {
@@ -1139,7 +1149,7 @@ impl<'m> Machine<'m> {
     fn eval_stored(&mut self, p: Prec, value: &Llv) -> Result<(f64, Option<u64>)> {
         let c = crate::loops::statement_compute(p, value);
         let bits = if c.is_integer() {
-            self.eval_int(value, IntCtx::new(p, c))?
+            self.eval_int(value, p.int_bits().unwrap_or(64))?
         } else if p.is_integer() {
             int_bits_of_f64(self.eval(value, c)?)
         } else {
@@ -1172,8 +1182,11 @@ impl<'m> Machine<'m> {
         }
     }
 
-    /// Evaluates a value in an integer compute type: 64-bit wrapping patterns.
-    fn eval_int(&mut self, v: &Llv, cx: IntCtx) -> Result<u64> {
+    /// Evaluates a value in the integer compute type: 64-bit wrapping patterns, each operation
+    /// reading its operands with their own signedness (SPEC 9.1, exact values); `width` is
+    /// the result's width in bits.
+    fn eval_int(&mut self, v: &Llv, width: u32) -> Result<u64> {
+        use crate::loops::int_unsigned;
         Ok(match v {
             Llv::Constant(c) => int_bits_of_f64(*c),
             Llv::EmbedIndex(ix) => self.index(ix)? as u64,
@@ -1205,18 +1218,20 @@ impl<'m> Machine<'m> {
                 self.local_int(id)?
             }
             Llv::Binop(op, a, b) => {
-                let a = self.eval_int(a, cx)?;
-                let b = self.eval_int(b, cx)?;
+                let cx = IntCtx::new(width, int_unsigned(a), int_unsigned(b));
+                let a = self.eval_int(a, width)?;
+                let b = self.eval_int(b, width)?;
                 op.interpret_int(a, b, cx)
             }
             Llv::Unop(op, a) => {
-                let a = self.eval_int(a, cx)?;
+                let cx = IntCtx::new(width, int_unsigned(a), false);
+                let a = self.eval_int(a, width)?;
                 op.interpret_int(a, cx)
             }
             Llv::Ternop(op, a, b, c) => {
-                let a = self.eval_int(a, cx)?;
-                let b = self.eval_int(b, cx)?;
-                let c = self.eval_int(c, cx)?;
+                let a = self.eval_int(a, width)?;
+                let b = self.eval_int(b, width)?;
+                let c = self.eval_int(c, width)?;
                 op.interpret_int(a, b, c)
             }
             Llv::Random {
@@ -1248,7 +1263,7 @@ impl<'m> Machine<'m> {
     }
 
     /// Evaluates a value in a floating compute type `c`: operands are converted to it,
-    /// operations are computed in `f64`.
+    /// operations are computed in `f64` and each result is rounded to `c`.
     fn eval(&mut self, v: &Llv, c: Compute) -> Result<f64> {
         Ok(match v {
             Llv::Constant(x) => c.round_float(*x),
@@ -1279,14 +1294,15 @@ impl<'m> Machine<'m> {
                 let v = self.locals.get(&id.id).copied().unwrap_or(0.0);
                 c.round_float(v)
             }
+            // Every operation rounds to the compute type, as the C computes in it.
             Llv::Binop(op, a, b) => {
                 let a = self.eval(a, c)?;
                 let b = self.eval(b, c)?;
-                op.interpret(a, b)
+                c.round_float(op.interpret(a, b))
             }
             Llv::Unop(op, a) => {
                 let a = self.eval(a, c)?;
-                op.interpret(a)
+                c.round_float(op.interpret(a))
             }
             Llv::Ternop(op, a, b, x) => {
                 let a = self.eval(a, c)?;

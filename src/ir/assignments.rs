@@ -26,12 +26,13 @@ impl Buffer {
 /// What a [`Assignments::Fetch`] puts into its array.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FetchOp {
-    /// Every cell gets the constant (0 becomes a `Zero_out`).
+    /// Every cell gets the constant (0 becomes a `Zero_out`), stored by the array's rule
+    /// (SPEC 9.1; a half, bfloat16 or fp8 array gets the constant rounded once, directly).
     Constant(f64),
-    /// Every cell gets the integer constant, exactly: an integer tensor stores it wrapped
-    /// into its width (SPEC 9.1), so every `int64` and `uint64` value (beyond 2^53 too) is
-    /// kept; a floating tensor stores it rounded to its precision.
-    IntConstant(i128),
+    /// Every cell gets the exact integer, stored by the array's rule (wrapped into an integer
+    /// precision: every digit of an int64 above 2^53 is kept; a floating array gets it
+    /// rounded). The program format's `"constant"` for integer tensors.
+    ConstantInt(i128),
     /// `array[idcs] = sliced[batch_idx, idcs]`.
     Slice {
         /// The static index selecting the slice.
@@ -360,7 +361,7 @@ impl Assignments {
             Assignments::Fetch { array, fetch_op } => {
                 let what = match fetch_op {
                     FetchOp::Constant(c) => format!("{c}"),
-                    FetchOp::IntConstant(c) => format!("{c}"),
+                    FetchOp::ConstantInt(c) => format!("{c}"),
                     FetchOp::Slice { batch_idx, sliced } => {
                         format!(
                             "{}[{}, ...]",

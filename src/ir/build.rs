@@ -41,7 +41,7 @@
 //!   with its old value (`y = y + e` with [`Binop::Add`]).
 
 use super::einsum;
-use super::{Assignments, Bindings, Binop, Buffer, Compute, Prec, Ternop, Tnode, Unop};
+use super::{Assignments, Bindings, Binop, Buffer, Prec, Ternop, Tnode, Unop};
 use crate::error::{Error, Result};
 
 /// An argument of an operation: a tensor, this device's merge buffer holding a tensor, or an
@@ -272,12 +272,16 @@ impl Expr {
         let precs: Vec<Prec> = bufs.iter().map(|b| buffer_node(b).prec()).collect();
         let prec = match precs.split_first() {
             Some((first, rest)) if rest.iter().all(|p| p == first) => *first,
-            _ => match Compute::of(Prec::Single, precs.iter().copied()) {
-                Compute::F64 => Prec::Double,
-                Compute::I64 if precs.iter().all(|p| p.is_integer()) => Prec::Int64,
-                Compute::U64 if precs.iter().all(|p| p.is_integer()) => Prec::Uint64,
-                _ => Prec::Single,
-            },
+            // Mixed precisions: the widest of their kind (SPEC 9.1's compute types).
+            _ if precs.iter().all(|p| p.is_integer()) => {
+                if precs.contains(&Prec::Uint64) {
+                    Prec::Uint64
+                } else {
+                    Prec::Int64
+                }
+            }
+            _ if precs.contains(&Prec::Double) => Prec::Double,
+            _ => Prec::Single,
         };
         Ok((shape, prec))
     }

@@ -66,7 +66,8 @@ pub enum Binop {
     BitXor,
     /// `a << (b mod width)` (integer precisions only)
     Shl,
-    /// `a >> (b mod width)`, arithmetic for a signed result (integer precisions only)
+    /// `a >> (b mod width)` on the operand's exact value: arithmetic for a signed operand,
+    /// logical for a uint64 one (integer precisions only)
     Shr,
 }
 
@@ -115,41 +116,72 @@ pub enum Unop {
     Not,
 }
 
-/// How an integer compute type reads a statement (SPEC 9.1): signed (int64) or unsigned
-/// (uint64) meanings, and the result's width and signedness (for shifts).
+/// How the integer compute type (SPEC 9.1) reads the operands of one operation: each is a
+/// 64-bit pattern holding a signed (int64) or an unsigned (uint64) value (see
+/// [`crate::loops::int_unsigned`]), and operations see their exact values, so a signed and an
+/// unsigned operand compare, divide and select exactly. `width` is the result precision's
+/// width in bits (8, 16, 32 or 64): shift counts are taken modulo it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IntCtx {
-    /// Comparisons, `div`, `mod`, `max`, `min`, `abs`, ... are signed (int64).
-    pub signed: bool,
-    /// The result precision's width in bits (8, 16, 32 or 64).
+    /// Whether the first operand is an unsigned (uint64) value.
+    pub a_unsigned: bool,
+    /// Whether the second operand is an unsigned (uint64) value.
+    pub b_unsigned: bool,
+    /// The result precision's width in bits.
     pub width: u32,
-    /// Whether the result precision is signed (`shr` is then arithmetic).
-    pub result_signed: bool,
 }
 
 impl IntCtx {
-    /// The context of a statement writing `result` in integer compute type `compute`.
-    pub fn new(result: crate::ir::Prec, compute: crate::ir::Compute) -> IntCtx {
+    /// The context of an operation writing a result of `width` bits on operands of the given
+    /// signedness (the second one is ignored by unary operations).
+    pub fn new(width: u32, a_unsigned: bool, b_unsigned: bool) -> IntCtx {
         IntCtx {
-            signed: compute != crate::ir::Compute::U64,
-            width: result.int_bits().unwrap_or(64),
-            result_signed: result.is_signed_integer(),
+            a_unsigned,
+            b_unsigned,
+            width,
         }
     }
 
+    /// The context with the operands swapped.
+    fn swap(self) -> IntCtx {
+        IntCtx::new(self.width, self.b_unsigned, self.a_unsigned)
+    }
+
+    /// Whether the value of `a` is negative.
+    fn a_neg(self, a: u64) -> bool {
+        !self.a_unsigned && (a as i64) < 0
+    }
+
+    /// `a < b` on the exact values.
     fn lt(self, a: u64, b: u64) -> bool {
-        if self.signed {
-            (a as i64) < (b as i64)
-        } else {
-            a < b
+        match (self.a_unsigned, self.b_unsigned) {
+            (false, false) => (a as i64) < (b as i64),
+            (true, true) => a < b,
+            (false, true) => (a as i64) < 0 || a < b,
+            (true, false) => (b as i64) >= 0 && a < b,
         }
     }
 
-    fn to_f64(self, a: u64) -> f64 {
-        if self.signed {
-            a as i64 as f64
+    /// `a == b` on the exact values (-1 and 2^64-1 differ).
+    fn eq(self, a: u64, b: u64) -> bool {
+        a == b && (self.a_unsigned == self.b_unsigned || (!self.a_neg(a) && !self.swap().a_neg(b)))
+    }
+
+    /// The magnitude and sign of the first operand.
+    fn a_mag(self, a: u64) -> (u64, bool) {
+        if self.a_neg(a) {
+            (a.wrapping_neg(), true)
         } else {
+            (a, false)
+        }
+    }
+
+    /// `a` converted to `double` (rounded to nearest).
+    fn to_f64(self, a: u64) -> f64 {
+        if self.a_unsigned {
             a as f64
+        } else {
+            a as i64 as f64
         }
     }
 }
@@ -202,8 +234,10 @@ pub struct BinopInfo {
     pub infix: Option<&'static str>,
     /// The meaning, in `f64`.
     pub interpret: fn(f64, f64) -> f64,
-    /// C expression when computing in 64-bit integers (`uint64_t` operands); `$s` stands for
-    /// `s` (signed meanings) or `u`, `$r` for the result's signedness, `$w` for its width.
+    /// C expression when computing in 64-bit integers (`uint64_t` operands); `$m` stands for
+    /// the operands' signedness (`s`, `u`, `su`: signed then unsigned, or `us`), `$n` for the
+    /// same with the operands swapped, `$sa` for the first operand's (`s` or `u`), `$w` for
+    /// the result's width.
     pub c_int: &'static str,
     /// The meaning in 64-bit integers (wrapping patterns).
     pub interpret_int: fn(u64, u64, IntCtx) -> u64,
@@ -276,12 +310,13 @@ fn b2f(c: bool) -> f64 {
 }
 
 /// The integer power `a^b` (SPEC 9.1): exact and wrapped for a non-negative exponent; for a
-/// negative one (signed compute) the real result truncated: 0, except for bases 1 and -1.
-pub fn int_pow(a: u64, b: u64, signed: bool) -> u64 {
-    if signed && (b as i64) < 0 {
+/// negative one (a signed exponent below 0) the real result truncated: 0, except for bases 1
+/// and -1 (a signed -1, not the uint64 2^64-1).
+pub fn int_pow(a: u64, b: u64, c: IntCtx) -> u64 {
+    if c.swap().a_neg(b) {
         return match a {
             1 => 1,
-            u64::MAX => {
+            u64::MAX if !c.a_unsigned => {
                 if b & 1 == 1 {
                     u64::MAX
                 } else {
@@ -302,39 +337,43 @@ pub fn int_pow(a: u64, b: u64, signed: bool) -> u64 {
     r
 }
 
+/// Division truncating toward zero of the exact values (magnitudes, then the sign); `x / 0`
+/// is 0 and the most negative int64 divided by -1 wraps to itself.
 fn int_div(a: u64, b: u64, c: IntCtx) -> u64 {
     if b == 0 {
-        0
-    } else if c.signed {
-        (a as i64).wrapping_div(b as i64) as u64
+        return 0;
+    }
+    let ((ma, na), (mb, nb)) = (c.a_mag(a), c.swap().a_mag(b));
+    let q = ma / mb;
+    if na != nb {
+        q.wrapping_neg()
     } else {
-        a / b
+        q
     }
 }
 
+/// C's `%` on the exact values (the sign of the dividend); `x % 0` is 0.
 fn int_mod(a: u64, b: u64, c: IntCtx) -> u64 {
     if b == 0 {
-        0
-    } else if c.signed {
-        (a as i64).wrapping_rem(b as i64) as u64
+        return 0;
+    }
+    let ((ma, na), (mb, _)) = (c.a_mag(a), c.swap().a_mag(b));
+    let r = ma % mb;
+    if na {
+        r.wrapping_neg()
     } else {
-        a % b
+        r
     }
 }
 
+/// `a >> (b mod width)` on the exact value of `a`: arithmetic for a signed operand, logical
+/// for a uint64 one (the result is then stored by the wrapping rule).
 fn int_shr(a: u64, b: u64, c: IntCtx) -> u64 {
     let k = b & u64::from(c.width - 1);
-    if c.result_signed {
-        // sign-extend from the result's width, then shift arithmetically
-        let sh = 64 - c.width;
-        (((a << sh) as i64 >> sh) >> k) as u64
+    if c.a_unsigned {
+        a >> k
     } else {
-        let mask = if c.width == 64 {
-            u64::MAX
-        } else {
-            (1u64 << c.width) - 1
-        };
-        (a & mask) >> k
+        ((a as i64) >> k) as u64
     }
 }
 
@@ -436,7 +475,7 @@ impl Binop {
                 "($a / $b)",
                 Some("/"),
                 |a, b| a / b,
-                "aj_div_$s($a, $b)",
+                "aj_div_$m($a, $b)",
                 int_div,
             ),
             Binop::ToPowOf => row(
@@ -446,8 +485,8 @@ impl Binop {
                 "pow($a, $b)",
                 Some("**"),
                 f64::powf,
-                "aj_pow_$s($a, $b)",
-                |a, b, c| int_pow(a, b, c.signed),
+                "aj_pow_$m($a, $b)",
+                int_pow,
             ),
             Binop::ReluGate => row(
                 "relu_gate",
@@ -456,8 +495,8 @@ impl Binop {
                 "aj_gate_d($a, $b)",
                 Some("-?/"),
                 |a, b| if a > 0.0 { b } else { 0.0 },
-                "aj_igate_$s($a, $b)",
-                |a, b, c| if c.lt(0, a) { b } else { 0 },
+                "aj_igate_$sa($a, $b)",
+                |a, b, c| if a != 0 && !c.a_neg(a) { b } else { 0 },
             ),
             Binop::Arg1 => row(
                 "arg1",
@@ -486,7 +525,7 @@ impl Binop {
                 "aj_max_d($a, $b)",
                 None,
                 max_number,
-                "aj_imax_$s($a, $b)",
+                "aj_imax_$m($a, $b)",
                 |a, b, c| if c.lt(a, b) { b } else { a },
             ),
             Binop::Min => row(
@@ -496,8 +535,8 @@ impl Binop {
                 "aj_min_d($a, $b)",
                 None,
                 min_number,
-                "aj_imin_$s($a, $b)",
-                |a, b, c| if c.lt(b, a) { b } else { a },
+                "aj_imin_$m($a, $b)",
+                |a, b, c| if c.swap().lt(b, a) { b } else { a },
             ),
             Binop::Mod => row(
                 "mod",
@@ -506,7 +545,7 @@ impl Binop {
                 "fmod($a, $b)",
                 None,
                 |a, b| a % b,
-                "aj_mod_$s($a, $b)",
+                "aj_mod_$m($a, $b)",
                 int_mod,
             ),
             Binop::Lt => row(
@@ -516,7 +555,7 @@ impl Binop {
                 "(double)($a < $b)",
                 None,
                 |a, b| b2f(a < b),
-                "aj_lt_$s($a, $b)",
+                "aj_lt_$m($a, $b)",
                 |a, b, c| u64::from(c.lt(a, b)),
             ),
             Binop::Le => row(
@@ -526,8 +565,8 @@ impl Binop {
                 "(double)($a <= $b)",
                 None,
                 |a, b| b2f(a <= b),
-                "aj_le_$s($a, $b)",
-                |a, b, c| u64::from(!c.lt(b, a)),
+                "aj_le_$m($a, $b)",
+                |a, b, c| u64::from(!c.swap().lt(b, a)),
             ),
             Binop::Gt => row(
                 "gt",
@@ -536,8 +575,8 @@ impl Binop {
                 "(double)($a > $b)",
                 None,
                 |a, b| b2f(a > b),
-                "aj_lt_$s($b, $a)",
-                |a, b, c| u64::from(c.lt(b, a)),
+                "aj_lt_$n($b, $a)",
+                |a, b, c| u64::from(c.swap().lt(b, a)),
             ),
             Binop::Ge => row(
                 "ge",
@@ -546,7 +585,7 @@ impl Binop {
                 "(double)($a >= $b)",
                 None,
                 |a, b| b2f(a >= b),
-                "aj_le_$s($b, $a)",
+                "aj_le_$n($b, $a)",
                 |a, b, c| u64::from(!c.lt(a, b)),
             ),
             Binop::Eq => row(
@@ -556,8 +595,8 @@ impl Binop {
                 "(double)($a == $b)",
                 None,
                 |a, b| b2f(a == b),
-                "(uint64_t)($a == $b)",
-                |a, b, _| u64::from(a == b),
+                "aj_eq_$m($a, $b)",
+                |a, b, c| u64::from(c.eq(a, b)),
             ),
             Binop::Ne => row(
                 "ne",
@@ -566,12 +605,12 @@ impl Binop {
                 "(double)($a != $b)",
                 None,
                 |a, b| b2f(a != b),
-                "(uint64_t)($a != $b)",
-                |a, b, _| u64::from(a != b),
+                "(UINT64_C(1) ^ aj_eq_$m($a, $b))",
+                |a, b, c| u64::from(!c.eq(a, b)),
             ),
             Binop::And => row(
                 "and",
-                0.0,
+                1.0,
                 "(float)($a != 0.0f && $b != 0.0f)",
                 "(double)($a != 0.0 && $b != 0.0)",
                 None,
@@ -647,7 +686,7 @@ impl Binop {
                 "aj_izero_d($a, $b)",
                 None,
                 |_, _| f64::NAN,
-                "aj_shr_$r($a, $b, $w)",
+                "aj_shr_$sa($a, $b, $w)",
                 int_shr,
             ),
         }
@@ -680,13 +719,15 @@ impl Binop {
     }
 
     /// The neutral element as an accumulator: 0 for add/sub, 1 for mul/div/pow, -inf for max,
-    /// +inf for min, 0 otherwise.
+    /// +inf for min, 1 for `and` (0 for `or`, `bit_or`, `bit_xor`; see [`Binop::int_neutral`]
+    /// for `bit_and`), 0 otherwise.
     pub fn neutral(self) -> f64 {
         self.info().neutral
     }
 
     /// The neutral element for results of an integer precision `prec` (SPEC 9.1): the type's
-    /// minimum for max and maximum for min, as a 64-bit pattern; otherwise as [`Binop::neutral`].
+    /// minimum for max and maximum for min, all ones for `bit_and`, as a 64-bit pattern;
+    /// otherwise as [`Binop::neutral`].
     pub fn int_neutral(self, prec: crate::ir::Prec) -> u64 {
         let signed = prec.is_signed_integer();
         let bits = prec.int_bits().unwrap_or(64);
@@ -695,6 +736,8 @@ impl Binop {
             Binop::Max => 0,
             Binop::Min if signed => (i64::MAX >> (64 - bits)) as u64,
             Binop::Min => u64::MAX >> (64 - bits),
+            // all ones (numpy's bitwise_and.reduce starts there)
+            Binop::BitAnd => u64::MAX,
             op => crate::ir::prec::int_bits_of_f64(op.neutral()),
         }
     }
@@ -729,8 +772,15 @@ impl Binop {
 }
 
 fn fill_int(t: &str, c: IntCtx) -> String {
-    t.replace("$s", if c.signed { "s" } else { "u" })
-        .replace("$r", if c.result_signed { "s" } else { "u" })
+    let pair = |a: bool, b: bool| match (a, b) {
+        (false, false) => "s",
+        (true, true) => "u",
+        (false, true) => "su",
+        (true, false) => "us",
+    };
+    t.replace("$m", pair(c.a_unsigned, c.b_unsigned))
+        .replace("$n", pair(c.b_unsigned, c.a_unsigned))
+        .replace("$sa", if c.a_unsigned { "u" } else { "s" })
         .replace("$w", &c.width.to_string())
 }
 
@@ -783,8 +833,8 @@ impl Unop {
                 "aj_relu_f($a)",
                 "aj_relu_d($a)",
                 relu,
-                "aj_irelu_$s($a)",
-                |a, c| if c.lt(0, a) { a } else { 0 },
+                "aj_irelu_$sa($a)",
+                |a, c| if a != 0 && !c.a_neg(a) { a } else { 0 },
             ),
             Unop::Neg => row(
                 "neg",
@@ -799,78 +849,78 @@ impl Unop {
                 "expf($a)",
                 "exp($a)",
                 f64::exp,
-                "aj_d2u64(exp(aj_i2d_$s($a)))"
+                "aj_d2u64(exp(aj_i2d_$sa($a)))"
             ),
             Unop::Log => real!(
                 "log",
                 "logf($a)",
                 "log($a)",
                 f64::ln,
-                "aj_d2u64(log(aj_i2d_$s($a)))"
+                "aj_d2u64(log(aj_i2d_$sa($a)))"
             ),
             Unop::Sqrt => real!(
                 "sqrt",
                 "sqrtf($a)",
                 "sqrt($a)",
                 f64::sqrt,
-                "aj_d2u64(sqrt(aj_i2d_$s($a)))"
+                "aj_d2u64(sqrt(aj_i2d_$sa($a)))"
             ),
             Unop::Recip => real!(
                 "recip",
                 "(1.0f / $a)",
                 "(1.0 / $a)",
                 |a| 1.0 / a,
-                "aj_d2u64(1.0 / aj_i2d_$s($a))"
+                "aj_d2u64(1.0 / aj_i2d_$sa($a))"
             ),
             Unop::Tanh => real!(
                 "tanh",
                 "tanhf($a)",
                 "tanh($a)",
                 f64::tanh,
-                "aj_d2u64(tanh(aj_i2d_$s($a)))"
+                "aj_d2u64(tanh(aj_i2d_$sa($a)))"
             ),
             Unop::Sin => real!(
                 "sin",
                 "sinf($a)",
                 "sin($a)",
                 f64::sin,
-                "aj_d2u64(sin(aj_i2d_$s($a)))"
+                "aj_d2u64(sin(aj_i2d_$sa($a)))"
             ),
             Unop::Cos => real!(
                 "cos",
                 "cosf($a)",
                 "cos($a)",
                 f64::cos,
-                "aj_d2u64(cos(aj_i2d_$s($a)))"
+                "aj_d2u64(cos(aj_i2d_$sa($a)))"
             ),
             Unop::Satur01 => row(
                 "satur01",
                 "aj_min_f(aj_max_f($a, 0.0f), 1.0f)",
                 "aj_min_d(aj_max_d($a, 0.0), 1.0)",
                 |a| min_number(max_number(a, 0.0), 1.0),
-                "aj_ipos_$s($a)",
-                |a, c| u64::from(c.lt(0, a)),
+                "aj_ipos_$sa($a)",
+                |a, c| u64::from(a != 0 && !c.a_neg(a)),
             ),
             Unop::Exp2 => real!(
                 "exp2",
                 "exp2f($a)",
                 "exp2($a)",
                 f64::exp2,
-                "aj_d2u64(exp2(aj_i2d_$s($a)))"
+                "aj_d2u64(exp2(aj_i2d_$sa($a)))"
             ),
             Unop::Log2 => real!(
                 "log2",
                 "log2f($a)",
                 "log2($a)",
                 f64::log2,
-                "aj_d2u64(log2(aj_i2d_$s($a)))"
+                "aj_d2u64(log2(aj_i2d_$sa($a)))"
             ),
             Unop::Rsqrt => real!(
                 "rsqrt",
                 "(1.0f / sqrtf($a))",
                 "(1.0 / sqrt($a))",
                 |a| 1.0 / a.sqrt(),
-                "aj_d2u64(1.0 / sqrt(aj_i2d_$s($a)))"
+                "aj_d2u64(1.0 / sqrt(aj_i2d_$sa($a)))"
             ),
             Unop::Trunc => row(
                 "trunc",
@@ -894,15 +944,15 @@ impl Unop {
                 "fabsf($a)",
                 "fabs($a)",
                 f64::abs,
-                "aj_iabs_$s($a)",
-                |a, c| if c.lt(a, 0) { a.wrapping_neg() } else { a },
+                "aj_iabs_$sa($a)",
+                |a, c| if c.a_neg(a) { a.wrapping_neg() } else { a },
             ),
             Unop::Sigmoid => real!(
                 "sigmoid",
                 "aj_sigmoid_f($a)",
                 "aj_sigmoid_d($a)",
                 sigmoid,
-                "aj_d2u64(aj_sigmoid_d(aj_i2d_$s($a)))"
+                "aj_d2u64(aj_sigmoid_d(aj_i2d_$sa($a)))"
             ),
             Unop::Not => row(
                 "not",

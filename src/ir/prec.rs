@@ -38,19 +38,18 @@ pub enum Compute {
     F32,
     /// IEEE binary64 (`double`).
     F64,
-    /// 64-bit integer patterns (`uint64_t` in C, wrapping), with signed (int64) meanings for
-    /// comparisons, `div`, `mod`, `max`, `min`, `abs` and the like.
-    I64,
-    /// 64-bit integer patterns with unsigned (uint64) meanings.
-    U64,
+    /// Exact integer arithmetic reduced modulo 2^64: 64-bit patterns (`uint64_t` in C,
+    /// wrapping). Each value keeps the signedness of where it comes from (a `uint64` value is
+    /// unsigned, every other one signed; see [`crate::loops::int_unsigned`]), so comparisons,
+    /// `div`, `mod`, `max`, `min`, `abs` and the like see exact values.
+    Int,
 }
 
 impl Compute {
     /// The compute type of a statement writing `result` and reading `args`: a floating result
     /// computes in `double` when it is `double`, else `float`; an integer result with only
-    /// integer arguments computes in 64-bit integers (unsigned when the result or an argument
-    /// is `uint64`, else signed); an integer result with a floating argument computes in
-    /// `double`.
+    /// integer arguments computes in exact integers reduced modulo 2^64; an integer result
+    /// with a floating argument computes in `double`.
     pub fn of(result: Prec, args: impl IntoIterator<Item = Prec>) -> Compute {
         if !result.is_integer() {
             return if result == Prec::Double {
@@ -59,23 +58,17 @@ impl Compute {
                 Compute::F32
             };
         }
-        let mut unsigned = result == Prec::Uint64;
         for a in args {
             if !a.is_integer() {
                 return Compute::F64;
             }
-            unsigned |= a == Prec::Uint64;
         }
-        if unsigned {
-            Compute::U64
-        } else {
-            Compute::I64
-        }
+        Compute::Int
     }
 
     /// Whether this is an integer compute type.
     pub fn is_integer(self) -> bool {
-        matches!(self, Compute::I64 | Compute::U64)
+        self == Compute::Int
     }
 
     /// The C type of values in this compute type.
@@ -83,7 +76,7 @@ impl Compute {
         match self {
             Compute::F32 => "float",
             Compute::F64 => "double",
-            Compute::I64 | Compute::U64 => "uint64_t",
+            Compute::Int => "uint64_t",
         }
     }
 
@@ -278,10 +271,29 @@ pub fn int_bits_of_f64(v: f64) -> u64 {
     (r as i128) as u64
 }
 
+/// `v` rounded to binary32 toward zero, with the last bit set when that is inexact ("round to
+/// odd"). Rounding this to a format of p ≤ 22 bits (bfloat16, fp8) to nearest gives `v`
+/// rounded to nearest once: the odd bit stands for everything below and can neither create
+/// nor break a tie. (Rounding to binary32 to nearest first would: 1.0039062500000002 would
+/// become the bfloat16 midpoint 1.00390625, which ties down to 1.)
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f64::from(f) == v {
+        return f;
+    }
+    let mut b = f.to_bits();
+    if f64::from(f).abs() > v.abs() {
+        // one step toward zero (the magnitude is in the low 31 bits)
+        b -= 1;
+    }
+    f32::from_bits(b | 1)
+}
+
 /// A value (binary64) rounded to bfloat16, to nearest, ties to even, as its bit pattern
-/// (mirrors `aj_f2bf` in C). Rounding through binary32 first is exact here (24 ≥ 2·8+2 bits).
+/// (from a binary32 it is what `aj_f2bf` in C computes): rounded once, through binary32
+/// rounded to odd.
 pub fn bf16_of_f64(v: f64) -> u16 {
-    let u = (v as f32).to_bits();
+    let u = f32_round_to_odd(v).to_bits();
     if (u & 0x7fff_ffff) > 0x7f80_0000 {
         return ((u >> 16) | 0x40) as u16;
     }
@@ -294,9 +306,10 @@ pub fn bf16_to_f64(b: u16) -> f64 {
 }
 
 /// A value (binary64) rounded to fp8 E5M2, to nearest, ties to even, as its bit pattern
-/// (mirrors `aj_f2fp8` in C). Rounding through binary32 first is exact here.
+/// (from a binary32 it is what `aj_f2fp8` in C computes): rounded once, through binary32
+/// rounded to odd.
 pub fn fp8_of_f64(v: f64) -> u8 {
-    let u = (v as f32).to_bits();
+    let u = f32_round_to_odd(v).to_bits();
     let sign = ((u >> 24) & 0x80) as u8;
     let a = u & 0x7fff_ffff;
     let m: u8 = if a > 0x7f80_0000 {
@@ -474,8 +487,8 @@ mod tests {
 
     #[test]
     fn compute_types() {
-        assert_eq!(Compute::of(Prec::Int32, [Prec::Int32]), Compute::I64);
-        assert_eq!(Compute::of(Prec::Int32, [Prec::Uint64]), Compute::U64);
+        assert_eq!(Compute::of(Prec::Int32, [Prec::Int32]), Compute::Int);
+        assert_eq!(Compute::of(Prec::Uint64, [Prec::Int64]), Compute::Int);
         assert_eq!(Compute::of(Prec::Byte, [Prec::Single]), Compute::F64);
         assert_eq!(Compute::of(Prec::Half, [Prec::Int64]), Compute::F32);
         assert_eq!(Compute::of(Prec::Double, []), Compute::F64);

@@ -390,3 +390,40 @@ pub fn statement_compute(result: Prec, value: &Llv) -> crate::ir::Compute {
     }
     crate::ir::Compute::of(result, precs)
 }
+
+/// Whether a value of the integer compute type (SPEC 9.1) is an unsigned (`uint64`) one;
+/// otherwise it is signed (int64). A value read from a tensor (or an inlined virtual tensor, a
+/// merge buffer) keeps its precision's signedness: `uint64` is unsigned, every other integer
+/// precision fits in int64 and is signed. Constants, index values, imported functions and
+/// random words are signed. An operation's result is unsigned when one of the operands it
+/// computes from is (a comparison, `and`, `or`, `not`, `satur01` and `satur01_gate` give 0 or
+/// 1: signed; `arg1`, `arg2`, `relu_gate`, `shl`, `shr` and the unary operations keep the
+/// signedness of the operand they pass on or shift). Operations then see exact values: -1
+/// read from an int32 is below 5 read from a uint64, `abs` of an int64 -6 is 6 in any result.
+pub fn int_unsigned(v: &Llv) -> bool {
+    match v {
+        Llv::Get(t, _) | Llv::GetMergeBuffer(t, _) => t.prec() == Prec::Uint64,
+        Llv::GetLocal(id) | Llv::LocalScope { id, .. } => id.tn.prec() == Prec::Uint64,
+        Llv::Constant(_) | Llv::EmbedIndex(_) | Llv::GetCFunction(_) | Llv::Random { .. } => false,
+        Llv::Binop(op, a, b) => match op {
+            Binop::Lt
+            | Binop::Le
+            | Binop::Gt
+            | Binop::Ge
+            | Binop::Eq
+            | Binop::Ne
+            | Binop::And
+            | Binop::Or
+            | Binop::Satur01Gate => false,
+            Binop::Arg1 | Binop::Shl | Binop::Shr => int_unsigned(a),
+            Binop::Arg2 | Binop::ReluGate => int_unsigned(b),
+            _ => int_unsigned(a) || int_unsigned(b),
+        },
+        Llv::Unop(op, a) => match op {
+            Unop::Not | Unop::Satur01 => false,
+            _ => int_unsigned(a),
+        },
+        Llv::Ternop(Ternop::Where, _, b, c) => int_unsigned(b) || int_unsigned(c),
+        Llv::Ternop(_, a, b, c) => int_unsigned(a) || int_unsigned(b) || int_unsigned(c),
+    }
+}

@@ -171,7 +171,15 @@ pub fn optimize_with(
     let mut nodes = vec![];
     for t in traced_store.nodes() {
         let tn = &t.tn;
-        if !t.read_only && t.reads == 0 && modes.get(tn) != Some(MemoryMode::Virtual) {
+        // (A Local node never read, such as the snapshot of an in-place statement whose
+        // reads are all skipped by affine guards, is dead, not an output.)
+        if !t.read_only
+            && t.reads == 0
+            && !matches!(
+                modes.get(tn),
+                Some(MemoryMode::Virtual) | Some(MemoryMode::Local)
+            )
+        {
             modes.refine(tn, MemoryMode::Materialized, provenance::OUTPUT)?;
         }
         if !settings.enabled && modes.get(tn).is_none_or(|m| m.may_be_virtual()) {

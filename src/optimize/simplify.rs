@@ -1,5 +1,8 @@
-//! Simplification: constant folding, algebraic identities, reassociation of constants,
-//! collapsing trivial local scopes, and unrolling integer powers.
+//! Simplification: constant folding (in the statement's compute type), the algebraic
+//! identities that hold for every IEEE value (`x*1`, `x/1`, `x+(-0)`, `x-(+0)`), collapsing
+//! trivial local scopes, and unrolling integer powers. Results never depend on whether a
+//! constant was inlined: `x*0` stays (nan·0 is nan, -2·0 is -0), `x+0` stays (-0 + 0 is +0),
+//! and constants are not reassociated ((x + c1) + c2 rounds differently from x + (c1 + c2)).
 
 use crate::ir::{Binop, Prec, Unop};
 use crate::loops::{Llc, Llv};
@@ -85,13 +88,6 @@ pub fn simplify(c: Llc) -> Llc {
     }
 }
 
-fn constant(v: &Llv) -> Option<f64> {
-    match v {
-        Llv::Constant(c) => Some(*c),
-        _ => None,
-    }
-}
-
 fn is_simple(v: &Llv) -> bool {
     matches!(
         v,
@@ -163,7 +159,8 @@ pub fn simplify_value(v: Llv, target: Prec) -> Llv {
         Llv::Unop(op, a) => {
             let a = simplify_value(*a, target);
             match (op, a) {
-                (_, C(x)) => C(op.interpret(x)),
+                // folded in the statement's compute type, as the C would compute it
+                (_, C(x)) => C(target.round_compute(op.interpret(x))),
                 (Unop::Identity, a) => a,
                 (op, a) => Llv::Unop(op, Box::new(a)),
             }
@@ -172,22 +169,22 @@ pub fn simplify_value(v: Llv, target: Prec) -> Llv {
             let a = simplify_value(*a, target);
             let b = simplify_value(*b, target);
             match (op, a, b) {
-                (op, C(x), C(y)) => C(op.interpret(x, y)),
+                (op, C(x), C(y)) => C(target.round_compute(op.interpret(x, y))),
                 (Binop::Arg1, a, _) => a,
                 (Binop::Arg2, _, b) => b,
-                (Binop::Add, C(z), x) | (Binop::Add, x, C(z)) if z == 0.0 => x,
-                (Binop::Sub, x, C(0.0)) => x,
+                // Only identities that hold for every IEEE value: x + (-0) and x - (+0) are x
+                // (x + 0 is not: -0 + 0 = +0), and x * 0 is not 0 (nan, inf, and -0 for a
+                // negative x), so neither is simplified.
+                (Binop::Add, C(z), x) | (Binop::Add, x, C(z))
+                    if z == 0.0 && z.is_sign_negative() =>
+                {
+                    x
+                }
+                (Binop::Sub, x, C(z)) if z == 0.0 && z.is_sign_positive() => x,
                 (Binop::Mul, C(o), x) | (Binop::Mul, x, C(o)) if o == 1.0 => x,
                 (Binop::Div, x, C(1.0)) => x,
-                (Binop::Mul, C(z), _) | (Binop::Mul, _, C(z)) if z == 0.0 => C(0.0),
-                // Reassociation of constants: (x + c1) + c2 = x + (c1 + c2), likewise for *.
-                (op @ (Binop::Add | Binop::Mul), Llv::Binop(op2, x, c1), C(c2))
-                | (op @ (Binop::Add | Binop::Mul), C(c2), Llv::Binop(op2, x, c1))
-                    if op2 == op && constant(&c1).is_some() =>
-                {
-                    let c1 = constant(&c1).unwrap_or(op.neutral());
-                    simplify_value(Llv::Binop(op, x, Box::new(C(op.interpret(c1, c2)))), target)
-                }
+                // (No reassociation of constants: (x + c1) + c2 rounds differently from
+                // x + (c1 + c2), e.g. x = 1, c1 = 2^24, c2 = -2^24 in float.)
                 (Binop::ToPowOf, base, C(e))
                     if e.fract() == 0.0
                         && e.abs() <= MAX_UNROLLED_POWER

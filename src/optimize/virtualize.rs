@@ -563,8 +563,9 @@ pub fn virtualize(
                         writes_of(s, &mut w);
                         !w.contains(&tn)
                     });
-                } else {
+                } else if modes.get(&tn) != Some(MemoryMode::Local) {
                     // Written (perhaps updated in place) and never consumed here: an output.
+                    // (A Local node never read is dead: it does not outlive the routine.)
                     modes.refine(&tn, MemoryMode::Materialized, provenance::OUTPUT)?;
                 }
             }

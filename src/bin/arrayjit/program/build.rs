@@ -4,8 +4,8 @@
 
 use super::decimal;
 use super::format::{
-    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Scalar, Statement,
-    Step, TensorDecl,
+    ArgDecl, AssignDecl, FetchKind, InitDecl, MemoryDecl, MergeDecl, Program, Statement, Step,
+    TensorDecl,
 };
 use super::locate::{json_path, JsonPath, Seg};
 use arrayjit::ir::einsum;
@@ -246,11 +246,22 @@ impl<'a> Builder<'a> {
             Statement::Fetch(f) => {
                 let array = self.tensor(&f.lhs, with(path, json_path!["fetch"]))?;
                 let fetch_op = match &f.kind {
-                    // An integer literal into an integer tensor: exactly.
-                    FetchKind::Constant(Scalar(_, Some(i))) if array.prec().is_integer() => {
-                        FetchOp::IntConstant(*i)
+                    // Exactly as written, like `values`: integers keep every digit, floats
+                    // round once, from the decimal, to the tensor's precision.
+                    FetchKind::Constant(c) => {
+                        let prec = array.prec();
+                        let at = || with(path, json_path!["constant"]);
+                        if prec.is_integer() {
+                            FetchOp::ConstantInt(
+                                decimal::convert_int(c, prec)
+                                    .map_err(|m| ProgramError::at(at(), m))?,
+                            )
+                        } else {
+                            FetchOp::Constant(
+                                decimal::convert(c, prec).map_err(|m| ProgramError::at(at(), m))?,
+                            )
+                        }
                     }
-                    FetchKind::Constant(c) => FetchOp::Constant(c.0),
                     FetchKind::Random { seed } => FetchOp::Random { seed: *seed },
                     FetchKind::EmbedIndex(s) => FetchOp::EmbedSymbol(
                         self.static_index(s, with(path, json_path!["embed_index"]))?,

@@ -9,6 +9,9 @@
 //! - `half`: the `f64` nearest to the text, rounded to `f16`; that is exact unless the `f64`
 //!   lands exactly on the midpoint between two halves, and then the decimal text itself is
 //!   compared with the midpoint (both as exact decimals);
+//! - `bfloat16`, `fp8`: likewise, the `f64` nearest to the text rounded once (through
+//!   binary32 rounded to odd), and the decimal compared with the midpoint when the `f64` is
+//!   one;
 //! - `byte`: the decimal is truncated toward zero, then wrapped modulo 256 (`300.7` → 44,
 //!   `-1.5` → 255, `255.99999999999999999` → 255), as stores into byte tensors do.
 //!
@@ -233,6 +236,68 @@ fn half_of_decimal(d: &Decimal, x: f64) -> f16 {
     f16::from_bits(sign | bits)
 }
 
+/// The bfloat16 or fp8 value nearest to the decimal `d`, whose nearest `f64` is `x` (finite):
+/// `x` rounded once (exact unless `x` lands exactly on the midpoint between two values of
+/// the format: then the decimal itself is compared with the midpoint, as for halves).
+fn narrow_of_decimal(d: &Decimal, x: f64, prec: Prec) -> f64 {
+    use arrayjit::ir::prec::{bf16_of_f64, bf16_to_f64, fp8_of_f64, fp8_to_f64};
+    let r = prec.round(x);
+    let a = x.abs();
+    if a == 0.0 || r == x {
+        return r;
+    }
+    // bit patterns of magnitudes; the largest finite one; the value after it as if the
+    // exponent range went on (rounding overflows to infinity from the midpoint on)
+    let (enc, dec, max_bits, after_max): (fn(f64) -> u32, fn(u32) -> f64, u32, f64) =
+        if prec == Prec::Bfloat16 {
+            (
+                |v| u32::from(bf16_of_f64(v)) & 0x7fff,
+                |b| bf16_to_f64(b as u16),
+                0x7f7f,
+                2f64.powi(128),
+            )
+        } else {
+            (
+                |v| u32::from(fp8_of_f64(v)) & 0x7f,
+                |b| fp8_to_f64(b as u8),
+                0x7b,
+                65536.0,
+            )
+        };
+    let nb = enc(a);
+    let lo_bits = if nb > max_bits {
+        max_bits
+    } else if dec(nb) > a {
+        nb - 1
+    } else {
+        nb
+    };
+    let lo = dec(lo_bits);
+    let hi = if lo_bits == max_bits {
+        after_max
+    } else {
+        dec(lo_bits + 1)
+    };
+    let mid = (lo + hi) / 2.0;
+    if a != mid {
+        return r;
+    }
+    let Some(mid_dec) = parse_decimal(&format!("{mid:.800e}")) else {
+        return r;
+    };
+    let m = match cmp_magnitude(d, &mid_dec) {
+        Ordering::Less => lo,
+        Ordering::Greater if lo_bits == max_bits => f64::INFINITY,
+        Ordering::Greater => hi,
+        Ordering::Equal => return r,
+    };
+    if d.negative {
+        -m
+    } else {
+        m
+    }
+}
+
 /// Converts the text of a JSON number to `prec`, correctly rounded (see the module docs);
 /// the result is a value of `prec`, as `f64`. `Err` says why the text is not accepted.
 pub fn convert_text(text: &str, prec: Prec) -> Result<f64, String> {
@@ -255,8 +320,7 @@ pub fn convert_text(text: &str, prec: Prec) -> Result<f64, String> {
         }
         Prec::Half => half_of_decimal(&d, x).to_f64(),
         Prec::Byte => f64::from(byte_of_decimal(&d)),
-        // Correctly rounded: decimal -> f64 -> bf16/fp8 rounds once in effect (53 >= 2p + 2).
-        Prec::Bfloat16 | Prec::Fp8 => prec.round(x),
+        Prec::Bfloat16 | Prec::Fp8 => narrow_of_decimal(&d, x, prec),
         p => p.wrap_int(int_bits_of_decimal(&d)) as f64,
     })
 }

@@ -382,8 +382,9 @@ pub struct FetchDecl {
 /// What a fetch fills its tensor with.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FetchKind {
-    /// `"constant": c`
-    Constant(Scalar),
+    /// `"constant": c` (its decimal text, converted exactly once the tensor's precision is
+    /// known, as `values` are)
+    Constant(ValueLit),
     /// `"slice": SRC, "index": STATIC`
     Slice {
         /// The tensor sliced (dims `[n] ++ lhs dims`).
@@ -586,41 +587,6 @@ impl<'de> Deserialize<'de> for AwaitTarget {
     }
 }
 
-/// A number that may also be written as `"inf"`, `"-inf"` or `"nan"`; an integer literal
-/// also keeps its exact value (an `int64` or `uint64` beyond 2^53 keeps every digit).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scalar(pub f64, pub Option<i128>);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number or one of the strings \"inf\", \"-inf\", \"nan\"")
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64, Some(v.into())))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v as f64, Some(v.into())))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v, None))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
-                match v {
-                    "inf" => Ok(Scalar(f64::INFINITY, None)),
-                    "-inf" => Ok(Scalar(f64::NEG_INFINITY, None)),
-                    "nan" => Ok(Scalar(f64::NAN, None)),
-                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// Stores a field's value, rejecting a second occurrence of the key.
 fn put<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
     map: &mut A,
@@ -786,7 +752,7 @@ impl<'de> Deserialize<'de> for Statement {
                 let mut accum: Option<String> = None;
                 let mut init_neutral: Option<bool> = None;
                 let mut fetch: Option<String> = None;
-                let mut constant: Option<Scalar> = None;
+                let mut constant: Option<ValueLit> = None;
                 let mut slice: Option<String> = None;
                 let mut index: Option<String> = None;
                 let mut embed_index: Option<String> = None;
