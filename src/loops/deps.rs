@@ -213,8 +213,9 @@ fn enclosing(root: &Llc, target: &Llc) -> Option<Vec<(Symbol, i64, i64)>> {
     go(root, target, &mut path).then_some(path)
 }
 
-/// An estimate of the work of a statement: each scalar or vector operation counts once per
-/// execution, each zero-filled element a sixteenth.
+/// An estimate of the work of a statement: each scalar operation counts once per execution,
+/// each vector operation once per lane (so a loop's work does not depend on whether it was
+/// vectorized), each zero-filled element a sixteenth.
 pub fn parallel_work(c: &Llc) -> u64 {
     fn value(v: &Llv) -> u64 {
         let mut n = 0u64;
@@ -223,7 +224,7 @@ pub fn parallel_work(c: &Llc) -> u64 {
     }
     fn vector(v: &Vlv) -> u64 {
         let mut n = 0u64;
-        visit_vlv(v, &mut |_| n += 1);
+        visit_vlv(v, &mut |x| n = n.saturating_add(x.ty().lanes.max(1) as u64));
         n.max(1)
     }
     match c {

@@ -46,7 +46,7 @@ pub struct Settings {
     /// device's thread team splits among its threads (needs `loop_opts`). The code computes
     /// the same bits whatever the number of threads.
     pub parallel: bool,
-    /// The least work (scalar and vector operations, see [`crate::loops::parallel_work`])
+    /// The least work (scalar operations and vector lanes, see [`crate::loops::parallel_work`])
     /// of a loop made a parallel region, and the work a block of a split reduction aims at.
     /// Below the default, starting the team costs more than the threads gain; tests set it
     /// to 0 to make every independent loop a region.
