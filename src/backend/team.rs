@@ -550,13 +550,13 @@ mod tests {
         let view = AjTeam::single();
         // SAFETY: a plain request on this thread.
         let a = unsafe { (view.scratch)(&view, 0, 100) } as usize;
-        assert!(a != 0 && a % SCRATCH_ALIGN == 0);
+        assert!(a != 0 && a.is_multiple_of(SCRATCH_ALIGN));
         // SAFETY: as above.
         let b = unsafe { (view.scratch)(&view, 0, 50) } as usize;
         assert_eq!(a, b, "a smaller request reuses the block");
         // SAFETY: as above.
         let c = unsafe { (view.scratch)(&view, 0, 1 << 20) } as usize;
-        assert!(c != 0 && c % SCRATCH_ALIGN == 0);
+        assert!(c != 0 && c.is_multiple_of(SCRATCH_ALIGN));
         // SAFETY: as above; an impossible size fails.
         let d = unsafe { (view.scratch)(&view, 0, -1) };
         assert!(d.is_null());

@@ -81,11 +81,7 @@ pub(super) fn vregs_outside_regions(c: &Llc, regions: bool, out: &mut Vec<VReg>)
             vregs_outside_regions(body, regions, out)
         }
         Llc::Parallel(p) => vregs_outside_regions(&p.body, regions, out),
-        Llc::VSet(r, _) => {
-            if !out.contains(r) {
-                out.push(*r);
-            }
-        }
+        Llc::VSet(r, _) if !out.contains(r) => out.push(*r),
         _ => {}
     }
 }
