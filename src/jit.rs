@@ -40,10 +40,11 @@ use crate::backend::{
     Backend, CcBackend, Code, CodeBatch, Config, Context, Device, MulticoreBackend, Routine,
     SyncBackend,
 };
-use crate::compile::CompilerConfig;
+pub use crate::compile::CompilerConfig;
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Tnode};
 use crate::optimize::Settings;
+pub use crate::optimize::Settings as OptimizerSettings;
 
 /// Everything configurable about a [`Jit`]: a plain value; [`JitConfig::from_env`] is one
 /// way to build it.
