@@ -248,22 +248,22 @@ fn narrow_of_decimal(d: &Decimal, x: f64, prec: Prec) -> f64 {
     }
     // bit patterns of magnitudes; the largest finite one; the value after it as if the
     // exponent range went on (rounding overflows to infinity from the midpoint on)
-    let (enc, dec, max_bits, after_max): (fn(f64) -> u32, fn(u32) -> f64, u32, f64) =
-        if prec == Prec::Bfloat16 {
-            (
-                |v| u32::from(bf16_of_f64(v)) & 0x7fff,
-                |b| bf16_to_f64(b as u16),
-                0x7f7f,
-                2f64.powi(128),
-            )
-        } else {
-            (
-                |v| u32::from(fp8_of_f64(v)) & 0x7f,
-                |b| fp8_to_f64(b as u8),
-                0x7b,
-                65536.0,
-            )
-        };
+    type Format = (fn(f64) -> u32, fn(u32) -> f64, u32, f64);
+    let (enc, dec, max_bits, after_max): Format = if prec == Prec::Bfloat16 {
+        (
+            |v| u32::from(bf16_of_f64(v)) & 0x7fff,
+            |b| bf16_to_f64(b as u16),
+            0x7f7f,
+            2f64.powi(128),
+        )
+    } else {
+        (
+            |v| u32::from(fp8_of_f64(v)) & 0x7f,
+            |b| fp8_to_f64(b as u8),
+            0x7b,
+            65536.0,
+        )
+    };
     let nb = enc(a);
     let lo_bits = if nb > max_bits {
         max_bits
