@@ -49,6 +49,17 @@ use crate::optimize::Settings;
 /// [`JitConfig::default`] or [`JitConfig::from_env`] and the setters below (one per field,
 /// by the field's name), for example
 /// `JitConfig::default().synchronous(true).checked(true)`.
+///
+/// ```
+/// use arrayjit::optimize::Settings;
+/// use arrayjit::JitConfig;
+///
+/// let config = JitConfig::default()
+///     .optimizer(Settings::default().loop_opts(false))
+///     .synchronous(true)
+///     .checked(true);
+/// assert!(config.synchronous && config.checked && !config.optimizer.loop_opts);
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct JitConfig {

@@ -339,6 +339,21 @@ impl CompilerConfig {
     /// (its size limit [`DEFAULT_CACHE_MAX_BYTES`]), one compile job per available core,
     /// vector extensions rather than intrinsics, unchecked code. Reads no environment
     /// variable; the compiler is not checked until code is compiled.
+    ///
+    /// ```
+    /// use arrayjit::compile::CompilerConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = CompilerConfig::new("clang")
+    ///     .opt_level("2")
+    ///     .arch_flags(vec!["-march=x86-64-v2".into()])
+    ///     .timeout(Duration::from_secs(60))
+    ///     .compile_jobs(1);
+    /// assert_eq!(config.compiler.to_str(), Some("clang"));
+    /// assert_eq!(config.opt_level, "2");
+    /// assert!(config.extra_flags.is_empty()); // not GCC: no workaround flags
+    /// assert_eq!(config.cache_dir, None);
+    /// ```
     pub fn new(compiler: impl Into<PathBuf>) -> CompilerConfig {
         let compiler = compiler.into();
         CompilerConfig {
@@ -1010,5 +1025,31 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote("-O3"), "-O3");
+    }
+
+    /// `CompilerConfig::new(cc)` is what `from_env` reads from an empty environment whose
+    /// compiler is `cc`: the same flags (GCC's workaround and speed flags for GCC only), the
+    /// same defaults for everything else.
+    #[test]
+    fn new_is_from_env_in_an_empty_environment() {
+        let mut seen = 0;
+        for cc in ["gcc", "clang", "sh"] {
+            if find_in_path(OsStr::new(cc)).is_none() {
+                continue;
+            }
+            seen += 1;
+            let from_env = CompilerConfig::from_lookup(
+                |n| (n == "ARRAYJIT_CC").then(|| cc.into()),
+                |_| unreachable!("ARRAYJIT_CC is set"),
+            )
+            .unwrap();
+            assert_eq!(CompilerConfig::new(cc), from_env, "{cc}");
+            assert_eq!(
+                from_env.extra_flags.iter().any(|f| f == GCC_SPEED_FLAGS[0]),
+                cc == "gcc",
+                "{cc}: {from_env:?}"
+            );
+        }
+        assert!(seen > 0, "none of gcc, clang, sh in PATH");
     }
 }
