@@ -40,10 +40,7 @@ struct Run {
 /// Compiles `asgns` for `target` (the machine's when `None`), runs it once compiled and once
 /// interpreted on its optimized code, from the same host values.
 fn run(asgns: &Assignments, outs: &[&Tnode], target: Option<VectorTarget>) -> Run {
-    let settings = Settings {
-        target,
-        ..Default::default()
-    };
+    let settings = Settings::default().target(target);
     let backend = CcBackend::with_config(CompilerConfig::from_env().unwrap(), settings);
     backend.initialize(Config::default());
     let b = Bindings::empty();
@@ -66,10 +63,7 @@ fn run(asgns: &Assignments, outs: &[&Tnode], target: Option<VectorTarget>) -> Ru
 }
 
 fn target(bytes: usize) -> VectorTarget {
-    VectorTarget {
-        vector_bytes: bytes,
-        ..Default::default()
-    }
+    VectorTarget::default().vector_bytes(bytes)
 }
 
 /// Every lane of `got` equals `want` bitwise (NaN: any NaN).

@@ -105,7 +105,9 @@ pub struct RoutineSignature {
 }
 
 /// How code is generated beyond the target: trace logs and bounds checks.
+/// [`CodegenOptions::default`] and the setters below (one per field, by the field's name).
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct CodegenOptions<'a> {
     /// With a directory, every run of a routine appends the values its assignments store,
     /// with their indices, to `<trace_dir>/<`[`trace_file_name`]`(routine)>`.
@@ -115,6 +117,20 @@ pub struct CodegenOptions<'a> {
     /// lane); on a violation the routine records it and returns
     /// `AJ_STATUS_OUT_OF_BOUNDS` without any further access. Loops are not collapsed.
     pub checked: bool,
+}
+
+impl<'a> CodegenOptions<'a> {
+    /// Sets [`trace_dir`](CodegenOptions::trace_dir).
+    pub fn trace_dir(mut self, trace_dir: Option<&'a std::path::Path>) -> CodegenOptions<'a> {
+        self.trace_dir = trace_dir;
+        self
+    }
+
+    /// Sets [`checked`](CodegenOptions::checked).
+    pub fn checked(mut self, checked: bool) -> CodegenOptions<'a> {
+        self.checked = checked;
+        self
+    }
 }
 
 /// The name of a routine's trace log in the trace directory: the routine's name as an
