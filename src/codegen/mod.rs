@@ -45,7 +45,9 @@ pub use names::{sanitize_comment, sanitize_ident};
 pub use vector::Dialect;
 
 use crate::error::Result;
-use crate::ir::{AxisIndex, Bindings, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Tnode};
+use crate::ir::{
+    AxisIndex, Binop, Bindings, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Tnode,
+};
 use crate::loops::{Llc, Llv, VType, Vlv};
 use crate::optimize::Optimized;
 use crate::target::VectorTarget;
@@ -304,6 +306,7 @@ pub fn generate(
         checked: options.checked,
         checks: vec![],
         check_table: vec![],
+        never_nan: HashSet::new(),
     };
     let mut parts = vec![];
     let mut sigs = vec![];
@@ -333,6 +336,8 @@ struct Writer {
     checks: Vec<String>,
     /// The routine's tensors named by its checks, by index.
     check_table: Vec<Tnode>,
+    /// The routine's vector variables that never hold a NaN lane (see [`never_nan`]).
+    never_nan: HashSet<u32>,
 }
 
 /// The inside of a C string literal spelling the bytes `s`: bytes other than
@@ -929,6 +934,20 @@ impl Writer {
                 );
                 self.dialect.fma(t, &a, &b, &c)
             }
+            // Max and min of a variable that never holds a NaN (a reduction's accumulator)
+            // have a cheaper exact spelling; the operations are symmetric then.
+            Vlv::Binop(op @ (Binop::Max | Binop::Min), a, b)
+                if [a, b]
+                    .iter()
+                    .any(|x| matches!(&***x, Vlv::Reg(r) if self.never_nan.contains(&r.id))) =>
+            {
+                let (acc, x) = match &**a {
+                    Vlv::Reg(r) if self.never_nan.contains(&r.id) => (a, b),
+                    _ => (b, a),
+                };
+                let (acc, x) = (self.vexpr(acc, pre, indent), self.vexpr(x, pre, indent));
+                self.dialect.max_min_acc(*op, &acc, &x)
+            }
             Vlv::Binop(op, a, b) => {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
                 self.dialect
@@ -979,6 +998,7 @@ impl Writer {
     ) -> (RoutineSignature, Vec<Part>) {
         let c_name = self.names.routine(&o.name);
         self.check_table.clear();
+        self.never_nan = never_nan(&o.code);
         let statics: Vec<StaticSymbol> = bindings.0.clone();
         // The limits of the code as written (every access the routine's meaning has, as the
         // interpreter checks them; the optimizer may drop reads, like `arg1`'s unused
@@ -1330,7 +1350,7 @@ fn vector_math_types(stmts: &[Llc]) -> Vec<VType> {
                 v,
                 Vlv::Unop(..)
                     | Vlv::Ternop(..)
-                    | Vlv::Binop(crate::ir::Binop::Max | crate::ir::Binop::Min, _, _)
+                    | Vlv::Binop(Binop::Max | Binop::Min, _, _)
             );
             let t = v.ty();
             if calls && !out.contains(&t) {
@@ -1463,4 +1483,50 @@ fn overwrites_shared_cells(tn: &Tnode, idcs: &[AxisIndex], value: &Llv) -> bool 
         }
     });
     !accumulates
+}
+
+/// The vector variables of `code` (by id) that never hold a NaN lane: floating vectors whose
+/// every assignment is a broadcast of a constant that is not NaN, or the maximum or minimum
+/// of such a variable and anything (IEEE maximumNumber and minimumNumber ignore a NaN
+/// operand). The largest such set, as a fixed point: start from every floating variable and
+/// drop those with another assignment until none is dropped. A reduction's accumulators
+/// (broadcast -inf, then `acc = max(acc, x)`) are the ones found.
+fn never_nan(code: &Llc) -> HashSet<u32> {
+    let mut sets: Vec<(u32, Vlv)> = vec![];
+    let mut bad: HashSet<u32> = HashSet::new();
+    crate::loops::visit_llc(code, &mut |c| {
+        if let Llc::VSet(r, v) = c {
+            if matches!(r.ty.prec, Prec::Single | Prec::Double) {
+                sets.push((r.id, v.clone()));
+            } else {
+                bad.insert(r.id);
+            }
+        }
+    });
+    let mut ok: HashSet<u32> = sets
+        .iter()
+        .map(|(r, _)| *r)
+        .filter(|r| !bad.contains(r))
+        .collect();
+    loop {
+        let number = |v: &Vlv, ok: &HashSet<u32>| match v {
+            Vlv::Splat(_, c) => matches!(&**c, Llv::Constant(c) if !c.is_nan()),
+            Vlv::Zero(_) => true,
+            Vlv::Binop(Binop::Max | Binop::Min, a, b) => [a, b]
+                .iter()
+                .any(|x| matches!(&***x, Vlv::Reg(r) if ok.contains(&r.id))),
+            _ => false,
+        };
+        let drop: Vec<u32> = sets
+            .iter()
+            .filter(|(r, v)| ok.contains(r) && !number(v, &ok))
+            .map(|(r, _)| *r)
+            .collect();
+        if drop.is_empty() {
+            return ok;
+        }
+        for r in drop {
+            ok.remove(&r);
+        }
+    }
 }
