@@ -515,6 +515,25 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
     (__typeof__(aj_vx))((aj_ia & aj_ta) | (aj_ib & ~(aj_ta | aj_eq)) | ((aj_ia | aj_ib) & aj_eq)); \
   })
 
+/* AJ_VMAX_ACC(acc, x), AJ_VMIN_ACC(acc, x): AJ_VMAX(acc, x) and AJ_VMIN(acc, x) for an acc
+   that holds no NaN (a reduction's accumulator: it starts at -inf or +inf and stays a number,
+   since maximumNumber ignores NaN), in five operations instead of about twelve. Bitwise,
+   max = (x | ~(x >= acc)) & (acc | (x > acc)): x where x > acc, x & acc where they are equal
+   (+0 of -0 and +0), acc where x < acc or x is NaN; min = (x & (x <= acc)) | (acc & ~(x <
+   acc)): x where x < acc, x | acc where equal (-0), acc otherwise. */
+#define AJ_VMAX_ACC(acc, x)                                                                    \
+  __extension__({                                                                              \
+    __typeof__(acc) aj_va = (acc), aj_vb = (x);                                                \
+    __typeof__(aj_vb > aj_va) aj_gt = aj_vb > aj_va, aj_ge = aj_vb >= aj_va;                   \
+    (__typeof__(aj_va))((((__typeof__(aj_gt))aj_vb) | ~aj_ge) & (((__typeof__(aj_gt))aj_va) | aj_gt)); \
+  })
+#define AJ_VMIN_ACC(acc, x)                                                                    \
+  __extension__({                                                                              \
+    __typeof__(acc) aj_va = (acc), aj_vb = (x);                                                \
+    __typeof__(aj_vb < aj_va) aj_lt = aj_vb < aj_va, aj_le = aj_vb <= aj_va;                   \
+    (__typeof__(aj_va))((((__typeof__(aj_lt))aj_vb) & aj_le) | (((__typeof__(aj_lt))aj_va) & ~aj_lt)); \
+  })
+
 /* ---- Vector math: explicit-SIMD elementwise functions (GCC/Clang vector extensions). ----
  * The optimizer's vector loops (src/optimize/vectorize.rs) call these on vectors of the
  * target's width: aj_v<op>_f32_<N> on N floats (N = 4, 8, 16), aj_v<op>_f64_<N> on N doubles

@@ -40,14 +40,29 @@ use crate::backend::{
     Backend, CcBackend, Code, CodeBatch, Config, Context, Device, MulticoreBackend, Routine,
     SyncBackend,
 };
-use crate::compile::CompilerConfig;
+pub use crate::compile::CompilerConfig;
 use crate::error::{Error, Result};
 use crate::ir::{Assignments, Bindings, Tnode};
 use crate::optimize::Settings;
+pub use crate::optimize::Settings as OptimizerSettings;
 
-/// Everything configurable about a [`Jit`]: a plain value; [`JitConfig::from_env`] is one
-/// way to build it.
+/// Everything configurable about a [`Jit`]: a plain value, built from
+/// [`JitConfig::default`] or [`JitConfig::from_env`] and the setters below (one per field,
+/// by the field's name), for example
+/// `JitConfig::default().synchronous(true).checked(true)`.
+///
+/// ```
+/// use arrayjit::optimize::Settings;
+/// use arrayjit::JitConfig;
+///
+/// let config = JitConfig::default()
+///     .optimizer(Settings::default().loop_opts(false))
+///     .synchronous(true)
+///     .checked(true);
+/// assert!(config.synchronous && config.checked && !config.optimizer.loop_opts);
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct JitConfig {
     /// The C compiler, its flags, the compile cache and the number of compile jobs; `None`:
     /// read from the environment at every compile (the variables documented in `docs/configuration.md`).
@@ -102,6 +117,48 @@ impl JitConfig {
             compiler: Some(compiler),
             ..JitConfig::default()
         })
+    }
+
+    /// Sets [`compiler`](JitConfig::compiler).
+    pub fn compiler(mut self, compiler: Option<CompilerConfig>) -> JitConfig {
+        self.compiler = compiler;
+        self
+    }
+
+    /// Sets [`optimizer`](JitConfig::optimizer).
+    pub fn optimizer(mut self, optimizer: Settings) -> JitConfig {
+        self.optimizer = optimizer;
+        self
+    }
+
+    /// Sets [`devices`](JitConfig::devices).
+    pub fn devices(mut self, devices: Config) -> JitConfig {
+        self.devices = devices;
+        self
+    }
+
+    /// Sets [`synchronous`](JitConfig::synchronous).
+    pub fn synchronous(mut self, synchronous: bool) -> JitConfig {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// Sets [`checked`](JitConfig::checked).
+    pub fn checked(mut self, checked: bool) -> JitConfig {
+        self.checked = checked;
+        self
+    }
+
+    /// Sets [`strict`](JitConfig::strict).
+    pub fn strict(mut self, strict: bool) -> JitConfig {
+        self.strict = strict;
+        self
+    }
+
+    /// Sets [`threads`](JitConfig::threads).
+    pub fn threads(mut self, threads: Option<usize>) -> JitConfig {
+        self.threads = threads;
+        self
     }
 }
 

@@ -170,13 +170,18 @@
 //!
 //! # Modules
 //!
-//! The stages, one module each: [`ir`] (what the user writes: precisions, host arrays, tensor
-//! nodes, indexing, einsum specs, the operation table, assignments) → [`lower`] (the loop IR of
-//! [`loops`]) → [`optimize`] (tracing, inlining, simplification, loop passes, kernels) →
-//! [`codegen`] (C text) → [`compile`] (compiler, flags, cache, loading) → [`backend`]
-//! (contexts, routines, devices). [`jit`] is the configured entry point, [`nn`] builds models,
-//! [`parallel`] trains them data-parallel over devices, [`interp`] interprets the loop IR,
-//! [`target`] describes the CPU's vector instructions, and [`error`] holds the one error type.
+//! The public API: [`ir`] (what the user writes: precisions, host arrays, tensor nodes,
+//! indexing, einsum specs, the operation table, assignments, and the [`ir::build`] builder),
+//! [`jit`] (the configured entry point: [`Jit`], [`JitConfig`], [`CompilerConfig`],
+//! [`OptimizerSettings`]), [`backend`] (the seed's backend layer: contexts, routines, devices,
+//! transfers, merge buffers), [`nn`] (layers and losses as assignments), [`parallel`]
+//! (data-parallel training of any model), [`target`] (the CPU's vector instructions) and
+//! [`error`] (the one error type).
+//!
+//! The stages behind them, one module each, are internal (hidden from these docs and not
+//! covered by semantic versioning; the CLI and the tests reach them): `lower` (assignments to
+//! the loop IR of `loops`) → `optimize` → `codegen` (C text) → `compile` (compiler, flags,
+//! cache, loading), driven by `pipeline`; `interp` interprets the loop IR.
 //!
 //! # Features
 //!
@@ -186,22 +191,29 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+#[doc(hidden)]
 pub mod codegen;
+#[doc(hidden)]
 pub mod compile;
 pub mod error;
+#[doc(hidden)]
 pub mod interp;
 pub mod ir;
 pub mod jit;
+#[doc(hidden)]
 pub mod loops;
+#[doc(hidden)]
 pub mod lower;
 pub mod nn;
+#[doc(hidden)]
 pub mod optimize;
 pub mod parallel;
+#[doc(hidden)]
 pub mod pipeline;
 pub mod target;
 
 pub use error::{Error, Result};
-pub use jit::{Jit, JitConfig};
+pub use jit::{CompilerConfig, Jit, JitConfig, OptimizerSettings};
 
 /// The Rust examples of the README and of the `docs/` chapters, compiled and run as doctests.
 #[cfg(doctest)]

@@ -1,10 +1,10 @@
 //! The pipeline driver: assignments go through the named [`Stage`]s **lower → optimize →
-//! codegen → compile**, and a [`Built`] keeps what each stage produced (the optimized loop
+//! codegen → compile**, and a `Built` keeps what each stage produced (the optimized loop
 //! IR of every routine, with the lowered one beside it, the generated C, the debug dumps, and
 //! the loaded objects), in the manner of cranelift's `Context`. Backends only link and run
 //! what comes out of here.
 //!
-//! A [`Pipeline`] holds what the stages are run with: the optimizer [`Settings`], the
+//! A `Pipeline` holds what the stages are run with: the optimizer [`Settings`], the
 //! compiler configuration (given, or read from the environment at every build), whether code
 //! is bounds-checked, and the memory-mode decisions of every routine built so far (a routine
 //! contradicting an earlier one is an error naming the node). The loop IR is verified after
@@ -12,7 +12,7 @@
 //!
 //! Where the C is compiled now and the compiler's target is not remembered yet, the stages
 //! first run for a guess at the target while the target probe runs (see
-//! [`Speculation`]); when the probe disproves the guess, codegen and compile run again for
+//! `Speculation`); when the probe disproves the guess, codegen and compile run again for
 //! the probed target.
 
 use crate::codegen::{self, CodegenOptions, Generated, RoutineSignature};
@@ -270,7 +270,7 @@ impl Pipeline {
 
     /// Runs `make(config, target, speculation)`. With `speculate` (code compiled now) and a
     /// target that is not remembered yet, first for a guess at the target while the target
-    /// probe runs (see [`Speculation`]); `make` returns `None` when the probe disproved the
+    /// probe runs (see `Speculation`); `make` returns `None` when the probe disproved the
     /// guess, and then runs again for the probed target.
     fn for_target<T>(
         &self,

@@ -11,6 +11,7 @@ use crate::ir::Prec;
 /// The vector instruction sets the C writer spells with intrinsics; everything else uses
 /// GCC/Clang vector extensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Isa {
     /// GCC/Clang vector extensions (`__attribute__((vector_size(N)))`), any target.
     Generic,
@@ -24,8 +25,12 @@ pub enum Isa {
     Neon,
 }
 
-/// The resolved target, as the optimizer and the C writer see it.
+/// The resolved target, as the optimizer and the C writer see it. To describe one by hand
+/// (tests, cross-compiling), start from [`VectorTarget::default`] and use the setters below
+/// (one per field, by the field's name), for example
+/// `VectorTarget::default().isa(Isa::Avx2).vector_bytes(32).fma(true)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct VectorTarget {
     /// How vector operations are spelled.
     pub isa: Isa,
@@ -72,6 +77,60 @@ impl Default for VectorTarget {
 }
 
 impl VectorTarget {
+    /// Sets [`isa`](VectorTarget::isa).
+    pub fn isa(mut self, isa: Isa) -> VectorTarget {
+        self.isa = isa;
+        self
+    }
+
+    /// Sets [`vector_bytes`](VectorTarget::vector_bytes).
+    pub fn vector_bytes(mut self, vector_bytes: usize) -> VectorTarget {
+        self.vector_bytes = vector_bytes;
+        self
+    }
+
+    /// Sets [`registers`](VectorTarget::registers).
+    pub fn registers(mut self, registers: usize) -> VectorTarget {
+        self.registers = registers;
+        self
+    }
+
+    /// Sets [`fma`](VectorTarget::fma).
+    pub fn fma(mut self, fma: bool) -> VectorTarget {
+        self.fma = fma;
+        self
+    }
+
+    /// Sets [`bf16_dot`](VectorTarget::bf16_dot).
+    pub fn bf16_dot(mut self, bf16_dot: bool) -> VectorTarget {
+        self.bf16_dot = bf16_dot;
+        self
+    }
+
+    /// Sets [`int64_mul`](VectorTarget::int64_mul).
+    pub fn int64_mul(mut self, int64_mul: bool) -> VectorTarget {
+        self.int64_mul = int64_mul;
+        self
+    }
+
+    /// Sets [`l1d_bytes`](VectorTarget::l1d_bytes).
+    pub fn l1d_bytes(mut self, l1d_bytes: usize) -> VectorTarget {
+        self.l1d_bytes = l1d_bytes;
+        self
+    }
+
+    /// Sets [`l2_bytes`](VectorTarget::l2_bytes).
+    pub fn l2_bytes(mut self, l2_bytes: usize) -> VectorTarget {
+        self.l2_bytes = l2_bytes;
+        self
+    }
+
+    /// Sets [`intrinsics`](VectorTarget::intrinsics).
+    pub fn intrinsics(mut self, intrinsics: bool) -> VectorTarget {
+        self.intrinsics = intrinsics;
+        self
+    }
+
     /// Lanes of one vector of `prec`'s compute type (`float` for half and single, `double`
     /// for byte and double); 1 when the target has no vectors.
     pub fn lanes(&self, prec: Prec) -> usize {

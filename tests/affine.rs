@@ -222,10 +222,7 @@ fn example_shift() {
 /// checks every output against `want`. Each way gets fresh nodes from `make`.
 fn check_all_ways(make: &dyn Fn() -> (Assignments, Vec<Tnode>), want: &[Vec<f64>]) {
     let b = Bindings::empty();
-    let off = Settings {
-        enabled: false,
-        ..Settings::default()
-    };
+    let off = Settings::default().enabled(false);
     let backends = [
         ("optimized", CcBackend::new()),
         ("optimizer off", CcBackend::with_settings(off)),

@@ -209,17 +209,16 @@ fn infinities_and_nan_propagate() {
 
 /// A target with the dot products, as the optimizer sees it.
 fn dot_target() -> VectorTarget {
-    VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: true,
-        int64_mul: false,
-        l1d_bytes: 2 << 10,
-        l2_bytes: 16 << 10,
-        intrinsics: false,
-    }
+    VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(true)
+        .int64_mul(false)
+        .l1d_bytes(2 << 10)
+        .l2_bytes(16 << 10)
+        .intrinsics(false)
 }
 
 /// The assignments and nodes of a case.
@@ -246,10 +245,7 @@ fn case_nodes(c: &Case, av: &[f64], bv: &[f64]) -> (Assignments, [Tnode; 3]) {
 /// blocking path is taken) with the instruction's semantics: exact sums stay exact.
 #[test]
 fn the_interpreter_runs_the_dot_product_kernels() {
-    let settings = Settings {
-        target: Some(dot_target()),
-        ..Settings::default()
-    };
+    let settings = Settings::default().target(Some(dot_target()));
     for c in cases() {
         let (av, bv) = (small_ints(c.m * c.k, 7), small_ints(c.n * c.k, 8));
         let (asg, [a, b, out]) = case_nodes(&c, &av, &bv);

@@ -77,21 +77,14 @@ fn system_cc() -> PathBuf {
 /// A configuration for the system compiler, independent of the environment, keeping its
 /// temporary files under `root` and its cache in `cache`.
 fn config(root: &Path, cache: Option<&Path>) -> CompilerConfig {
-    CompilerConfig {
-        compiler: system_cc(),
-        opt_level: "1".into(),
-        arch_flags: vec![],
-        extra_flags: vec![],
-        debug_dir: None,
-        trace_dir: None,
-        timeout: Duration::from_secs(120),
-        temp_root: Some(root.to_path_buf()),
-        cache_dir: cache.map(Path::to_path_buf),
-        cache_max_bytes: arrayjit::compile::DEFAULT_CACHE_MAX_BYTES,
-        compile_jobs: 1,
-        intrinsics: false,
-        checked: false,
-    }
+    CompilerConfig::new(system_cc())
+        .opt_level("1")
+        .arch_flags(vec![])
+        .extra_flags(vec![])
+        .timeout(Duration::from_secs(120))
+        .temp_root(Some(root.to_path_buf()))
+        .cache_dir(cache.map(Path::to_path_buf))
+        .compile_jobs(1)
 }
 
 /// A `tracing` subscriber that keeps the messages of warnings and errors.
@@ -697,11 +690,9 @@ fn a_link_planted_at_the_log_during_the_compile_does_not_truncate_its_target() {
             system_cc().display()
         ),
     );
-    let cfg = CompilerConfig {
-        compiler: cc,
-        debug_dir: Some(debug.clone()),
-        ..config(root.path(), None)
-    };
+    let cfg = config(root.path(), None)
+        .compiler(cc)
+        .debug_dir(Some(debug.clone()));
     let (lib, _) = compile_watched(&cfg);
     assert_eq!(call(&lib), 42.0);
     assert_eq!(lib.name(), "k");
@@ -718,10 +709,7 @@ fn a_link_planted_at_the_log_during_the_compile_does_not_truncate_its_target() {
     let victim2 = root.path().join("victim2");
     fs::write(&victim2, "precious too\n").unwrap();
     std::os::unix::fs::symlink(&victim2, debug.join("j.cmd")).unwrap();
-    let cfg = CompilerConfig {
-        compiler: system_cc(),
-        ..cfg
-    };
+    let cfg = cfg.compiler(system_cc());
     let lib = compile_and_load(&cfg, DOUBLER, "j", &[]).unwrap();
     assert_eq!(lib.name(), "j_1");
     assert_eq!(fs::read_to_string(&victim2).unwrap(), "precious too\n");

@@ -13,10 +13,9 @@ use common::*;
 
 /// A compiler configuration from the environment with bounds checks as given.
 fn config(checked: bool) -> CompilerConfig {
-    CompilerConfig {
-        checked,
-        ..CompilerConfig::from_env().expect("a C compiler is needed for these tests")
-    }
+    CompilerConfig::from_env()
+        .expect("a C compiler is needed for these tests")
+        .checked(checked)
 }
 
 fn backend(checked: bool) -> CcBackend {
@@ -142,11 +141,11 @@ fn the_testing_hook_needs_checked_code() {
 #[test]
 fn checked_runs_on_a_device_report_the_error() {
     let (_, b, x, y, code) = slice_program();
-    let jit = Jit::new(JitConfig {
-        compiler: Some(config(false)),
-        checked: true,
-        ..JitConfig::default()
-    })
+    let jit = Jit::new(
+        JitConfig::default()
+            .compiler(Some(config(false)))
+            .checked(true),
+    )
     .unwrap();
     let code = jit.compile("on_device", &b, &code).unwrap();
     assert!(code.source().contains("aj_out_of_bounds("));
@@ -271,10 +270,7 @@ fn checked_code_is_cached_apart() {
     let (_, b, _, y, code) = slice_program();
     let mut sources = vec![];
     for (round, checked) in [false, true, false, true].into_iter().enumerate() {
-        let cfg = CompilerConfig {
-            cache_dir: Some(cache.path().to_path_buf()),
-            ..config(checked)
-        };
+        let cfg = config(checked).cache_dir(Some(cache.path().to_path_buf()));
         let be = CcBackend::with_config(cfg, Settings::default());
         let (r, src) = build(&be, "cached", &b, &code).unwrap();
         r.bindings().set("s", 2).unwrap();
@@ -309,11 +305,9 @@ fn the_check_record_of_a_vector_access() {
           return 0;\n\
         }\n";
     let root = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        temp_root: Some(root.path().to_path_buf()),
-        cache_dir: None,
-        ..config(false)
-    };
+    let cfg = config(false)
+        .temp_root(Some(root.path().to_path_buf()))
+        .cache_dir(None);
     let lib = arrayjit::compile::compile_and_load(&cfg, SRC, "check_record", &[]).unwrap();
     let f = lib.entry("f").unwrap();
     let call = |i: i64, j: i64| {

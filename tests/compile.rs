@@ -27,21 +27,13 @@ int f(void *const *b, const int64_t *s, const void *m, const void *t) {
 /// (apart from the compiler choice) and keeps its temporary files under `root`.
 fn config(root: &Path) -> CompilerConfig {
     let base = CompilerConfig::from_env().expect("a C compiler is needed for these tests");
-    CompilerConfig {
-        compiler: base.compiler,
-        opt_level: "1".into(),
-        arch_flags: vec![],
-        extra_flags: vec![],
-        debug_dir: None,
-        trace_dir: None,
-        timeout: Duration::from_secs(120),
-        temp_root: Some(root.to_path_buf()),
-        cache_dir: None,
-        cache_max_bytes: arrayjit::compile::DEFAULT_CACHE_MAX_BYTES,
-        compile_jobs: 1,
-        intrinsics: false,
-        checked: false,
-    }
+    CompilerConfig::new(base.compiler)
+        .opt_level("1")
+        .arch_flags(vec![])
+        .extra_flags(vec![])
+        .timeout(Duration::from_secs(120))
+        .temp_root(Some(root.to_path_buf()))
+        .compile_jobs(1)
 }
 
 fn call(f: EntryFn, s: i64) -> f64 {
@@ -135,10 +127,7 @@ fn syntax_error_is_a_compile_error() {
 #[test]
 fn missing_compiler_is_reported() {
     let root = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        compiler: "/nonexistent/cc".into(),
-        ..config(root.path())
-    };
+    let cfg = config(root.path()).compiler("/nonexistent/cc");
     let e = compile_and_load(&cfg, DOUBLER, "doubler", &[]).unwrap_err();
     assert!(
         matches!(&e, Error::CompilerNotFound(m) if m.contains("/nonexistent/cc")),
@@ -163,11 +152,9 @@ fn hanging_compiler_times_out() {
         .unwrap();
     assert!(status.success());
 
-    let cfg = CompilerConfig {
-        compiler: script.clone(),
-        timeout: Duration::from_secs(1),
-        ..config(root.path())
-    };
+    let cfg = config(root.path())
+        .compiler(script.clone())
+        .timeout(Duration::from_secs(1));
     let start = Instant::now();
     let e = compile_and_load(&cfg, DOUBLER, "doubler", &[]).unwrap_err();
     let elapsed = start.elapsed();
@@ -185,11 +172,9 @@ fn debug_dir_keeps_files() {
     let root = tempfile::tempdir().unwrap();
     let debug = tempfile::tempdir().unwrap();
     let dir = debug.path().join("nested/debug");
-    let cfg = CompilerConfig {
-        debug_dir: Some(dir.clone()),
-        trace_dir: None,
-        ..config(root.path())
-    };
+    let cfg = config(root.path())
+        .debug_dir(Some(dir.clone()))
+        .trace_dir(None);
     let extra = [DebugFile {
         name: "assignments.txt".into(),
         contents: "x =: y + 1\n".into(),
@@ -243,11 +228,9 @@ fn unwritable_debug_dir_is_an_io_error() {
     let root = tempfile::tempdir().unwrap();
     let file = tempfile::NamedTempFile::new().unwrap();
     let dir = file.path().join("debug");
-    let cfg = CompilerConfig {
-        debug_dir: Some(dir.clone()),
-        trace_dir: None,
-        ..config(root.path())
-    };
+    let cfg = config(root.path())
+        .debug_dir(Some(dir.clone()))
+        .trace_dir(None);
     let e = compile_and_load(&cfg, DOUBLER, "k", &[]).unwrap_err();
     assert!(
         matches!(&e, Error::Io { what, .. } if what.contains(&*dir.to_string_lossy())),
@@ -260,11 +243,9 @@ fn unwritable_debug_dir_is_an_io_error() {
 fn reserved_debug_file_name_is_rejected() {
     let root = tempfile::tempdir().unwrap();
     let debug = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        debug_dir: Some(debug.path().to_path_buf()),
-        trace_dir: None,
-        ..config(root.path())
-    };
+    let cfg = config(root.path())
+        .debug_dir(Some(debug.path().to_path_buf()))
+        .trace_dir(None);
     let extra = [DebugFile {
         name: "log".into(),
         contents: String::new(),
@@ -312,11 +293,10 @@ fn from_env_finds_a_working_compiler() {
 fn default_flags_from_env_compile() {
     // The configuration as users get it (-O3 -march=native unless overridden).
     let root = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        temp_root: Some(root.path().to_path_buf()),
-        cache_dir: None,
-        ..CompilerConfig::from_env().unwrap()
-    };
+    let cfg = CompilerConfig::from_env()
+        .unwrap()
+        .temp_root(Some(root.path().to_path_buf()))
+        .cache_dir(None);
     let lib = compile_and_load(&cfg, DOUBLER, "defaults", &[]).unwrap();
     assert_eq!(call(lib.entry("f").unwrap(), 10), 20.0);
     assert_empty(root.path());
@@ -499,11 +479,9 @@ fn cache_is_shared_between_processes() {
 fn compiler_emitting_invalid_assembly_is_retried_without_avx512() {
     let root = tempfile::tempdir().unwrap();
     let base = CompilerConfig::from_env().unwrap();
-    let cfg = CompilerConfig {
-        cache_dir: None,
-        temp_root: Some(root.path().to_path_buf()),
-        ..base
-    };
+    let cfg = base
+        .cache_dir(None)
+        .temp_root(Some(root.path().to_path_buf()));
     let source = include_str!("data/gcc12_invalid_asm.c");
     let lib = compile_and_load(&cfg, source, "gcc12_invalid_asm", &[]).unwrap();
     lib.entry("case_routine_entry").unwrap();
@@ -528,12 +506,10 @@ fn compiler_crashing_in_its_backend_is_retried_without_slp_vectorization() {
             continue; // CI installs both; a machine with one checks that one
         }
         let root = tempfile::tempdir().unwrap();
-        let cfg = CompilerConfig {
-            compiler: PathBuf::from(cc),
-            arch_flags: vec!["-march=x86-64-v3".into()],
-            opt_level: "3".into(),
-            ..config(root.path())
-        };
+        let cfg = config(root.path())
+            .compiler(PathBuf::from(cc))
+            .arch_flags(vec!["-march=x86-64-v3".into()])
+            .opt_level("3");
         let lib = compile_and_load(&cfg, source, "backend_crash", &[])
             .unwrap_or_else(|e| panic!("{cc}: {e}"));
         lib.entry("main_routine_entry").unwrap();
@@ -550,16 +526,12 @@ fn targets_are_resolved_into_the_cache_key() {
     use arrayjit::compile::{Arch, Target};
     let root = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let native = CompilerConfig {
-        temp_root: Some(root.path().to_path_buf()),
-        cache_dir: Some(cache.path().to_path_buf()),
-        arch_flags: vec!["-march=native".into()],
-        ..CompilerConfig::from_env().unwrap()
-    };
-    let v2 = CompilerConfig {
-        arch_flags: vec!["-march=x86-64-v2".into()],
-        ..native.clone()
-    };
+    let native = CompilerConfig::from_env()
+        .unwrap()
+        .temp_root(Some(root.path().to_path_buf()))
+        .cache_dir(Some(cache.path().to_path_buf()))
+        .arch_flags(vec!["-march=native".into()]);
+    let v2 = native.clone().arch_flags(vec!["-march=x86-64-v2".into()]);
     let t_native = Target::resolve(&native).unwrap();
     let t_v2 = Target::resolve(&v2).unwrap();
     assert_ne!(t_native.fingerprint, t_v2.fingerprint);
@@ -630,11 +602,9 @@ fn target_probe_reports_what_the_flags_mean() {
     ] {
         let Some(path) = which(cc) else { continue };
         seen += 1;
-        let cfg = CompilerConfig {
-            compiler: path.clone(),
-            arch_flags: vec!["-march=sapphirerapids".into()],
-            ..config(root.path())
-        };
+        let cfg = config(root.path())
+            .compiler(path.clone())
+            .arch_flags(vec!["-march=sapphirerapids".into()]);
         let t = Target::resolve(&cfg).unwrap();
         let f = t.features;
         assert!(
@@ -656,11 +626,7 @@ fn target_probe_reports_what_the_flags_mean() {
         assert_eq!(t.compiler_version.0, major, "{cc}: {t:?}");
         assert_eq!(t.macro_value("__AVX512FP16__"), Some("1"));
         // Haswell: AVX2 without AVX-512.
-        let hsw = Target::resolve(&CompilerConfig {
-            arch_flags: vec!["-march=haswell".into()],
-            ..cfg.clone()
-        })
-        .unwrap();
+        let hsw = Target::resolve(&cfg.clone().arch_flags(vec!["-march=haswell".into()])).unwrap();
         assert!(hsw.features.avx2 && !hsw.features.avx512f, "{cc}: {hsw:?}");
         assert_eq!(hsw.vector_bytes, 32);
         assert_ne!(hsw.fingerprint, t.fingerprint);
@@ -675,10 +641,7 @@ fn target_probe_reports_what_the_flags_mean() {
     );
 
     // An unknown architecture is a probe error carrying the compiler's complaint.
-    let cfg = CompilerConfig {
-        arch_flags: vec!["-march=no-such-cpu".into()],
-        ..config(root.path())
-    };
+    let cfg = config(root.path()).arch_flags(vec!["-march=no-such-cpu".into()]);
     match Target::resolve(&cfg) {
         Err(Error::TargetProbe { command, output }) => {
             assert!(command.contains("-march=no-such-cpu -E -dM"), "{command}");
@@ -711,10 +674,7 @@ int f(void *const *b, const int64_t *s, const void *m, const void *t) {
 fn invalid_cache_entries_are_recompiled() {
     let root = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        cache_dir: Some(cache.path().to_path_buf()),
-        ..config(root.path())
-    };
+    let cfg = config(root.path()).cache_dir(Some(cache.path().to_path_buf()));
     let (doubler_entry, tripler_entry) = {
         let a = compile_and_load(&cfg, DOUBLER, "d", &[]).unwrap();
         let b = compile_and_load(&cfg, TRIPLER, "t", &[]).unwrap();
@@ -770,11 +730,10 @@ fn invalid_cache_entries_are_recompiled() {
     // The debug log says what happened to an invalid entry.
     let debug = tempfile::tempdir().unwrap();
     replace(&tripler);
-    let with_debug = CompilerConfig {
-        debug_dir: Some(debug.path().to_path_buf()),
-        trace_dir: None,
-        ..cfg.clone()
-    };
+    let with_debug = cfg
+        .clone()
+        .debug_dir(Some(debug.path().to_path_buf()))
+        .trace_dir(None);
     let lib = compile_and_load(&with_debug, DOUBLER, "d", &[]).unwrap();
     assert_eq!(call(lib.entry("f").unwrap(), 1), 2.0);
     let log = fs::read_to_string(debug.path().join("d.log")).unwrap();
@@ -828,13 +787,11 @@ fn targets_with_avx512fp16_compile_without_it() {
         }
         let root = tempfile::tempdir().unwrap();
         let debug = tempfile::tempdir().unwrap();
-        let cfg = CompilerConfig {
-            compiler: PathBuf::from(cc),
-            arch_flags: vec!["-march=sapphirerapids".into()],
-            opt_level: "3".into(),
-            debug_dir: Some(debug.path().to_path_buf()),
-            ..config(root.path())
-        };
+        let cfg = config(root.path())
+            .compiler(PathBuf::from(cc))
+            .arch_flags(vec!["-march=sapphirerapids".into()])
+            .opt_level("3")
+            .debug_dir(Some(debug.path().to_path_buf()));
         let t = Target::resolve(&cfg).unwrap();
         assert!(
             t.features.avx512fp16,
@@ -846,10 +803,7 @@ fn targets_with_avx512fp16_compile_without_it() {
         let cmd = fs::read_to_string(debug.path().join("fp16_crash.cmd")).unwrap();
         assert!(cmd.contains(NO_FP16_FLAG), "{cc}: {cmd}");
         // What the compiler makes of the final flags: no FP16, and a fingerprint of its own.
-        let with_flag = CompilerConfig {
-            extra_flags: vec![NO_FP16_FLAG.into()],
-            ..cfg.clone()
-        };
+        let with_flag = cfg.clone().extra_flags(vec![NO_FP16_FLAG.into()]);
         let t2 = Target::resolve(&with_flag).unwrap();
         assert!(
             !t2.features.avx512fp16 && t2.features.avx512f,

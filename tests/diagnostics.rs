@@ -52,11 +52,9 @@ fn compiles_cache_hits_and_links_are_reported() {
     let collect = Collect::default();
     tracing::subscriber::with_default(collect.clone(), || {
         for _ in 0..2 {
-            let jit = arrayjit::Jit::new(arrayjit::JitConfig {
-                compiler: Some(cfg.clone()),
-                ..Default::default()
-            })
-            .unwrap();
+            let jit =
+                arrayjit::Jit::new(arrayjit::JitConfig::default().compiler(Some(cfg.clone())))
+                    .unwrap();
             let x = input("x", &[3], Prec::Single, &[1., 2., 3.]);
             let y = output("y", &[3], Prec::Single);
             let b = Bindings::empty();

@@ -237,25 +237,22 @@ fn differential_random_programs() {
     let base = env_u64("ARRAYJIT_FUZZ_SEED", 20_240_601);
     let batch = env_u64("ARRAYJIT_FUZZ_BATCH", 25).max(1) as usize;
     let defaults = Settings::default();
+    let max_visits = env_u64("ARRAYJIT_FUZZ_MAX_VISITS", defaults.max_visits as u64) as usize;
+    let max_tracing_dim = env_u64(
+        "ARRAYJIT_FUZZ_MAX_TRACING_DIM",
+        defaults.max_tracing_dim as u64,
+    ) as usize;
     let opts = Opts {
-        settings: Settings {
-            max_visits: env_u64("ARRAYJIT_FUZZ_MAX_VISITS", defaults.max_visits as u64) as usize,
-            max_tracing_dim: env_u64(
-                "ARRAYJIT_FUZZ_MAX_TRACING_DIM",
-                defaults.max_tracing_dim as u64,
-            ) as usize,
-            ..defaults
-        },
+        settings: defaults
+            .max_visits(max_visits)
+            .max_tracing_dim(max_tracing_dim),
         checked: false,
     };
     // Every other batch inlines nodes read many times per cell (unless the visits are set):
     // then pointwise chains feeding a contraction are inlined into it, and its kernel packs
     // computed values.
     let many_visits = Opts {
-        settings: Settings {
-            max_visits: MANY_VISITS,
-            ..opts.settings.clone()
-        },
+        settings: opts.settings.clone().max_visits(MANY_VISITS),
         checked: false,
     };
     let visits_set = std::env::var("ARRAYJIT_FUZZ_MAX_VISITS").is_ok();
@@ -283,10 +280,7 @@ fn differential_random_programs() {
                 let everywhere;
                 let o = if regions_everywhere(k) {
                     everywhere = Opts {
-                        settings: Settings {
-                            min_region_work: 0,
-                            ..o.settings.clone()
-                        },
+                        settings: o.settings.clone().min_region_work(0),
                         ..o.clone()
                     };
                     &everywhere
@@ -824,10 +818,7 @@ fn regression_gcc12_unaligned_stack_array() {
     // Every local array of the generated routine states its alignment (with the optimizer
     // off, `t3` is a local array).
     let inst = instantiate(&generate(1602));
-    let backend = CcBackend::with_settings(Settings {
-        enabled: false,
-        ..Settings::default()
-    });
+    let backend = CcBackend::with_settings(Settings::default().enabled(false));
     backend.initialize(arrayjit::backend::Config::default());
     let compiled = backend
         .compile(
@@ -884,10 +875,7 @@ fn regression_random_fetch_inlined_through_affine_index() {
     mem.load_from_hosts(&asgns.nodes());
     interp::run_assignments(&asgns, &[(s0.clone(), 2)], &mut mem).unwrap();
     let want = vec![mem.get(&out).unwrap().to_vec()];
-    let backend = CcBackend::with_settings(Settings {
-        max_visits: MANY_VISITS,
-        ..Settings::default()
-    });
+    let backend = CcBackend::with_settings(Settings::default().max_visits(MANY_VISITS));
     let (r, src) = common::build(&backend, "random_affine", &b, &asgns)
         .unwrap_or_else(|e| panic!("compiling failed: {e}"));
     r.bindings().set("s0", 2).unwrap();
@@ -934,10 +922,7 @@ fn regression_byte_accumulation_of_inlined_fp8() {
         ),
     ]);
     let want = interpret(&asgns, &[&o9]);
-    let backend = CcBackend::with_settings(Settings {
-        max_visits: MANY_VISITS,
-        ..Settings::default()
-    });
+    let backend = CcBackend::with_settings(Settings::default().max_visits(MANY_VISITS));
     let (r, src) = common::build(&backend, "byte_fp8", &b, &asgns)
         .unwrap_or_else(|e| panic!("compiling failed: {e}"));
     let got = common::run_and_read(&backend, &r, &[&o9]);

@@ -200,10 +200,7 @@ fn fusion_keeps_every_bit() {
             unop(&m2, Binop::Min, true, Unop::Identity, &e, "ij->i", &b),
             binop(&y, Binop::Arg2, false, Binop::Div, &e, &m2, "ij,i->ij", &b),
         ]);
-        let settings = Settings {
-            loop_opts,
-            ..Default::default()
-        };
+        let settings = Settings::default().loop_opts(loop_opts);
         let o = optimize("sm", lower(&code).unwrap(), &settings).unwrap();
         let cfg = arrayjit::compile::CompilerConfig::from_env().unwrap();
         let backend = arrayjit::backend::CcBackend::with_config(cfg, settings);

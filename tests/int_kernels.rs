@@ -274,10 +274,7 @@ fn check_compiled(cases: &[Case]) {
 fn check_interpreted(cases: &[Case], target: VectorTarget) {
     for c in cases {
         let (asg, [x, y, out]) = c.program(0);
-        let settings = Settings {
-            target: Some(target),
-            ..Settings::default()
-        };
+        let settings = Settings::default().target(Some(target));
         let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
         let doc = arrayjit::loops::to_doc(&o.code);
         assert!(doc.contains("fma("), "{}: no kernel\n{doc}", c.name());
@@ -492,17 +489,16 @@ fn integer_convolutions_with_padding_are_exact() {
             (1, 2),
         ),
     ];
-    let avx512 = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: true,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
+    let avx512 = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(true)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
     for (spec, xd, wd, yd, sp) in convs {
         for (xp, wp, yp) in [
             (Prec::Int32, Prec::Int32, Prec::Int32),
@@ -536,10 +532,7 @@ fn integer_convolutions_with_padding_are_exact() {
             );
             assert_eq!(ints_of(&y), want, "{what}");
             let (asg, [x, w, y]) = make();
-            let settings = Settings {
-                target: Some(avx512),
-                ..Settings::default()
-            };
+            let settings = Settings::default().target(Some(avx512));
             let o =
                 optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
             assert!(arrayjit::loops::to_doc(&o.code).contains("fma("), "{what}");
@@ -556,43 +549,29 @@ fn integer_convolutions_with_padding_are_exact() {
 /// and the reduction into several blocks with edges: always the reference.
 #[test]
 fn the_interpreter_runs_integer_kernels_for_every_target() {
-    let base = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: true,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
+    let base = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(true)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
     let targets = [
         base,
-        VectorTarget {
-            int64_mul: false,
-            ..base
-        },
-        VectorTarget {
-            isa: Isa::Avx2,
-            vector_bytes: 32,
-            registers: 16,
-            int64_mul: false,
-            ..base
-        },
-        VectorTarget {
-            isa: Isa::Sse2,
-            vector_bytes: 16,
-            registers: 16,
-            fma: false,
-            int64_mul: false,
-            ..base
-        },
-        VectorTarget {
-            l1d_bytes: 1 << 10,
-            l2_bytes: 8 << 10,
-            ..base
-        },
+        base.int64_mul(false),
+        base.isa(Isa::Avx2)
+            .vector_bytes(32)
+            .registers(16)
+            .int64_mul(false),
+        base.isa(Isa::Sse2)
+            .vector_bytes(16)
+            .registers(16)
+            .fma(false)
+            .int64_mul(false),
+        base.l1d_bytes(1 << 10).l2_bytes(8 << 10),
     ];
     let mut cases = vec![
         case(
@@ -891,10 +870,7 @@ fn int_kernel_source(target: VectorTarget, cp: Prec) -> String {
         true,
     );
     let (asg, _) = c.program(0);
-    let settings = Settings {
-        target: Some(target),
-        ..Settings::default()
-    };
+    let settings = Settings::default().target(Some(target));
     let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
     let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
     assert!(
@@ -910,30 +886,22 @@ fn int_kernel_source(target: VectorTarget, cp: Prec) -> String {
 /// (`vpmuludq`) with AVX2; every kernel compiles for every level.
 #[test]
 fn integer_kernels_compile_to_vector_multiplies() {
-    let avx2 = VectorTarget {
-        isa: Isa::Avx2,
-        vector_bytes: 32,
-        registers: 16,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 32 << 10,
-        l2_bytes: 512 << 10,
-        intrinsics: false,
-    };
-    let avx512 = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        int64_mul: true,
-        ..avx2
-    };
-    let sse = VectorTarget {
-        isa: Isa::Sse2,
-        vector_bytes: 16,
-        fma: false,
-        ..avx2
-    };
+    let avx2 = VectorTarget::default()
+        .isa(Isa::Avx2)
+        .vector_bytes(32)
+        .registers(16)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(32 << 10)
+        .l2_bytes(512 << 10)
+        .intrinsics(false);
+    let avx512 = avx2
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .int64_mul(true);
+    let sse = avx2.isa(Isa::Sse2).vector_bytes(16).fma(false);
     let checks: [(VectorTarget, Prec, &str, &[&str]); 7] = [
         (avx2, Prec::Int32, "-march=x86-64-v3", &["vpmulld"]),
         (avx2, Prec::Uint16, "-march=x86-64-v3", &["vpmullw"]),
@@ -979,17 +947,16 @@ fn neon_integer_kernels_compile_to_vector_multiply_accumulates() {
         eprintln!("note: {cc} is not installed; the NEON assembly check did not run");
         return;
     }
-    let neon = VectorTarget {
-        isa: Isa::Neon,
-        vector_bytes: 16,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 64 << 10,
-        l2_bytes: 1 << 20,
-        intrinsics: true,
-    };
+    let neon = VectorTarget::default()
+        .isa(Isa::Neon)
+        .vector_bytes(16)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(64 << 10)
+        .l2_bytes(1 << 20)
+        .intrinsics(true);
     for (cp, lanes) in [(Prec::Int32, ".4s"), (Prec::Uint16, ".8h")] {
         let asm = assembly(cc, &["-O2", "-march=armv8-a"], &int_kernel_source(neon, cp));
         assert!(

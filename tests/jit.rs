@@ -33,11 +33,7 @@ fn two_configurations_side_by_side() {
             let mut c = base.clone();
             c.cache_dir = Some(d.path().to_path_buf());
             c.opt_level = level.to_string();
-            Jit::new(JitConfig {
-                compiler: Some(c),
-                ..JitConfig::default()
-            })
-            .unwrap()
+            Jit::new(JitConfig::default().compiler(Some(c))).unwrap()
         })
         .collect();
     for (k, jit) in jits.iter().enumerate() {
@@ -131,11 +127,7 @@ fn trace_logs_every_stored_value() {
     let mut c = CompilerConfig::from_env().unwrap();
     c.trace_dir = Some(dir.path().join("odd dir 'x'"));
     std::fs::create_dir_all(c.trace_dir.as_ref().unwrap()).unwrap();
-    let jit = Jit::new(JitConfig {
-        compiler: Some(c),
-        ..JitConfig::default()
-    })
-    .unwrap();
+    let jit = Jit::new(JitConfig::default().compiler(Some(c))).unwrap();
     let b = Bindings::empty();
     let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
     let y = output("y", &[2, 2], Prec::Single);
@@ -173,11 +165,7 @@ fn trace_logs_every_stored_value() {
 fn reads_of_never_written_tensors_are_errors_or_warnings() {
     assert_eq!(JitConfig::default().strict, cfg!(debug_assertions));
     for strict in [true, false] {
-        let jit = Jit::new(JitConfig {
-            strict,
-            ..JitConfig::default()
-        })
-        .unwrap();
+        let jit = Jit::new(JitConfig::default().strict(strict)).unwrap();
         let x = input("x", &[2, 2], Prec::Single, &[1., 2., 3., 4.]);
         let s = output("s", &[2], Prec::Single);
         let code = jit

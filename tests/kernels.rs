@@ -165,24 +165,20 @@ fn contractions_in_every_layout_match_the_reference() {
 /// it gives exactly what the compiled code gives.
 #[test]
 fn the_interpreter_runs_the_kernels() {
-    let target = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
+    let target = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
     for c in cases().into_iter().take(4) {
         let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
         let code = arrayjit::lower::lower(&asg).unwrap();
-        let settings = Settings {
-            target: Some(target),
-            ..Settings::default()
-        };
+        let settings = Settings::default().target(Some(target));
         let o = optimize::optimize("kernel", code, &settings).unwrap();
         assert!(
             arrayjit::loops::to_doc(&o.code).contains("fma("),
@@ -286,10 +282,7 @@ fn kernel_source(target: VectorTarget, prec: Prec, transposed: bool) -> String {
         case("ij,jk->ik", &[40, 50], &[50, 60], &[40, 60])
     };
     let (asg, _) = prog_for(&c, prec, prec, prec, true);
-    let settings = Settings {
-        target: Some(target),
-        ..Settings::default()
-    };
+    let settings = Settings::default().target(Some(target));
     let o = optimize::optimize("kernel", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
     let (src, _) = arrayjit::codegen::write_file(&[(&o, &Bindings::empty())], &target).unwrap();
     assert!(src.contains("GEMM kernel"), "{src}");
@@ -339,17 +332,16 @@ fn neon_kernels_compile_to_fused_multiply_adds() {
         return;
     }
     for intrinsics in [true, false] {
-        let neon = VectorTarget {
-            isa: Isa::Neon,
-            vector_bytes: 16,
-            registers: 32,
-            fma: true,
-            bf16_dot: false,
-            int64_mul: false,
-            l1d_bytes: 64 << 10,
-            l2_bytes: 1 << 20,
-            intrinsics,
-        };
+        let neon = VectorTarget::default()
+            .isa(Isa::Neon)
+            .vector_bytes(16)
+            .registers(32)
+            .fma(true)
+            .bf16_dot(false)
+            .int64_mul(false)
+            .l1d_bytes(64 << 10)
+            .l2_bytes(1 << 20)
+            .intrinsics(intrinsics);
         for (prec, lanes) in [(Prec::Single, ".4s"), (Prec::Double, ".2d")] {
             for transposed in [false, true] {
                 let src = kernel_source(neon, prec, transposed);
@@ -417,17 +409,16 @@ fn half_operands_compute_in_float() {
 /// Run by the interpreter on the optimized code, in single and double precision.
 #[test]
 fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
-    let target = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 1 << 10,
-        l2_bytes: 8 << 10,
-        intrinsics: false,
-    };
+    let target = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(1 << 10)
+        .l2_bytes(8 << 10)
+        .intrinsics(false);
     let mut cs = cases();
     cs.push(case("ij,jk->ik", &[31, 77], &[77, 300], &[31, 300]));
     cs.push(case("ij,kj->ik", &[30, 45], &[140, 45], &[30, 140]));
@@ -436,10 +427,7 @@ fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
             for init in [true, false] {
                 let (asg, [x, y, out]) = prog_for(&c, prec, prec, prec, init);
                 let code = arrayjit::lower::lower(&asg).unwrap();
-                let settings = Settings {
-                    target: Some(target),
-                    ..Settings::default()
-                };
+                let settings = Settings::default().target(Some(target));
                 let o = optimize::optimize("kernel", code, &settings).unwrap();
                 let doc = arrayjit::loops::to_doc(&o.code);
                 assert!(doc.contains("fma("), "{}: no kernel\n{doc}", c.spec);
@@ -464,17 +452,16 @@ fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
 fn bfloat16_and_fp8_operands_use_the_kernels() {
     let backend = CcBackend::new();
     backend.initialize(Config::default());
-    let target = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
+    let target = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
     for (c, xp, yp, conv) in [
         (
             case("ij,jk->ik", &[33, 40], &[40, 35], &[33, 35]),
@@ -504,10 +491,7 @@ fn bfloat16_and_fp8_operands_use_the_kernels() {
             c.spec
         );
         assert_eq!(run_and_read(&backend, &r, &[&out])[0], want, "{xp}/{yp}");
-        let settings = Settings {
-            target: Some(target),
-            ..Settings::default()
-        };
+        let settings = Settings::default().target(Some(target));
         let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
         assert!(arrayjit::loops::to_doc(&o.code).contains("fma("));
         let mut mem = Memory::new();
@@ -581,17 +565,16 @@ fn same(got: &[f64], want: &[f64]) -> Option<usize> {
 /// skipped (packing zeros for them would give NaN: 0·∞).
 #[test]
 fn convolutions_use_the_kernels_exactly() {
-    let target = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: false,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
+    let target = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
     let cases: [ConvCase; 5] = [
         // Padding 3 on the low side only: every row range starts past 0, the first output
         // row meets no input row at all.
@@ -680,10 +663,7 @@ fn convolutions_use_the_kernels_exactly() {
                 assert!(want.iter().any(|v| v.is_finite()) && want.iter().any(|v| v.is_nan()));
             }
             let (asg, [x, w, y]) = make();
-            let settings = Settings {
-                target: Some(target),
-                ..Settings::default()
-            };
+            let settings = Settings::default().target(Some(target));
             let o =
                 optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
             assert!(arrayjit::loops::to_doc(&o.code).contains("fma("), "{spec}");
@@ -892,30 +872,24 @@ fn check_tap_case(c: &TapCase) {
         bad.map(|i| got[0][i]),
         bad.map(|i| want[i])
     );
-    let avx512 = VectorTarget {
-        isa: Isa::Avx512,
-        vector_bytes: 64,
-        registers: 32,
-        fma: true,
-        bf16_dot: false,
-        int64_mul: true,
-        l1d_bytes: 48 << 10,
-        l2_bytes: 2 << 20,
-        intrinsics: false,
-    };
-    let sse2 = VectorTarget {
-        isa: Isa::Sse2,
-        vector_bytes: 16,
-        registers: 16,
-        fma: false,
-        ..avx512
-    };
+    let avx512 = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(true)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
+    let sse2 = avx512
+        .isa(Isa::Sse2)
+        .vector_bytes(16)
+        .registers(16)
+        .fma(false);
     for target in [avx512, sse2] {
         let (asg, [x, w, y]) = make();
-        let settings = Settings {
-            target: Some(target),
-            ..Settings::default()
-        };
+        let settings = Settings::default().target(Some(target));
         let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
         let doc = arrayjit::loops::to_doc(&o.code);
         let mut mem = Memory::new();
@@ -1187,17 +1161,16 @@ fn neon_tap_kernels_compile_to_vector_code() {
         return;
     }
     for intrinsics in [true, false] {
-        let neon = VectorTarget {
-            isa: Isa::Neon,
-            vector_bytes: 16,
-            registers: 32,
-            fma: true,
-            bf16_dot: false,
-            int64_mul: false,
-            l1d_bytes: 64 << 10,
-            l2_bytes: 1 << 20,
-            intrinsics,
-        };
+        let neon = VectorTarget::default()
+            .isa(Isa::Neon)
+            .vector_bytes(16)
+            .registers(32)
+            .fma(true)
+            .bf16_dot(false)
+            .int64_mul(false)
+            .l1d_bytes(64 << 10)
+            .l2_bytes(1 << 20)
+            .intrinsics(intrinsics);
         for (accum, op, spec, wd, want) in [
             (
                 Binop::Add,
@@ -1227,10 +1200,7 @@ fn neon_tap_kernels_compile_to_vector_code() {
                 rhs2: Buffer::Node(w),
                 projections: projections(spec, &xd, &[&xd, &wd], &Bindings::empty()).unwrap(),
             };
-            let settings = Settings {
-                target: Some(neon),
-                ..Settings::default()
-            };
+            let settings = Settings::default().target(Some(neon));
             let o = optimize::optimize("taps", arrayjit::lower::lower(&asg).unwrap(), &settings)
                 .unwrap();
             let (src, _) =

@@ -344,10 +344,7 @@ fn inlined_values_read_twice_per_level_stay_small() {
         ));
         prev = next;
     }
-    let backend = CcBackend::with_settings(Settings {
-        max_visits: usize::MAX,
-        ..Settings::default()
-    });
+    let backend = CcBackend::with_settings(Settings::default().max_visits(usize::MAX));
     let (r, src) = build(&backend, "squares", &b, &Assignments::seq(asgns)).unwrap();
     let got = run_and_read(&backend, &r, &[&out]);
     assert_eq!(got[0], vec![1.0, 1.0, 0.0, 0.0]);
@@ -410,10 +407,7 @@ fn tracing_budget_keeps_the_decisions() {
     ];
     for (k, asg) in cases.iter().enumerate() {
         let decisions = |budget: usize| {
-            let settings = Settings {
-                max_tracing_points: budget,
-                ..Settings::default()
-            };
+            let settings = Settings::default().max_tracing_points(budget);
             let o = optimize("m", arrayjit::lower::lower(asg).unwrap(), &settings).unwrap();
             let traced: Vec<_> = o
                 .traced_store

@@ -60,10 +60,7 @@ fn single_matmul(
     let w = input("w", &[k, m], Prec::Single, bv);
     let y = output("y", &[n, m], Prec::Single);
     let a = binop(&y, Binop::Add, true, Binop::Mul, &x, &w, "ij,jk->ik", &b);
-    let settings = Settings {
-        loop_opts,
-        ..Default::default()
-    };
+    let settings = Settings::default().loop_opts(loop_opts);
     let o = optimize("mm", lower(&a).unwrap(), &settings).unwrap();
     // The loop passes keep every cell's summation order, so the results are bit-identical
     // as long as the C compiler treats both loop orders alike. Whether it contracts
@@ -181,10 +178,7 @@ fn long_reductions_get_independent_accumulators() {
                         binop(&sq, Binop::Arg2, false, Binop::Mul, &x, &x, "ij,ij->ij", &b),
                         unop(&s, acc, true, Unop::Identity, &sq, "ij->i", &b),
                     ]);
-                    let settings = Settings {
-                        loop_opts,
-                        ..Default::default()
-                    };
+                    let settings = Settings::default().loop_opts(loop_opts);
                     let backend = arrayjit::backend::CcBackend::with_settings(settings);
                     let (r, src) = build(&backend, "red", &b, &a).unwrap();
                     (run_and_read(&backend, &r, &[&s]).remove(0), src)
@@ -294,10 +288,7 @@ fn check_four_ways(make: &dyn Fn() -> (Assignments, Tnode), want: &[f64]) -> (Ll
     use arrayjit::backend::CcBackend;
     use arrayjit::interp::{self, Memory};
     let b = Bindings::empty();
-    let off = Settings {
-        enabled: false,
-        ..Settings::default()
-    };
+    let off = Settings::default().enabled(false);
     let backends = [
         ("optimized", CcBackend::new()),
         ("optimizer off", CcBackend::with_settings(off)),

@@ -405,11 +405,10 @@ fn compute_at_opt_level(
 ) -> (Vec<Vec<f64>>, String) {
     use arrayjit::backend::CcBackend;
     use arrayjit::compile::CompilerConfig;
-    let cfg = CompilerConfig {
-        opt_level: level.into(),
-        cache_dir: None,
-        ..CompilerConfig::from_env().unwrap()
-    };
+    let cfg = CompilerConfig::from_env()
+        .unwrap()
+        .opt_level(level)
+        .cache_dir(None);
     let backend = CcBackend::with_config(cfg, Default::default());
     let (r, src) = build(&backend, "signed_zeros", &Bindings::empty(), asg).unwrap();
     (run_and_read(&backend, &r, outs), src)

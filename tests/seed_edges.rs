@@ -886,10 +886,9 @@ fn events_of_routines_run_on_worker_threads_are_captured() {
 fn trace_logs_of_runs_on_worker_threads() {
     with_watchdog(120, || {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = CompilerConfig {
-            trace_dir: Some(dir.path().to_path_buf()),
-            ..CompilerConfig::from_env().expect("a C compiler is needed for these tests")
-        };
+        let cfg = CompilerConfig::from_env()
+            .expect("a C compiler is needed for these tests")
+            .trace_dir(Some(dir.path().to_path_buf()));
         let b = MulticoreBackend::with_cc(CcBackend::with_config(cfg, Settings::default()))
             .with_pinning(false);
         let devs = devices(&b, 1);

@@ -545,12 +545,10 @@ fn backend_with(compiler: &str) -> arrayjit::backend::CcBackend {
     } else {
         vec![]
     };
-    let cfg = arrayjit::compile::CompilerConfig {
-        compiler: compiler.into(),
-        extra_flags,
-        cache_dir: None,
-        ..env
-    };
+    let cfg = env
+        .compiler(compiler)
+        .extra_flags(extra_flags)
+        .cache_dir(None);
     arrayjit::backend::CcBackend::with_config(cfg, arrayjit::optimize::Settings::default())
 }
 

@@ -53,10 +53,11 @@ fn regions(o: &Optimized) -> usize {
 }
 
 fn jit(threads: usize) -> Jit {
-    Jit::new(JitConfig {
-        threads: Some(threads),
-        ..JitConfig::from_env().expect("a C compiler is needed for these tests")
-    })
+    Jit::new(
+        JitConfig::from_env()
+            .expect("a C compiler is needed for these tests")
+            .threads(Some(threads)),
+    )
     .unwrap()
 }
 

@@ -11,15 +11,10 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 fn jit(trace_dir: &Path) -> Jit {
-    let cfg = CompilerConfig {
-        trace_dir: Some(trace_dir.to_path_buf()),
-        ..CompilerConfig::from_env().expect("a C compiler is needed for these tests")
-    };
-    Jit::new(JitConfig {
-        compiler: Some(cfg),
-        ..JitConfig::default()
-    })
-    .unwrap()
+    let cfg = CompilerConfig::from_env()
+        .expect("a C compiler is needed for these tests")
+        .trace_dir(Some(trace_dir.to_path_buf()));
+    Jit::new(JitConfig::default().compiler(Some(cfg))).unwrap()
 }
 
 /// `y = x + x` over `n` cells, `y` named `y_name`.
@@ -206,16 +201,11 @@ fn the_log_is_not_opened_through_a_symlink() {
 fn a_checked_run_stopped_by_a_violation_keeps_its_log() {
     use arrayjit::ir::{FetchOp, StaticSymbol};
     let dir = tempfile::tempdir().unwrap();
-    let cfg = CompilerConfig {
-        trace_dir: Some(dir.path().to_path_buf()),
-        checked: true,
-        ..CompilerConfig::from_env().expect("a C compiler is needed for these tests")
-    };
-    let jit = Jit::new(JitConfig {
-        compiler: Some(cfg),
-        ..JitConfig::default()
-    })
-    .unwrap();
+    let cfg = CompilerConfig::from_env()
+        .expect("a C compiler is needed for these tests")
+        .trace_dir(Some(dir.path().to_path_buf()))
+        .checked(true);
+    let jit = Jit::new(JitConfig::default().compiler(Some(cfg))).unwrap();
     // z = x + x; y = z[{s}, :]
     let s = StaticSymbol::new("s", Some(2));
     let b = Bindings(vec![s.clone()]);

@@ -40,10 +40,7 @@ struct Run {
 /// Compiles `asgns` for `target` (the machine's when `None`), runs it once compiled and once
 /// interpreted on its optimized code, from the same host values.
 fn run(asgns: &Assignments, outs: &[&Tnode], target: Option<VectorTarget>) -> Run {
-    let settings = Settings {
-        target,
-        ..Default::default()
-    };
+    let settings = Settings::default().target(target);
     let backend = CcBackend::with_config(CompilerConfig::from_env().unwrap(), settings);
     backend.initialize(Config::default());
     let b = Bindings::empty();
@@ -66,10 +63,7 @@ fn run(asgns: &Assignments, outs: &[&Tnode], target: Option<VectorTarget>) -> Ru
 }
 
 fn target(bytes: usize) -> VectorTarget {
-    VectorTarget {
-        vector_bytes: bytes,
-        ..Default::default()
-    }
+    VectorTarget::default().vector_bytes(bytes)
 }
 
 /// Every lane of `got` equals `want` bitwise (NaN: any NaN).
@@ -273,7 +267,7 @@ fn exact_elementwise_operations_match_plain_loops_bitwise() {
 #[test]
 fn max_and_min_reductions_are_exact_with_nan_and_signed_zeros() {
     for m in [37usize, 100, 1000] {
-        let n = 4;
+        let n = 8;
         let mut xv = values(n * m, 7);
         // Row 0: all NaN but one -0.0 and one +0.0; row 1: all NaN; row 2: negatives, NaNs,
         // and -0.0 as its maximum; row 3: ordinary values with NaNs.
@@ -292,6 +286,29 @@ fn max_and_min_reductions_are_exact_with_nan_and_signed_zeros() {
         xv[m / 2] = -0.0;
         xv[m - 1] = 0.0;
         xv[2 * m + m - 2] = -0.0;
+        // Rows 4 to 7: NaNs and zeros of both signs at the positions 5 and 37 (the same
+        // partial result: 37 = 5 + 32), +0 first in rows 4 and 6, -0 first in rows 5 and 7,
+        // so that one accumulator meets both zeros in each order (in the scalar remainder
+        // when m = 37); the other elements are negative in rows 4 and 5 (zero is the
+        // maximum) and positive in rows 6 and 7 (zero is the minimum).
+        for r in 4..8 {
+            for j in 0..m {
+                let v = xv[r * m + j].abs() + 1.0;
+                xv[r * m + j] = if j % 5 == 0 {
+                    f64::NAN
+                } else if r < 6 {
+                    -v
+                } else {
+                    v
+                };
+            }
+            let (first, second) = if r % 2 == 0 { (0.0, -0.0) } else { (-0.0, 0.0) };
+            xv[r * m + 5] = first;
+            xv[r * m + 36] = second;
+            if m > 37 {
+                xv[r * m + 37] = second;
+            }
+        }
         let b = Bindings::empty();
         let x = input("x", &[n, m], Prec::Single, &xv);
         let mx = output("mx", &[n], Prec::Single);
@@ -311,9 +328,17 @@ fn max_and_min_reductions_are_exact_with_nan_and_signed_zeros() {
         // A row of NaNs only: every element is ignored, the neutral -inf stays.
         assert_eq!(want_max[1], f64::NEG_INFINITY);
         assert!(want_max[2] == 0.0 && want_max[2].is_sign_negative());
+        for r in [4, 5] {
+            assert!(want_max[r] == 0.0 && want_max[r].is_sign_positive());
+        }
+        for r in [6, 7] {
+            assert!(want_min[r] == 0.0 && want_min[r].is_sign_negative());
+        }
         for bytes in [16, 32, 64] {
             let r = run(&code, &[&mx, &mn], Some(target(bytes)));
-            assert!(r.src.contains("AJ_VMAX("), "{}", r.src);
+            // The accumulators never hold a NaN: the cheaper exact spelling.
+            assert!(r.src.contains("AJ_VMAX_ACC("), "{}", r.src);
+            assert!(r.src.contains("AJ_VMIN_ACC("), "{}", r.src);
             let what = format!("m={m} {bytes}B");
             assert_bits(&r.out[0], &want_max, &format!("max {what}"));
             assert_bits(&r.out[1], &want_min, &format!("min {what}"));

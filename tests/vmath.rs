@@ -253,3 +253,28 @@ fn vector_math_special_values() {
     }
     assert_eq!(checked, fns.len() * inputs.len(), "{text}");
 }
+
+/// The reductions' cheaper exact max and min (`AJ_VMAX_ACC` / `AJ_VMIN_ACC`, for an
+/// accumulator that holds no NaN): `tests/data/vmax_acc.c` compares every lane, for every
+/// accumulator that is not NaN and every operand of a table of special values (NaNs of both
+/// signs and several payloads, both zeros, infinities, subnormals) and 200 pseudo-random bit
+/// patterns, in every lane position, with 4, 8 and 16 floats and 2, 4 and 8 doubles, with the
+/// scalar `aj_max_f` / `aj_min_f` (`aj_max_d` / `aj_min_d`) bit for bit, compiled with the
+/// configured compiler and flags.
+#[test]
+fn accumulator_max_and_min_match_the_scalar_ones_bitwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build("vmax_acc", dir.path());
+    let out = Command::new(&exe).output().expect("the driver runs");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().expect("a summary line");
+    let f: Vec<u64> = last
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
+    // Every pair, each in every lane position of each width: about 4 million lanes.
+    assert_eq!(f.len(), 2, "{text}");
+    assert!(f[0] > 3_000_000, "only {} lanes checked", f[0]);
+    assert_eq!(f[1], 0, "{text}");
+}

@@ -44,6 +44,10 @@ WORKLOADS = {
                           4 * (112 * 112 * 64 + 56 * 56 * 64)),
     # numpy's column: its f32 matmul (OpenBLAS has no bf16 matmul).
     "matmul_bf16_1024": ("matmul 1024^3, bf16 inputs, f32 result", "GFLOP/s", 2 * 1024**3),
+    # Memory-bound chains of statements (issue 21): bytes = one read and one write of x.
+    "softmax_4096x1024": ("softmax over rows, 4096x1024 f32", "GB/s", 2 * 4 * 4096 * 1024),
+    "layernorm_4096x1024": ("layer norm over rows (scale, bias), 4096x1024 f32", "GB/s",
+                            2 * 4 * 4096 * 1024),
 }
 SMALL = 4096  # elements of the small kernel (benches/peers/small_kernel.json)
 
@@ -64,12 +68,23 @@ def inputs(np):
         "fused_elementwise": (u(n), u(n), u(n), u(n)),
         "row_sums": (u(4096, 4096),),
         "matmul_bf16_1024": (u(1024, 1024), u(1024, 1024)),
+        "softmax_4096x1024": (u(4096, 1024),),
+        "layernorm_4096x1024": (u(4096, 1024), u(1024), u(1024)),
     }
 
 
 def numpy_ops(np):
     """Each workload in numpy (also the reference that tinygrad's results are checked
     against)."""
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def layernorm(x, g, b):
+        c = x - x.mean(axis=1, keepdims=True)
+        return c / np.sqrt((c * c).mean(axis=1, keepdims=True) + 1e-5) * g + b
+
     return {
         "matmul_512": lambda a, b: a @ b,
         "matmul_1024": lambda a, b: a @ b,
@@ -79,6 +94,8 @@ def numpy_ops(np):
         "fused_elementwise": lambda a, b, c, d: np.maximum(0, a * b + c) * 2 - d,
         "row_sums": lambda x: x.sum(axis=1),
         "matmul_bf16_1024": lambda a, b: a @ b,
+        "softmax_4096x1024": softmax,
+        "layernorm_4096x1024": layernorm,
     }
 
 
@@ -162,6 +179,8 @@ def run_tinygrad(args):
         "matmul_f64_1024": lambda a, b: a @ b,
         "fused_elementwise": lambda a, b, c, d: (a * b + c).maximum(0) * 2 - d,
         "row_sums": lambda x: x.sum(axis=1),
+        "softmax_4096x1024": lambda x: x.softmax(axis=1),
+        "layernorm_4096x1024": lambda x, g, b: x.layernorm(axis=1, eps=1e-5) * g + b,
     }
     check = numpy_ops(np)
     out["errors"] = {}
@@ -234,6 +253,11 @@ def onnx_models(np):
     axes = np.array([1], dtype=np.int64)
     rows = model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
                  [("x", F, [4096, 4096])], ("y", F), [("axes", axes)])
+    softmax = model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                    [("x", F, [4096, 1024])], ("y", F))
+    layernorm = model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1,
+                                        epsilon=1e-5)],
+                      [("x", F, [4096, 1024])], ("y", F), [("g", u(1024)), ("b", u(1024))])
     pool_x = u(1, 64, 112, 112)
     pool = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
                  [("x", F, pool_x.shape)], ("y", F))
@@ -249,6 +273,8 @@ def onnx_models(np):
         "conv3x3s2_28x128": lambda: conv(128, 28, 256, 2),
         "dwconv3x3_56x128": lambda: conv(128, 56, 128, 1, group=128),
         "maxpool2x2_112x64": lambda: (pool, {"x": pool_x}),
+        "softmax_4096x1024": lambda: (softmax, {"x": u(4096, 1024)}),
+        "layernorm_4096x1024": lambda: (layernorm, {"x": u(4096, 1024)}),
     }
 
 

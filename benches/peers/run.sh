@@ -10,7 +10,8 @@
 #    its MLAS kernels are what deployed CPU inference uses), plus the convolutions and pooling
 #    of the wider language (3x3 1x56x56x64->64 padding 1, 3x3 stride 2 1x28x28x128->256,
 #    depthwise 3x3 1x56x56x128, 2x2 max-pool 1x112x112x64) and a bf16 matmul 1024^3 (bf16
-#    inputs, f32 result; numpy's column is its f32 matmul).
+#    inputs, f32 result; numpy's column is its f32 matmul), and softmax and layer norm over the
+#    rows of 4096x1024 f32 (ONNX Runtime's Softmax and LayerNormalization kernels).
 # 2. The big moons training job (MLP 2-256-256-1, hinge loss, SGD with arrayjit's decaying
 #    learning rate and weight decay, batch 2048, 24576 points, 3 epochs) against the same job
 #    in JAX (benches/peers/moons_jax.py: one jax.jit-compiled step), in samples/s: on one core
@@ -159,7 +160,7 @@ kernels_round() { # kernels_round R
         printf '{'
         for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
             fused_elementwise row_sums conv3x3_56x64 conv3x3s2_28x128 dwconv3x3_56x128 \
-            maxpool2x2_112x64 matmul_bf16_1024; do
+            maxpool2x2_112x64 matmul_bf16_1024 softmax_4096x1024 layernorm_4096x1024; do
             if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
                 2>"$results/arrayjit-$w.err"); then
                 say "  arrayjit $w: $line"

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// How many virtual devices a backend suggests (see the devices layer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Config {
     /// One virtual device per physical device.
     PhysicalDevicesOnly,

@@ -144,11 +144,29 @@ fn ctx_device(ctx: &Context) -> Result<Device> {
     Ok(d)
 }
 
+/// Seals [`Backend`]: the backends of this crate are its only implementations.
+pub(crate) mod sealed {
+    /// Implemented by this crate's backends only.
+    pub trait Sealed {}
+    impl Sealed for super::MulticoreBackend {}
+    impl Sealed for super::SyncBackend {}
+    #[cfg(feature = "mpi")]
+    impl Sealed for crate::backend::mpi::MpiBackend {}
+}
+
 /// The user-facing backend: compiling, linking and running routines on devices. Names follow
 /// the seed API (OCANNL's `Backend`), with `await` spelled [`Backend::await_device`].
 ///
 /// Implementations provide the five required methods; every other operation is shared.
-pub trait Backend: Send + Sync {
+///
+/// The trait is sealed: only [`MulticoreBackend`], [`SyncBackend`] and `MpiBackend` (feature
+/// `mpi`) implement it. Its shared operations hand buffers to compiled code running on device
+/// worker threads, and their soundness rests on invariants of the device layer (one queue per
+/// worker, hazard tracking between the queues, contexts that outlive their tasks) that a
+/// [`Device`] made outside the crate could not keep; so `spawn_device` has no public
+/// implementation to call. Write generic code against `&dyn Backend` (or `impl Backend`)
+/// instead, and pick the backend by name with [`super::backend_by_name`].
+pub trait Backend: Send + Sync + sealed::Sealed {
     /// The backend's name, e.g. `multicore`.
     fn name(&self) -> &'static str;
     /// The shared state.

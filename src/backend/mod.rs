@@ -1,16 +1,25 @@
 //! Backends: the cc no-device backend, contexts, buffers and routines, and
 //! the device layer (multicore and sync backends, transfers, merge buffers).
 
+#[doc(hidden)]
 pub mod buffer;
+#[doc(hidden)]
 pub mod cc;
+#[doc(hidden)]
 pub mod context;
+#[doc(hidden)]
 pub mod counter;
+#[doc(hidden)]
 pub mod device;
+#[doc(hidden)]
 pub mod devices;
 #[cfg(feature = "mpi")]
+#[doc(hidden)]
 pub mod mpi;
 mod reduce;
+#[doc(hidden)]
 pub mod sexp;
+#[doc(hidden)]
 pub mod task;
 pub mod team;
 

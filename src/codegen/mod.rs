@@ -47,7 +47,9 @@ pub use names::{sanitize_comment, sanitize_ident};
 pub use vector::Dialect;
 
 use crate::error::Result;
-use crate::ir::{AxisIndex, Bindings, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Tnode};
+use crate::ir::{
+    AxisIndex, Bindings, Binop, Compute, IntCtx, MemoryMode, Prec, StaticSymbol, Tnode,
+};
 use crate::loops::{Llc, Llv, VType, Vlv};
 use crate::optimize::Optimized;
 use crate::target::VectorTarget;
@@ -107,7 +109,9 @@ pub struct RoutineSignature {
 }
 
 /// How code is generated beyond the target: trace logs and bounds checks.
+/// [`CodegenOptions::default`] and the setters below (one per field, by the field's name).
 #[derive(Clone, Copy, Debug, Default)]
+#[non_exhaustive]
 pub struct CodegenOptions<'a> {
     /// With a directory, every run of a routine appends the values its assignments store,
     /// with their indices, to `<trace_dir>/<`[`trace_file_name`]`(routine)>`.
@@ -117,6 +121,20 @@ pub struct CodegenOptions<'a> {
     /// lane); on a violation the routine records it and returns
     /// `AJ_STATUS_OUT_OF_BOUNDS` without any further access. Loops are not collapsed.
     pub checked: bool,
+}
+
+impl<'a> CodegenOptions<'a> {
+    /// Sets [`trace_dir`](CodegenOptions::trace_dir).
+    pub fn trace_dir(mut self, trace_dir: Option<&'a std::path::Path>) -> CodegenOptions<'a> {
+        self.trace_dir = trace_dir;
+        self
+    }
+
+    /// Sets [`checked`](CodegenOptions::checked).
+    pub fn checked(mut self, checked: bool) -> CodegenOptions<'a> {
+        self.checked = checked;
+        self
+    }
 }
 
 /// The name of a routine's trace log in the trace directory: the routine's name as an
@@ -294,6 +312,7 @@ pub fn generate(
         regions: vec![],
         region_count: 0,
         merge_ctype: None,
+        never_nan: HashSet::new(),
     };
     let mut parts = vec![];
     let mut sigs = vec![];
@@ -331,6 +350,8 @@ struct Writer {
     region_count: usize,
     /// The C type of the merge buffer's elements, when the part reads it.
     merge_ctype: Option<&'static str>,
+    /// The routine's vector variables that never hold a NaN lane (see [`never_nan`]).
+    never_nan: HashSet<u32>,
 }
 
 /// The inside of a C string literal spelling the bytes `s`: bytes other than
@@ -943,6 +964,20 @@ impl Writer {
                 );
                 self.dialect.fma(t, &a, &b, &c)
             }
+            // Max and min of a variable that never holds a NaN (a reduction's accumulator)
+            // have a cheaper exact spelling; the operations are symmetric then.
+            Vlv::Binop(op @ (Binop::Max | Binop::Min), a, b)
+                if [a, b]
+                    .iter()
+                    .any(|x| matches!(&***x, Vlv::Reg(r) if self.never_nan.contains(&r.id))) =>
+            {
+                let (acc, x) = match &**a {
+                    Vlv::Reg(r) if self.never_nan.contains(&r.id) => (a, b),
+                    _ => (b, a),
+                };
+                let (acc, x) = (self.vexpr(acc, pre, indent), self.vexpr(x, pre, indent));
+                self.dialect.max_min_acc(*op, &acc, &x)
+            }
             Vlv::Binop(op, a, b) => {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));
                 self.dialect
@@ -993,6 +1028,7 @@ impl Writer {
     ) -> (RoutineSignature, Vec<Part>) {
         let c_name = self.names.routine(&o.name);
         self.check_table.clear();
+        self.never_nan = never_nan(&o.code);
         let statics: Vec<StaticSymbol> = bindings.0.clone();
         // The limits of the code as written (every access the routine's meaning has, as the
         // interpreter checks them; the optimizer may drop reads, like `arg1`'s unused
@@ -1359,9 +1395,7 @@ fn vector_math_types(stmts: &[Llc]) -> Vec<VType> {
         crate::loops::visit_vectors(c, &mut |v| {
             let calls = matches!(
                 v,
-                Vlv::Unop(..)
-                    | Vlv::Ternop(..)
-                    | Vlv::Binop(crate::ir::Binop::Max | crate::ir::Binop::Min, _, _)
+                Vlv::Unop(..) | Vlv::Ternop(..) | Vlv::Binop(Binop::Max | Binop::Min, _, _)
             );
             let t = v.ty();
             if calls && !out.contains(&t) {
@@ -1494,4 +1528,50 @@ fn overwrites_shared_cells(tn: &Tnode, idcs: &[AxisIndex], value: &Llv) -> bool 
         }
     });
     !accumulates
+}
+
+/// The vector variables of `code` (by id) that never hold a NaN lane: floating vectors whose
+/// every assignment is a broadcast of a constant that is not NaN, or the maximum or minimum
+/// of such a variable and anything (IEEE maximumNumber and minimumNumber ignore a NaN
+/// operand). The largest such set, as a fixed point: start from every floating variable and
+/// drop those with another assignment until none is dropped. A reduction's accumulators
+/// (broadcast -inf, then `acc = max(acc, x)`) are the ones found.
+fn never_nan(code: &Llc) -> HashSet<u32> {
+    let mut sets: Vec<(u32, Vlv)> = vec![];
+    let mut bad: HashSet<u32> = HashSet::new();
+    crate::loops::visit_llc(code, &mut |c| {
+        if let Llc::VSet(r, v) = c {
+            if matches!(r.ty.prec, Prec::Single | Prec::Double) {
+                sets.push((r.id, v.clone()));
+            } else {
+                bad.insert(r.id);
+            }
+        }
+    });
+    let mut ok: HashSet<u32> = sets
+        .iter()
+        .map(|(r, _)| *r)
+        .filter(|r| !bad.contains(r))
+        .collect();
+    loop {
+        let number = |v: &Vlv, ok: &HashSet<u32>| match v {
+            Vlv::Splat(_, c) => matches!(&**c, Llv::Constant(c) if !c.is_nan()),
+            Vlv::Zero(_) => true,
+            Vlv::Binop(Binop::Max | Binop::Min, a, b) => [a, b]
+                .iter()
+                .any(|x| matches!(&***x, Vlv::Reg(r) if ok.contains(&r.id))),
+            _ => false,
+        };
+        let drop: Vec<u32> = sets
+            .iter()
+            .filter(|(r, v)| ok.contains(r) && !number(v, &ok))
+            .map(|(r, _)| *r)
+            .collect();
+        if drop.is_empty() {
+            return ok;
+        }
+        for r in drop {
+            ok.remove(&r);
+        }
+    }
 }

@@ -275,6 +275,15 @@ impl Dialect {
         format!("AJ_DPBF16PS({acc}, {a}, {b})")
     }
 
+    /// `max(acc, x)` or `min(acc, x)` (IEEE maximumNumber / minimumNumber, lane by lane) when
+    /// `acc` never holds a NaN: the runtime header's `AJ_VMAX_ACC` / `AJ_VMIN_ACC`.
+    pub fn max_min_acc(&self, op: Binop, acc: &str, x: &str) -> String {
+        match op {
+            Binop::Min => format!("AJ_VMIN_ACC({acc}, {x})"),
+            _ => format!("AJ_VMAX_ACC({acc}, {x})"),
+        }
+    }
+
     /// A lane-wise binary operation; `None` for operations vectors do not support here.
     pub fn binop(&self, t: VType, op: Binop, a: &str, b: &str) -> Option<String> {
         let native = self.native(t);

@@ -78,11 +78,12 @@ pub const GCC_WORKAROUND_FLAGS: [&str; 2] = ["-fno-tree-loop-if-convert", "-fno-
 /// routine) for no measurable speed: vectorization and everything else of `-O3` stay.
 pub const GCC_SPEED_FLAGS: [&str; 1] = ["--param=max-completely-peel-times=1"];
 
-/// Compiler settings read from the environment.
-///
-/// All fields are public, so a configuration can also be built directly (for example in tests)
-/// instead of through [`CompilerConfig::from_env`].
+/// Compiler settings, read from the environment ([`CompilerConfig::from_env`]) or built from
+/// [`CompilerConfig::new`]; either way the setters below (one per field, by the field's name)
+/// change them, for example
+/// `CompilerConfig::from_env()?.opt_level("1").temp_root(Some(dir))`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CompilerConfig {
     /// The C compiler: a path, or a bare program name looked up in `PATH`.
     pub compiler: PathBuf,
@@ -315,7 +316,141 @@ pub(super) fn cache_settings(
     Env { get }.cache()
 }
 
+/// The flags always added for a GCC `compiler` ([`GCC_SPEED_FLAGS`], and with
+/// `workaround_on` [`GCC_WORKAROUND_FLAGS`] first); none for another compiler.
+fn gcc_flags(compiler: &Path, workaround_on: bool) -> Vec<String> {
+    let gcc = is_gcc(compiler);
+    let mut flags: Vec<String> = if workaround_on && gcc {
+        GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()
+    } else {
+        Vec::new()
+    };
+    if gcc {
+        flags.extend(GCC_SPEED_FLAGS.iter().map(|f| f.to_string()));
+    }
+    flags
+}
+
 impl CompilerConfig {
+    /// The configuration [`CompilerConfig::from_env`] reads from an empty environment, with
+    /// `compiler` as the compiler: `-O3 -march=native`, for GCC its workaround and speed
+    /// flags ([`GCC_WORKAROUND_FLAGS`], [`GCC_SPEED_FLAGS`]) as extra flags, no debug or
+    /// trace directory, a 300 s timeout, the system's temporary directory, no compile cache
+    /// (its size limit [`DEFAULT_CACHE_MAX_BYTES`]), one compile job per available core,
+    /// vector extensions rather than intrinsics, unchecked code. Reads no environment
+    /// variable; the compiler is not checked until code is compiled.
+    ///
+    /// ```
+    /// use arrayjit::compile::CompilerConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = CompilerConfig::new("clang")
+    ///     .opt_level("2")
+    ///     .arch_flags(vec!["-march=x86-64-v2".into()])
+    ///     .timeout(Duration::from_secs(60))
+    ///     .compile_jobs(1);
+    /// assert_eq!(config.compiler.to_str(), Some("clang"));
+    /// assert_eq!(config.opt_level, "2");
+    /// assert!(config.extra_flags.is_empty()); // not GCC: no workaround flags
+    /// assert_eq!(config.cache_dir, None);
+    /// ```
+    pub fn new(compiler: impl Into<PathBuf>) -> CompilerConfig {
+        let compiler = compiler.into();
+        CompilerConfig {
+            extra_flags: gcc_flags(&compiler, true),
+            compiler,
+            opt_level: DEFAULT_OPT_LEVEL.to_string(),
+            arch_flags: vec![DEFAULT_ARCH_FLAGS.to_string()],
+            debug_dir: None,
+            trace_dir: None,
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+            temp_root: None,
+            cache_dir: None,
+            cache_max_bytes: DEFAULT_CACHE_MAX_BYTES,
+            compile_jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            intrinsics: false,
+            checked: false,
+        }
+    }
+
+    /// Sets [`compiler`](CompilerConfig::compiler) (the extra flags stay as they are).
+    pub fn compiler(mut self, compiler: impl Into<PathBuf>) -> CompilerConfig {
+        self.compiler = compiler.into();
+        self
+    }
+
+    /// Sets [`opt_level`](CompilerConfig::opt_level).
+    pub fn opt_level(mut self, opt_level: impl Into<String>) -> CompilerConfig {
+        self.opt_level = opt_level.into();
+        self
+    }
+
+    /// Sets [`arch_flags`](CompilerConfig::arch_flags).
+    pub fn arch_flags(mut self, arch_flags: Vec<String>) -> CompilerConfig {
+        self.arch_flags = arch_flags;
+        self
+    }
+
+    /// Sets [`extra_flags`](CompilerConfig::extra_flags) (replacing any GCC flags).
+    pub fn extra_flags(mut self, extra_flags: Vec<String>) -> CompilerConfig {
+        self.extra_flags = extra_flags;
+        self
+    }
+
+    /// Sets [`debug_dir`](CompilerConfig::debug_dir).
+    pub fn debug_dir(mut self, debug_dir: Option<PathBuf>) -> CompilerConfig {
+        self.debug_dir = debug_dir;
+        self
+    }
+
+    /// Sets [`trace_dir`](CompilerConfig::trace_dir).
+    pub fn trace_dir(mut self, trace_dir: Option<PathBuf>) -> CompilerConfig {
+        self.trace_dir = trace_dir;
+        self
+    }
+
+    /// Sets [`timeout`](CompilerConfig::timeout).
+    pub fn timeout(mut self, timeout: Duration) -> CompilerConfig {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`temp_root`](CompilerConfig::temp_root).
+    pub fn temp_root(mut self, temp_root: Option<PathBuf>) -> CompilerConfig {
+        self.temp_root = temp_root;
+        self
+    }
+
+    /// Sets [`cache_dir`](CompilerConfig::cache_dir).
+    pub fn cache_dir(mut self, cache_dir: Option<PathBuf>) -> CompilerConfig {
+        self.cache_dir = cache_dir;
+        self
+    }
+
+    /// Sets [`cache_max_bytes`](CompilerConfig::cache_max_bytes).
+    pub fn cache_max_bytes(mut self, cache_max_bytes: u64) -> CompilerConfig {
+        self.cache_max_bytes = cache_max_bytes;
+        self
+    }
+
+    /// Sets [`compile_jobs`](CompilerConfig::compile_jobs).
+    pub fn compile_jobs(mut self, compile_jobs: usize) -> CompilerConfig {
+        self.compile_jobs = compile_jobs;
+        self
+    }
+
+    /// Sets [`intrinsics`](CompilerConfig::intrinsics).
+    pub fn intrinsics(mut self, intrinsics: bool) -> CompilerConfig {
+        self.intrinsics = intrinsics;
+        self
+    }
+
+    /// Sets [`checked`](CompilerConfig::checked).
+    pub fn checked(mut self, checked: bool) -> CompilerConfig {
+        self.checked = checked;
+        self
+    }
+
     /// Reads the compiler settings from the environment. Every variable is parsed strictly: a
     /// value that cannot be used is [`Error::Config`] naming the variable, its value and what
     /// was expected. Apart from `ARRAYJIT_ARCH_FLAGS`, a variable set to the empty string
@@ -433,15 +568,7 @@ impl CompilerConfig {
         // `regression_gcc12_vectorizer_wrong_code`), so with GCC those loops are not
         // if-converted unless ARRAYJIT_GCC_WORKAROUND is off; nor are loops interchanged
         // (see GCC_WORKAROUND_FLAGS).
-        let gcc = is_gcc(&compiler);
-        let mut extra_flags: Vec<String> = if workaround_on && gcc {
-            GCC_WORKAROUND_FLAGS.iter().map(|f| f.to_string()).collect()
-        } else {
-            Vec::new()
-        };
-        if gcc {
-            extra_flags.extend(GCC_SPEED_FLAGS.iter().map(|f| f.to_string()));
-        }
+        let mut extra_flags = gcc_flags(&compiler, workaround_on);
         extra_flags.extend(cflags);
 
         Ok(CompilerConfig {
@@ -898,5 +1025,31 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote("-O3"), "-O3");
+    }
+
+    /// `CompilerConfig::new(cc)` is what `from_env` reads from an empty environment whose
+    /// compiler is `cc`: the same flags (GCC's workaround and speed flags for GCC only), the
+    /// same defaults for everything else.
+    #[test]
+    fn new_is_from_env_in_an_empty_environment() {
+        let mut seen = 0;
+        for cc in ["gcc", "clang", "sh"] {
+            if find_in_path(OsStr::new(cc)).is_none() {
+                continue;
+            }
+            seen += 1;
+            let from_env = CompilerConfig::from_lookup(
+                |n| (n == "ARRAYJIT_CC").then(|| cc.into()),
+                |_| unreachable!("ARRAYJIT_CC is set"),
+            )
+            .unwrap();
+            assert_eq!(CompilerConfig::new(cc), from_env, "{cc}");
+            assert_eq!(
+                from_env.extra_flags.iter().any(|f| f == GCC_SPEED_FLAGS[0]),
+                cc == "gcc",
+                "{cc}: {from_env:?}"
+            );
+        }
+        assert!(seen > 0, "none of gcc, clang, sh in PATH");
     }
 }

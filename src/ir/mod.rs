@@ -1,16 +1,21 @@
 //! The input side: precisions, host arrays, tensor nodes, indexing and projections,
 //! the operation table, and assignments.
 
+#[doc(hidden)]
 pub mod assignments;
 pub mod build;
+#[doc(hidden)]
 pub mod decisions;
 pub mod einsum;
 pub mod indexing;
+#[doc(hidden)]
 pub mod modes;
 pub mod ndarray;
 pub mod ops;
+#[doc(hidden)]
 pub mod prec;
 pub mod random;
+#[doc(hidden)]
 pub mod tnode;
 
 pub use assignments::{Assignments, Buffer, FetchOp};

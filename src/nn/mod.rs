@@ -55,6 +55,7 @@
 mod bucket;
 mod layers;
 mod mlp;
+#[doc(hidden)]
 pub mod moons;
 
 pub use bucket::Bucket;

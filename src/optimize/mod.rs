@@ -19,8 +19,10 @@ use crate::ir::tnode::provenance;
 use crate::ir::{MemoryMode, MemoryModes, Tnode};
 use crate::loops::{visit_llc, visit_values, Llc, Llv};
 
-/// Knobs of the optimizer.
+/// Knobs of the optimizer: [`Settings::default`] and the setters below (one per field, by the
+/// field's name), for example `Settings::default().loop_opts(false)`.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Settings {
     /// Run virtualization and simplification at all (off: only memory-mode inference, so the
     /// code computes the same thing with every node materialized).
@@ -70,6 +72,68 @@ impl Default for Settings {
             min_region_work: parallel::MIN_REGION_WORK,
             target: None,
         }
+    }
+}
+
+impl Settings {
+    /// Sets [`enabled`](Settings::enabled).
+    pub fn enabled(mut self, enabled: bool) -> Settings {
+        self.enabled = enabled;
+        self
+    }
+
+    /// Sets [`max_visits`](Settings::max_visits).
+    pub fn max_visits(mut self, max_visits: usize) -> Settings {
+        self.max_visits = max_visits;
+        self
+    }
+
+    /// Sets [`max_tracing_dim`](Settings::max_tracing_dim).
+    pub fn max_tracing_dim(mut self, max_tracing_dim: usize) -> Settings {
+        self.max_tracing_dim = max_tracing_dim;
+        self
+    }
+
+    /// Sets [`max_tracing_points`](Settings::max_tracing_points).
+    pub fn max_tracing_points(mut self, max_tracing_points: usize) -> Settings {
+        self.max_tracing_points = max_tracing_points;
+        self
+    }
+
+    /// Sets [`inline_scalar_constexprs`](Settings::inline_scalar_constexprs).
+    pub fn inline_scalar_constexprs(mut self, inline_scalar_constexprs: bool) -> Settings {
+        self.inline_scalar_constexprs = inline_scalar_constexprs;
+        self
+    }
+
+    /// Sets [`max_inline_work`](Settings::max_inline_work).
+    pub fn max_inline_work(mut self, max_inline_work: u64) -> Settings {
+        self.max_inline_work = max_inline_work;
+        self
+    }
+
+    /// Sets [`loop_opts`](Settings::loop_opts).
+    pub fn loop_opts(mut self, loop_opts: bool) -> Settings {
+        self.loop_opts = loop_opts;
+        self
+    }
+
+    /// Sets [`target`](Settings::target).
+    pub fn target(mut self, target: Option<crate::target::VectorTarget>) -> Settings {
+        self.target = target;
+        self
+    }
+
+    /// Sets [`parallel`](Settings::parallel).
+    pub fn parallel(mut self, parallel: bool) -> Settings {
+        self.parallel = parallel;
+        self
+    }
+
+    /// Sets [`min_region_work`](Settings::min_region_work).
+    pub fn min_region_work(mut self, min_region_work: u64) -> Settings {
+        self.min_region_work = min_region_work;
+        self
     }
 }
 

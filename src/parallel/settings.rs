@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// How many devices to train on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Devices {
     /// As many as pay off, from a cost model of the work of a step (see the [module
     /// documentation](super#how-many-devices)): one device for a step of a few microseconds,
@@ -25,6 +26,7 @@ pub enum Devices {
 /// for different numbers of devices, so results on 2 and 3 devices differ in the last bits.
 /// [`Schedule::Deterministic`] gives the same bits on any number of devices, at a cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Schedule {
     /// The exchange where the devices allow it, else the tree, both as one program per
     /// device queue; the host-scheduled tree over several ranks.
@@ -92,6 +94,18 @@ impl Settings {
             merge: MergeBufferUse::Streaming,
             shuffle: None,
         }
+    }
+
+    /// Sets [`batch`](Settings::batch).
+    pub fn batch(mut self, batch: usize) -> Settings {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets [`epochs`](Settings::epochs).
+    pub fn epochs(mut self, epochs: usize) -> Settings {
+        self.epochs = epochs;
+        self
     }
 
     /// Sets [`devices`](Settings::devices).

@@ -223,14 +223,7 @@ pub fn process(seeds: &[u64], opts: &Opts, verbose: bool) -> (Vec<CaseReport>, S
     let refs: Vec<&Program> = progs.iter().collect();
     let a = run_compiled(&refs, &opts.settings, opts.checked);
     lap(1, &mut stats);
-    let c = run_compiled(
-        &refs,
-        &Settings {
-            enabled: false,
-            ..Default::default()
-        },
-        opts.checked,
-    );
+    let c = run_compiled(&refs, &Settings::default().enabled(false), opts.checked);
     lap(2, &mut stats);
     let mut reports = vec![];
     for ((p, a), c) in progs.iter().zip(a).zip(c) {

@@ -248,8 +248,9 @@ fn narrow_of_decimal(d: &Decimal, x: f64, prec: Prec) -> f64 {
     }
     // bit patterns of magnitudes; the largest finite one; the value after it as if the
     // exponent range went on (rounding overflows to infinity from the midpoint on)
-    type Format = (fn(f64) -> u32, fn(u32) -> f64, u32, f64);
-    let (enc, dec, max_bits, after_max): Format = if prec == Prec::Bfloat16 {
+    type Enc = fn(f64) -> u32;
+    type Dec = fn(u32) -> f64;
+    let (enc, dec, max_bits, after_max): (Enc, Dec, u32, f64) = if prec == Prec::Bfloat16 {
         (
             |v| u32::from(bf16_of_f64(v)) & 0x7fff,
             |b| bf16_to_f64(b as u16),
