@@ -830,10 +830,18 @@ impl Backend for MpiBackend {
         }
     }
     /// A device with a worker thread on its own rank; a stand-in that drops its tasks on
-    /// every other rank.
+    /// every other rank. The worker runs its routines' parallel regions alone, or, with
+    /// threads set on the compiler backend ([`CcBackend::with_threads`]), with helper threads
+    /// (unpinned): several ranks may share a machine, so a rank does not take every core.
     fn spawn_device(&self, physical: &PhysicalDevice, subordinal: usize) -> Result<Device> {
         if physical.ordinal() == self.rank {
-            Device::with_worker(physical.clone(), subordinal, None)
+            let team = self
+                .core
+                .cc()
+                .threads()
+                .filter(|&t| t > 1)
+                .map(|t| super::team::Team::new(&format!("mpi:{}", self.rank), t));
+            Device::with_worker(physical.clone(), subordinal, None, team)
         } else {
             Ok(Device::remote(physical.clone(), subordinal))
         }
