@@ -648,7 +648,12 @@ fn a_big_integer_matmul_is_a_kernel_in_the_c() {
 
 /// The C name of the routine parameter for tensor `label` (`a_1` for `a`).
 fn names_in(src: &str, label: &str) -> String {
-    let sig = src.lines().find(|l| l.starts_with("static int ")).unwrap();
+    // The routine's own function (not a parallel region's chunk function, which takes
+    // `void *aj_arg`).
+    let sig = src
+        .lines()
+        .find(|l| l.starts_with("static int ") && !l.contains("void *aj_arg"))
+        .unwrap();
     sig.split(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
         .find(|t| {
             t.strip_prefix(label)

@@ -29,6 +29,7 @@ import time
 WORKLOADS = {
     "matmul_512": ("matmul 512^3 f32", "GFLOP/s", 2 * 512**3),
     "matmul_1024": ("matmul 1024^3 f32", "GFLOP/s", 2 * 1024**3),
+    "matmul_2048": ("matmul 2048^3 f32", "GFLOP/s", 2 * 2048**3),
     "matmul_t_768": ("matmul a@b.T (ij,kj->ik) 768^3 f32", "GFLOP/s", 2 * 768**3),
     "batched_matmul_16x128": ("batched matmul 16x128^3 f32", "GFLOP/s", 2 * 16 * 128**3),
     "matmul_f64_1024": ("matmul 1024^3 f64", "GFLOP/s", 2 * 1024**3),
@@ -49,6 +50,11 @@ WORKLOADS = {
     "layernorm_4096x1024": ("layer norm over rows (scale, bias), 4096x1024 f32", "GB/s",
                             2 * 4 * 4096 * 1024),
 }
+# The workloads timed on all cores too (--threads = the machine's cores each side), and those
+# timed on all cores only.
+ALL_CORES = ["matmul_2048", "conv3x3_56x64", "softmax_4096x1024", "layernorm_4096x1024",
+             "row_sums", "fused_elementwise"]
+ALL_CORES_ONLY = ["matmul_2048"]
 SMALL = 4096  # elements of the small kernel (benches/peers/small_kernel.json)
 
 
@@ -62,6 +68,7 @@ def inputs(np):
     return {
         "matmul_512": (u(512, 512), u(512, 512)),
         "matmul_1024": (u(1024, 1024), u(1024, 1024)),
+        "matmul_2048": (u(2048, 2048), u(2048, 2048)),
         "matmul_t_768": (u(768, 768), u(768, 768)),
         "batched_matmul_16x128": (u(16, 128, 128), u(16, 128, 128)),
         "matmul_f64_1024": (u64(1024, 1024), u64(1024, 1024)),
@@ -88,6 +95,7 @@ def numpy_ops(np):
     return {
         "matmul_512": lambda a, b: a @ b,
         "matmul_1024": lambda a, b: a @ b,
+        "matmul_2048": lambda a, b: a @ b,
         "matmul_t_768": lambda a, b: a @ b.T,
         "batched_matmul_16x128": lambda a, b: a @ b,
         "matmul_f64_1024": lambda a, b: a @ b,
@@ -124,10 +132,19 @@ def run_numpy(args):
     except Exception as e:  # threadpoolctl is optional
         out["blas"] = f"threadpoolctl unavailable: {e}"
     out["env"] = {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    out["threads"] = args.threads
     data = inputs(np)
+    limits = None
+    if args.threads != 1:
+        from threadpoolctl import threadpool_limits
+
+        limits = threadpool_limits(args.threads)
     for w, op in numpy_ops(np).items():
+        if args.only and w not in args.only:
+            continue
         xs = data[w]
         out["ms"][w] = median_ms(lambda: op(*xs), args.warmup, args.runs)
+    del limits
     return out
 
 
@@ -264,6 +281,7 @@ def onnx_models(np):
     return {
         "matmul_512": lambda: matmul([512, 512], [512, 512]),
         "matmul_1024": lambda: matmul([1024, 1024], [1024, 1024]),
+        "matmul_2048": lambda: matmul([2048, 2048], [2048, 2048]),
         "matmul_t_768": lambda: matmul([768, 768], [768, 768], trans_b=True),
         "batched_matmul_16x128": lambda: matmul([16, 128, 128], [16, 128, 128]),
         "matmul_f64_1024": lambda: matmul([1024, 1024], [1024, 1024], D, np.float64),
@@ -279,18 +297,21 @@ def onnx_models(np):
 
 
 def run_onnxruntime(args):
-    """The workloads in ONNX Runtime's CPU provider (MLAS kernels), one thread
-    (intra_op_num_threads=1, inter_op_num_threads=1), all graph optimizations on."""
+    """The workloads in ONNX Runtime's CPU provider (MLAS kernels), on --threads threads
+    (intra_op_num_threads; inter_op_num_threads=1), all graph optimizations on."""
     import numpy as np
     import onnxruntime as ort
 
     out = {"peer": "onnxruntime", "version": ort.__version__, "ms": {}, "errors": {}}
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    out["threads"] = args.threads
+    opts.intra_op_num_threads = args.threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     for w, make in onnx_models(np).items():
+        if args.only and w not in args.only:
+            continue
         try:
             m, feeds = make()
             sess = ort.InferenceSession(m, opts, providers=["CPUExecutionProvider"])
@@ -467,6 +488,8 @@ def table(args):
             "arrayjit/numpy", "arrayjit/tinygrad", "arrayjit/onnxrt"]
     rows = []
     for w, (desc, unit, amount) in WORKLOADS.items():
+        if w in ALL_CORES_ONLY:
+            continue
         a = aj.get(w)
         n = npy["ms"].get(w) if npy else None
         t = tg["ms"].get(w) if tg else None
@@ -486,7 +509,7 @@ def table(args):
     print_table(head, rows)
     print("ratios are speed ratios (peer time / arrayjit time): above 1x, arrayjit is faster.")
     for w in WORKLOADS:
-        if aj.get(w) is None:
+        if aj.get(w) is None and w not in ALL_CORES_ONLY:
             print(f"  arrayjit {w}: {reason(f'arrayjit-{w}.err')}")
     if tg:
         for w, e in (tg.get("errors") or {}).items():
@@ -496,6 +519,34 @@ def table(args):
             if w not in ortr["ms"]:
                 print(f"  onnxruntime {w}: {e}")
     print()
+
+    # --- kernels on all cores -----------------------------------------------------------
+    aj_all, np_all_r, ort_all_r = rounds("arrayjit-all"), rounds("numpy-all"), rounds("onnxruntime-all")
+    if aj_all or np_all_r or ort_all_r:
+        threads = meta.get("threads", "?")
+        a_all = best(aj_all)
+        n_all = best(r["ms"] for r in np_all_r)
+        o_all = best(r["ms"] for r in ort_all_r)
+        print(f"kernels, all cores ({threads} threads each side: arrayjit bench --threads "
+              f"{threads}, numpy threadpool_limits({threads}), ONNX Runtime intra_op_num_threads="
+              f"{threads}): per peer, the best of {len(aj_all)}/{len(np_all_r)}/{len(ort_all_r)} "
+              f"rounds (arrayjit/numpy/onnxruntime, interleaved)")
+        head = ["workload", "arrayjit ms", "arrayjit rate", "numpy ms", "onnxrt ms",
+                "arrayjit/numpy", "arrayjit/onnxrt", "over its 1 thread"]
+        rows = []
+        for w in ALL_CORES:
+            desc, unit, amount = WORKLOADS[w]
+            a, n, o = a_all.get(w), n_all.get(w), o_all.get(w)
+            rate = None if a is None else amount / (a * 1e-3) / 1e9
+            rows.append([desc, fmt(a, ".3f"), "-" if rate is None else f"{rate:.1f} {unit}",
+                         fmt(n, ".3f"), fmt(o, ".3f"), ratio(n, a), ratio(o, a),
+                         ratio(aj.get(w), a)])
+        print_table(head, rows)
+        print("over its 1 thread: arrayjit's one-thread time (table above) / its all-cores time.")
+        for w in ALL_CORES:
+            if a_all.get(w) is None:
+                print(f"  arrayjit {w} (all cores): {reason(f'arrayjit-all-{w}.err')}")
+        print()
 
     # --- moons --------------------------------------------------------------------------
     mj = load_lines("moons_arrayjit.jsonl")
@@ -672,6 +723,9 @@ def main():
                                      "chain", "table"])
     p.add_argument("--n", type=int, default=100, help="chain: the number of statements")
     p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1,
+                   help="numpy, onnxruntime: threads (threadpool_limits, intra_op_num_threads)")
+    p.add_argument("--only", nargs="*", help="numpy, onnxruntime: these workloads alone")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--results", default=".")
     p.add_argument("--cmd-file", help="time-cmd: the .cmd file arrayjit wrote")

@@ -26,7 +26,9 @@
 #
 #   bash benches/peers/run.sh            (from the repo root or anywhere)
 #
-# Environment: RUNS (default 10) and WARMUP (default 2) for the kernels, timed in ROUNDS
+# Environment: THREADS (default: the CPUs this process may use) for the all-cores table of
+# matmul 2048^3, the 3x3 convolution, softmax, layer norm, row sums and the fused chain;
+# RUNS (default 10) and WARMUP (default 2) for the kernels, timed in ROUNDS
 # (default 3) rounds that interleave the peers (each peer's best round counts); REPEAT
 # (default 5) rounds of the moons processes (arrayjit and JAX in turn, medians count); PYTHON (default python3) creates the virtual
 # environment benches/peers/.venv, where numpy, threadpoolctl, tinygrad, jax[cpu], onnx and onnxruntime are
@@ -99,12 +101,14 @@ xla_1thread="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 # What arrayjit uses by default: the CPUs this process may run on (nproc would read OMP_NUM_THREADS).
 compile_jobs=${ARRAYJIT_COMPILE_JOBS:-$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || echo '?')}
 cc=${ARRAYJIT_CC:-${CC:-cc}}
+# The all-cores rounds: this many threads each side (default: the CPUs this process may use).
+THREADS=${THREADS:-$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))')}
 "$py" - "$results/meta.json" "$RUNS" "$WARMUP" "$REPEAT" "$ROUNDS" "$pin" "$xla_1thread" "$compile_jobs" \
     "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uptime | sed 's/.*load average/load average/')" \
     "$("$cc" --version 2>/dev/null | head -n 1)" "$(rustc --version 2>/dev/null)" \
-    "$(clang --version 2>/dev/null | head -n 1)" <<'EOF'
+    "$(clang --version 2>/dev/null | head -n 1)" "$THREADS" <<'EOF'
 import json, sys
-out, runs, warmup, repeat, rounds, pin, xla, jobs, date, load, cc, rustc, clang = sys.argv[1:]
+out, runs, warmup, repeat, rounds, pin, xla, jobs, date, load, cc, rustc, clang, threads = sys.argv[1:]
 cpu = "?"
 try:
     with open("/proc/cpuinfo") as f:
@@ -117,7 +121,7 @@ try:
 except OSError:
     pass
 json.dump({"runs": int(runs), "warmup": int(warmup), "repeat": int(repeat),
-           "rounds": int(rounds), "pin": pin,
+           "rounds": int(rounds), "pin": pin, "threads": int(threads),
            "xla_1thread": f"XLA_FLAGS={xla}", "compile_jobs": jobs, "date": date,
            "cpu": f"{cpu}; {load} at start", "cc": cc, "rustc": rustc,
            "clang (tinygrad)": clang,
@@ -154,45 +158,55 @@ fi
 # --- kernels: ROUNDS rounds of arrayjit, numpy, tinygrad, interleaved ----------------------
 # On a shared machine, another process's work hits whichever peer runs at that moment;
 # interleaving the peers and keeping each one's best round keeps that from deciding a ratio.
-kernels_round() { # kernels_round R
-    local r=$1 w line sep=
+one_thread_workloads="matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024
+    fused_elementwise row_sums conv3x3_56x64 conv3x3s2_28x128 dwconv3x3_56x128 maxpool2x2_112x64
+    matmul_bf16_1024 softmax_4096x1024 layernorm_4096x1024"
+all_cores_workloads="matmul_2048 conv3x3_56x64 softmax_4096x1024 layernorm_4096x1024 row_sums
+    fused_elementwise"
+kernels_round() { # kernels_round R THREADS: one round on THREADS threads each side
+    local r=$1 threads=$2 w line sep= tag= list=$one_thread_workloads
+    if [[ $threads != 1 ]]; then
+        tag=-all list=$all_cores_workloads
+    fi
     {
         printf '{'
-        for w in matmul_512 matmul_1024 matmul_t_768 batched_matmul_16x128 matmul_f64_1024 \
-            fused_elementwise row_sums conv3x3_56x64 conv3x3s2_28x128 dwconv3x3_56x128 \
-            maxpool2x2_112x64 matmul_bf16_1024 softmax_4096x1024 layernorm_4096x1024; do
-            if line=$("$aj" bench "$root/benches/programs/$w.json" --warmup "$WARMUP" --runs "$RUNS" \
-                2>"$results/arrayjit-$w.err"); then
+        for w in $list; do
+            if line=$("$aj" bench "$root/benches/programs/$w.json" --threads "$threads" \
+                --warmup "$WARMUP" --runs "$RUNS" 2>"$results/arrayjit$tag-$w.err"); then
                 say "  arrayjit $w: $line"
                 printf '%s"%s": %s' "$sep" "$w" "$(field "$line" run)"
                 sep=', '
             else
-                say "  arrayjit $w failed: $(last_line "$results/arrayjit-$w.err")"
+                say "  arrayjit $w failed: $(last_line "$results/arrayjit$tag-$w.err")"
             fi
         done
         printf '}\n'
-    } >"$results/arrayjit-$r.json"
+    } >"$results/arrayjit$tag-$r.json"
     # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (set on some processors of this workplace for
     # older OpenBLAS builds) slow a current numpy: unset both, for this command alone.
     if [[ $numpy_ok == 1 ]]; then
         say "  numpy"
-        if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" "$here/peers.py" numpy --runs "$RUNS" \
-            --warmup "$WARMUP" >"$results/numpy-$r.json" 2>"$tmp/numpy.err"; then
+        # shellcheck disable=SC2086 # the workload list splits into words
+        if ! env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" \
+            "$py" "$here/peers.py" numpy --runs "$RUNS" --warmup "$WARMUP" --threads "$threads" \
+            --only $list >"$results/numpy$tag-$r.json" 2>"$tmp/numpy.err"; then
             say "  numpy failed: $(last_line "$tmp/numpy.err")"
-            echo "numpy failed: $(last_line "$tmp/numpy.err")" >"$results/numpy.err"
-            rm -f "$results/numpy-$r.json"
+            echo "numpy failed: $(last_line "$tmp/numpy.err")" >"$results/numpy$tag.err"
+            rm -f "$results/numpy$tag-$r.json"
         fi
     fi
     if [[ $ort_ok == 1 ]]; then
         say "  onnxruntime"
+        # shellcheck disable=SC2086
         if ! "$py" "$here/peers.py" onnxruntime --runs "$RUNS" --warmup "$WARMUP" \
-            >"$results/onnxruntime-$r.json" 2>"$tmp/onnxruntime.err"; then
+            --threads "$threads" --only $list >"$results/onnxruntime$tag-$r.json" \
+            2>"$tmp/onnxruntime.err"; then
             say "  onnxruntime failed: $(last_line "$tmp/onnxruntime.err")"
-            echo "onnxruntime failed: $(last_line "$tmp/onnxruntime.err")" >"$results/onnxruntime.err"
-            rm -f "$results/onnxruntime-$r.json"
+            echo "onnxruntime failed: $(last_line "$tmp/onnxruntime.err")" >"$results/onnxruntime$tag.err"
+            rm -f "$results/onnxruntime$tag-$r.json"
         fi
     fi
-    if [[ -n $tg_env ]]; then
+    if [[ -n $tg_env && $threads == 1 ]]; then
         say "  tinygrad ($tg_env THREADS=0 CACHELEVEL=0)"
         if ! env "$tg_env" THREADS=0 CACHELEVEL=0 "$py" "$here/peers.py" tinygrad --runs "$RUNS" \
             --warmup "$WARMUP" >"$results/tinygrad-$r.json" 2>"$tmp/tinygrad.err"; then
@@ -203,8 +217,12 @@ kernels_round() { # kernels_round R
     fi
 }
 for r in $(seq "$ROUNDS"); do
-    say "kernels, round $r of $ROUNDS"
-    kernels_round "$r"
+    say "kernels, one thread, round $r of $ROUNDS"
+    kernels_round "$r" 1
+done
+for r in $(seq "$ROUNDS"); do
+    say "kernels, all cores ($THREADS threads), round $r of $ROUNDS"
+    kernels_round "$r" "$THREADS"
 done
 
 # --- compile latency of a small kernel ---------------------------------------------------

@@ -714,7 +714,16 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
     };
     let mr = ((target.registers.saturating_sub(reserved)) / nv).clamp(1, 14);
     let kc_max = ((target.l1d_bytes * 2 / 3) / (nr * esize)).clamp(16, 512);
-    let nk = con.k.1.div_ceil(kc_max);
+    // The fewest blocks of at most `kc_max`, or one more when that count divides `k` (2048 in
+    // 8 blocks of 256, not 7 of 293): whole blocks only make one loop of them, with no
+    // remainder block after it, and the parallel pass can then split the column blocks
+    // inside every reduction block across a device's threads.
+    let nk_min = con.k.1.div_ceil(kc_max);
+    let nk = if con.k.1 % nk_min != 0 && con.k.1 % (nk_min + 1) == 0 {
+        nk_min + 1
+    } else {
+        nk_min
+    };
     let mut kc = con.k.1.div_ceil(nk);
     // Whole pairs in every block but the last.
     if pairs && kc % 2 == 1 && kc < con.k.1 {
