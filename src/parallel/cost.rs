@@ -15,9 +15,12 @@ pub(crate) const CELL_NS: f64 = 0.1;
 pub(crate) const RUN_NS: f64 = 500.0;
 
 /// Nanoseconds each level of the sum of the gradients over devices costs: a transfer, a
-/// merge routine and the wait for the device merged from (measured at 1 to 3 µs per merge
-/// between two cores in the moons job).
-pub(crate) const LEVEL_NS: f64 = 2000.0;
+/// merge routine and the wait for the device merged from, the lockstep between devices
+/// included. Measured on the default moons job on a 2-vCPU AMD EPYC VM (6 December 2026,
+/// `benches/moons_busy.py --quiet`): 7.8 µs a step on one device, 15 µs on two, so the
+/// level cost about 11 µs there (earlier figures of 1 to 3 µs per merge left out the
+/// waits). A step must save more than this to be split.
+pub(crate) const LEVEL_NS: f64 = 10_000.0;
 
 /// The work of `code` in cell operations: for every statement, the number of points of its
 /// product space (the loop iterations it runs; a fetch or a gather counts the cells it
@@ -84,13 +87,16 @@ mod tests {
     fn a_tiny_step_stays_on_one_device_and_a_large_one_spreads() {
         let all = [1, 2, 3, 4, 6, 8];
         // 20,000 cell operations: 2 µs on one core; a second core would save 1 µs and cost
-        // a merge of 2 µs.
+        // a level of merges of 10 µs.
         assert_eq!(best_devices(20_000, None, 2, &all), Some(1));
-        // The moons job: 122,000 operations, 12.7 µs on one core, 8.6 µs on two.
-        assert_eq!(best_devices(122_000, None, 2, &all), Some(2));
+        // The default moons job: 122,000 operations, 12.7 µs on one core; two would take
+        // 6.6 µs and a 10 µs level of merges: one device.
+        assert_eq!(best_devices(122_000, None, 2, &all), Some(1));
+        // Ten times more: 122 µs on one core, 71 µs on two.
+        assert_eq!(best_devices(1_220_000, None, 2, &all), Some(2));
         // On 8 cores, 4 devices: 3 levels of merges would cost more than 8 devices save.
         let eight = [1, 2, 3, 4, 5, 6, 8];
-        assert_eq!(best_devices(122_000, None, 8, &eight), Some(4));
+        assert_eq!(best_devices(600_000, None, 8, &eight), Some(4));
         // A big step on 2 cores: 2 devices; more devices than cores only add merges.
         assert_eq!(best_devices(400_000_000, None, 2, &all), Some(2));
         // On 8 cores, 8 devices.

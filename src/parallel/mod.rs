@@ -165,12 +165,13 @@
 //! points of its statements' product spaces (loop iterations, [`Report::step_work`]), at
 //! 0.1 ns each (a core runs about 10¹⁰ of them a second); each routine run costs 0.5 µs
 //! more; `N` devices on `P` cores (queues) run `⌈N / P⌉` devices one after another per core,
-//! each doing `1/N` of the work; and adding the gradients up costs 2 µs per level of the
-//! tree, `⌈log2 N⌉` levels. Among the counts up to the backend's suggested devices that
-//! divide the batch (with shards: the shards), `Auto` takes the fastest estimate, a larger
-//! count only if it is at least 5 % faster. So a step of a few microseconds stays on one
-//! device (a second core would save less than the merge costs), the moons job's 12 µs step
-//! goes on two cores, and a step of milliseconds on every core. On the MPI backend `Auto` is
+//! each doing `1/N` of the work; and adding the gradients up costs 10 µs per level of the
+//! tree, `⌈log2 N⌉` levels (a transfer, a merge and the lockstep wait between devices).
+//! Among the counts up to the backend's suggested devices that divide the batch (with
+//! shards: the shards), `Auto` takes the fastest estimate, a larger count only if it is at
+//! least 5 % faster. So a step of less than about 20 µs stays on one device (a second core
+//! would save less than the merge costs): the default moons job's step of about 8 µs does,
+//! and a step of milliseconds goes on every core. On the MPI backend `Auto` is
 //! one device per rank.
 //!
 //! # Errors
