@@ -719,7 +719,7 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
     // remainder block after it, and the parallel pass can then split the column blocks
     // inside every reduction block across a device's threads.
     let nk_min = con.k.1.div_ceil(kc_max);
-    let nk = if con.k.1 % nk_min != 0 && con.k.1 % (nk_min + 1) == 0 {
+    let nk = if !con.k.1.is_multiple_of(nk_min) && con.k.1.is_multiple_of(nk_min + 1) {
         nk_min + 1
     } else {
         nk_min
