@@ -18,7 +18,7 @@ pub use deps::{analyze, check_parallel, parallel_work, Accumulator, Independence
 pub use print::to_doc;
 pub use verify::verify;
 pub use walk::{
-    map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_value,
+    map_block, map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_value,
     visit_value_indices, visit_values, visit_vectors,
 };
 

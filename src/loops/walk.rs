@@ -24,6 +24,33 @@ pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
     }
 }
 
+/// `c` rebuilt with `f` applied to the statements directly inside it when it is a block: the
+/// items of a `Seq`, the body of a `For` or an `If`. `None` for any other statement, which
+/// the caller rebuilds itself.
+pub fn map_block(c: &Llc, f: &mut impl FnMut(&Llc) -> Llc) -> Option<Llc> {
+    Some(match c {
+        Llc::Seq(v) => Llc::Seq(v.iter().map(&mut *f).collect()),
+        Llc::For {
+            index,
+            from,
+            to,
+            body,
+            trace_it,
+        } => Llc::For {
+            index: *index,
+            from: *from,
+            to: *to,
+            body: Box::new(f(body)),
+            trace_it: *trace_it,
+        },
+        Llc::If { guards, body } => Llc::If {
+            guards: guards.clone(),
+            body: Box::new(f(body)),
+        },
+        _ => return None,
+    })
+}
+
 fn stmts_in_value(v: &Llv, f: &mut impl FnMut(&Llc)) {
     match v {
         Llv::LocalScope { body, .. } => visit_llc(body, f),

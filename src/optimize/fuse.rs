@@ -557,25 +557,10 @@ fn map_tensors(
         }
     }
     fn stmt(c: &Llc, a: &mut Access) -> Llc {
+        if let Some(b) = crate::loops::map_block(c, &mut |c| stmt(c, a)) {
+            return b;
+        }
         match c {
-            Llc::Seq(v) => Llc::Seq(v.iter().map(|c| stmt(c, a)).collect()),
-            Llc::For {
-                index,
-                from,
-                to,
-                body,
-                trace_it,
-            } => Llc::For {
-                index: *index,
-                from: *from,
-                to: *to,
-                body: Box::new(stmt(body, a)),
-                trace_it: *trace_it,
-            },
-            Llc::If { guards, body } => Llc::If {
-                guards: guards.clone(),
-                body: Box::new(stmt(body, a)),
-            },
             Llc::Lookup {
                 symbol,
                 tn,

@@ -131,25 +131,10 @@ fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
     if let Some((_, r)) = decisions.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
         return r.clone();
     }
+    if let Some(b) = crate::loops::map_block(c, &mut |c| rebuild(c, decisions)) {
+        return b;
+    }
     match c {
-        Llc::Seq(v) => Llc::Seq(v.iter().map(|c| rebuild(c, decisions)).collect()),
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            trace_it,
-        } => Llc::For {
-            index: *index,
-            from: *from,
-            to: *to,
-            body: Box::new(rebuild(body, decisions)),
-            trace_it: *trace_it,
-        },
-        Llc::If { guards, body } => Llc::If {
-            guards: guards.clone(),
-            body: Box::new(rebuild(body, decisions)),
-        },
         Llc::Lookup {
             symbol,
             tn,
@@ -286,25 +271,10 @@ fn combine_of(op: Binop) -> Binop {
 /// of its partial result.
 fn redirect(c: &Llc, accs: &[Accumulator], partials: &[Tnode], b: Symbol) -> Llc {
     let go = |c: &Llc| redirect(c, accs, partials, b);
+    if let Some(block) = crate::loops::map_block(c, &mut |c| go(c)) {
+        return block;
+    }
     match c {
-        Llc::Seq(v) => Llc::Seq(v.iter().map(go).collect()),
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            trace_it,
-        } => Llc::For {
-            index: *index,
-            from: *from,
-            to: *to,
-            body: Box::new(go(body)),
-            trace_it: *trace_it,
-        },
-        Llc::If { guards, body } => Llc::If {
-            guards: guards.clone(),
-            body: Box::new(go(body)),
-        },
         Llc::Lookup {
             symbol,
             tn,
