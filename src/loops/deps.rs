@@ -77,7 +77,7 @@ pub fn check_parallel(root: &Llc, region: &Llc) -> Result<(), String> {
         return Err("not a parallel loop".into());
     };
     let mut regions = Regions::default();
-    statements(root, &mut |c| {
+    visit_llc(root, &mut |c| {
         if let Llc::Parallel(q) = c {
             for t in &q.private {
                 regions.add(t, c);
@@ -261,7 +261,7 @@ struct Access<'a> {
 /// Every access of a tensor in `c` (merge-buffer reads left out: nothing writes them).
 fn accesses(c: &Llc) -> Vec<Access<'_>> {
     let mut out = vec![];
-    statements(c, &mut |c| match c {
+    visit_llc(c, &mut |c| match c {
         Llc::Set { tn, idcs, .. } => out.push(Access {
             tn,
             idcs,
@@ -293,105 +293,13 @@ fn accesses(c: &Llc) -> Vec<Access<'_>> {
     out
 }
 
-/// [`visit_llc`] keeping the borrow of the code: every statement, outermost first,
-/// including statements inside local scopes.
-pub(crate) fn statements<'a>(c: &'a Llc, f: &mut dyn FnMut(&'a Llc)) {
-    fn value<'a>(v: &'a Llv, f: &mut dyn FnMut(&'a Llc)) {
-        match v {
-            Llv::LocalScope { body, .. } => statements(body, f),
-            Llv::Binop(_, a, b) => {
-                value(a, f);
-                value(b, f);
-            }
-            Llv::Unop(_, a) => value(a, f),
-            Llv::Ternop(_, a, b, c) => {
-                value(a, f);
-                value(b, f);
-                value(c, f);
-            }
-            _ => {}
-        }
-    }
-    fn vector<'a>(v: &'a Vlv, f: &mut dyn FnMut(&'a Llc)) {
-        match v {
-            Vlv::Splat(_, x) => value(x, f),
-            Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
-                vector(a, f);
-                vector(b, f);
-                vector(c, f);
-            }
-            Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
-                vector(a, f);
-                vector(b, f);
-            }
-            Vlv::Repeat(a, _) | Vlv::Unop(_, a) => vector(a, f),
-            Vlv::Reg(_) | Vlv::Zero(_) | Vlv::Load(..) => {}
-        }
-    }
-    f(c);
-    match c {
-        Llc::Seq(v) => v.iter().for_each(|c| statements(c, f)),
-        Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => {
-            statements(body, f)
-        }
-        Llc::Parallel(p) => statements(&p.body, f),
-        Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v, f),
-        Llc::VSet(_, v) | Llc::VStore { value: v, .. } => vector(v, f),
-        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
-    }
-}
-
-/// [`super::visit_reads`] with the borrow of the code (merge-buffer reads left out).
+/// [`super::visit_reads`] without the merge-buffer reads.
 fn reads_of<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Tnode, &'a [AxisIndex], usize)) {
-    fn go<'a>(c: &'a Llc, f: &mut dyn FnMut(&'a Tnode, &'a [AxisIndex], usize)) {
-        fn value<'a>(v: &'a Llv, f: &mut dyn FnMut(&'a Tnode, &'a [AxisIndex], usize)) {
-            match v {
-                Llv::Get(tn, idcs) => f(tn, idcs, 1),
-                Llv::LocalScope { body, .. } => go(body, f),
-                Llv::Binop(_, a, b) => {
-                    value(a, f);
-                    value(b, f);
-                }
-                Llv::Unop(_, a) => value(a, f),
-                Llv::Ternop(_, a, b, c) => {
-                    value(a, f);
-                    value(b, f);
-                    value(c, f);
-                }
-                _ => {}
-            }
+    super::visit_reads(c, &mut |tn, idcs, lanes, merge| {
+        if !merge {
+            f(tn, idcs, lanes)
         }
-        fn vector<'a>(v: &'a Vlv, f: &mut dyn FnMut(&'a Tnode, &'a [AxisIndex], usize)) {
-            match v {
-                Vlv::Load(t, tn, idcs) => f(tn, idcs, t.lanes),
-                Vlv::Splat(_, x) => value(x, f),
-                Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
-                    vector(a, f);
-                    vector(b, f);
-                    vector(c, f);
-                }
-                Vlv::Binop(_, a, b) | Vlv::Shuffle(a, b, _) => {
-                    vector(a, f);
-                    vector(b, f);
-                }
-                Vlv::Repeat(a, _) | Vlv::Unop(_, a) => vector(a, f),
-                Vlv::Reg(_) | Vlv::Zero(_) => {}
-            }
-        }
-        match c {
-            Llc::Seq(v) => v.iter().for_each(|c| go(c, f)),
-            Llc::For { body, .. } | Llc::If { body, .. } => go(body, f),
-            Llc::Parallel(p) => go(&p.body, f),
-            Llc::Lookup { tn, idcs, body, .. } => {
-                f(tn, idcs, 1);
-                go(body, f)
-            }
-            Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v, f),
-            Llc::VSet(_, v) | Llc::VStore { value: v, .. } => vector(v, f),
-            Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
-        }
-    }
-    go(c, f)
+    });
 }
 
 /// An index as `c·i + Σ symbolic + [lo, hi]`: the coefficient of `i`, the terms in symbols

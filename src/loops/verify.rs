@@ -44,7 +44,7 @@ pub fn verify(code: &Llc) -> Result<(), String> {
     v.stmt(code)?;
     // Every parallel region's iterations are independent.
     let mut regions = vec![];
-    super::deps::statements(code, &mut |c| {
+    super::visit_llc(code, &mut |c| {
         if let Llc::Parallel(p) = c {
             regions.push((c, p.index));
         }

@@ -3,8 +3,9 @@
 use super::{Llc, Llv, Vlv};
 use crate::ir::{AxisIndex, Tnode};
 
-/// Calls `f` on every statement, outermost first, including statements inside local scopes.
-pub fn visit_llc(c: &Llc, f: &mut impl FnMut(&Llc)) {
+/// Calls `f` on every statement, outermost first, including statements inside local scopes
+/// (the borrows `f` gets live as long as `c`'s).
+pub fn visit_llc<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llc)) {
     f(c);
     match c {
         Llc::Seq(v) => v.iter().for_each(|c| visit_llc(c, f)),
@@ -51,7 +52,7 @@ pub fn map_block(c: &Llc, f: &mut impl FnMut(&Llc) -> Llc) -> Option<Llc> {
     })
 }
 
-fn stmts_in_value(v: &Llv, f: &mut impl FnMut(&Llc)) {
+fn stmts_in_value<'a>(v: &'a Llv, f: &mut impl FnMut(&'a Llc)) {
     match v {
         Llv::LocalScope { body, .. } => visit_llc(body, f),
         Llv::Binop(_, a, b) => {
@@ -70,8 +71,8 @@ fn stmts_in_value(v: &Llv, f: &mut impl FnMut(&Llc)) {
 
 /// Calls `f` on every scalar value, outermost first, including values inside local scopes
 /// and the scalars that vectors broadcast.
-pub fn visit_values(c: &Llc, f: &mut impl FnMut(&Llv)) {
-    fn go_v(v: &Llv, f: &mut impl FnMut(&Llv)) {
+pub fn visit_values<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llv)) {
+    fn go_v<'a>(v: &'a Llv, f: &mut impl FnMut(&'a Llv)) {
         f(v);
         match v {
             Llv::LocalScope { body, .. } => visit_values(body, f),
@@ -144,7 +145,7 @@ pub fn visit_value_indices(v: &Llv, f: &mut impl FnMut(&AxisIndex)) {
     });
 }
 
-pub(crate) fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
+pub(crate) fn visit_vlv<'a>(v: &'a Vlv, f: &mut impl FnMut(&'a Vlv)) {
     f(v);
     match v {
         Vlv::Fma(a, b, c) | Vlv::DotPairs(a, b, c) | Vlv::Ternop(_, a, b, c) => {
@@ -162,7 +163,7 @@ pub(crate) fn visit_vlv(v: &Vlv, f: &mut impl FnMut(&Vlv)) {
 }
 
 /// Calls `f` on every vector value, outermost first.
-pub fn visit_vectors(c: &Llc, f: &mut impl FnMut(&Vlv)) {
+pub fn visit_vectors<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Vlv)) {
     visit_llc(c, &mut |c| {
         if let Llc::VSet(_, v) | Llc::VStore { value: v, .. } = c {
             visit_vlv(v, f)
@@ -173,7 +174,7 @@ pub fn visit_vectors(c: &Llc, f: &mut impl FnMut(&Vlv)) {
 /// Calls `f(node, indices, lanes)` on every read of a tensor: scalar reads (1 lane), reads of
 /// the merge buffer (with `merge` true), vector loads and the index reads of
 /// [`Llc::Lookup`] (1 lane).
-pub fn visit_reads(c: &Llc, f: &mut impl FnMut(&Tnode, &[AxisIndex], usize, bool)) {
+pub fn visit_reads<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Tnode, &'a [AxisIndex], usize, bool)) {
     visit_llc(c, &mut |c| {
         if let Llc::Lookup { tn, idcs, .. } = c {
             f(tn, idcs, 1, false)
