@@ -363,6 +363,25 @@ fn differential_random_programs() {
     );
 }
 
+/// Found by `scripts/fuzz.sh` on new seeds (1796534390 and 2796533796, every loop a
+/// region): a parallel
+/// region's context captured the iterators of a local scope's original indices (`i12`,
+/// `i13`, of loops the inlining had removed), which the C then referenced undeclared. Those
+/// indices are a record of where an inlined node was read, not an access.
+#[test]
+fn regression_region_captures_only_iterators_its_code_uses() {
+    // The second seed (2796533796) met it with clang in bounds-checked mode.
+    for (seed, checked) in [(1_796_534_390, false), (2_796_533_796, true)] {
+        let opts = Opts {
+            settings: Settings::default().max_visits(64).min_region_work(0),
+            checked,
+        };
+        let (reports, _) = process(&[seed], &opts, false);
+        let problems: Vec<&String> = reports.iter().flat_map(|r| &r.problems).collect();
+        assert!(problems.is_empty(), "seed {seed}: {problems:#?}");
+    }
+}
+
 #[test]
 fn differential_generator_is_deterministic() {
     for seed in [1, 77, 12345] {

@@ -203,7 +203,8 @@ pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
     });
     visit_values(c, &mut |v| match v {
         Llv::Get(_, idcs) | Llv::GetMergeBuffer(_, idcs) => idcs.iter().for_each(&mut *f),
-        Llv::LocalScope { orig_indices, .. } => orig_indices.iter().for_each(&mut *f),
+        // (A local scope's `orig_indices` record where an inlined node was read; they are
+        // not an access, and may name iterators of loops the inlining removed.)
         Llv::EmbedIndex(ix) => f(ix),
         Llv::Random { idcs, .. } => idcs.iter().for_each(&mut *f),
         _ => {}
