@@ -988,3 +988,52 @@ fn example_affine_byte_accumulation() {
     }
     assert_eq!(got, want);
 }
+
+/// Bug (fixed): tracing took a store that covers every cell of a node (`t[i] := ...` over all
+/// of `i`) as covering them from its first traced iteration, so a later iteration of the same
+/// loop that read a cell before writing it (an in-place update of a node only partly written
+/// before) looked like a read of written cells. The node was not recurrent, became Local, and
+/// lost between runs the cells only earlier runs had written. Found by the fuzzer (seed
+/// 1610420943, with every compiler); the interpreter on unoptimized code keeps them.
+#[test]
+fn regression_in_place_update_after_partial_write_is_recurrent() {
+    use common::*;
+    let b = Bindings::empty();
+    let x = input("x", &[3], Prec::Single, &[5., 6., 7.]);
+    let one = input("one", &[2], Prec::Single, &[1., 1.]);
+    let t = temp("t", &[2], Prec::Single);
+    let out = output("out", &[2], Prec::Single);
+    // t[0] = x[a] for every a (the last one, 7, stays); t[i] += 1; out = t.
+    let asgns = Assignments::seq([
+        unop(&t, Binop::Arg2, false, Unop::Identity, &x, "a->0", &b),
+        unop(&t, Binop::Add, false, Unop::Identity, &one, "i->i", &b),
+        unop(&out, Binop::Arg2, false, Unop::Identity, &t, "i->i", &b),
+    ]);
+    // t[1] only grows by one per run, from the zeros of the first run.
+    let want = [vec![8., 1.], vec![8., 2.], vec![8., 3.]];
+    let mut mem = Memory::new();
+    mem.load_from_hosts(&asgns.nodes());
+    for w in &want {
+        interp::run_assignments(&asgns, &[], &mut mem).unwrap();
+        assert_eq!(mem.get(&out).unwrap(), &w[..], "interpreter");
+    }
+    let backend = CcBackend::new();
+    let (routine, src) = common::build(&backend, "in_place", &b, &asgns).unwrap();
+    for w in &want {
+        let got = common::run_and_read(&backend, &routine, &[&out]);
+        assert_eq!(
+            got[0],
+            *w,
+            "compiled; t is {:?}:\n{src}",
+            backend.memory_mode(&t)
+        );
+    }
+    // The fuzzer's program, replayed.
+    let opts = Opts {
+        settings: Settings::default(),
+        checked: false,
+    };
+    let (reports, _) = process(&[1_610_420_943], &opts, false);
+    let problems: Vec<&String> = reports.iter().flat_map(|r| &r.problems).collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+}

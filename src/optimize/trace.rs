@@ -82,8 +82,12 @@ type Cell = Vec<i64>;
 struct NodeState {
     written_cells: HashSet<Cell>,
     any_write: bool,
-    /// Some single store covered every cell (a full loop nest over the node's dims).
+    /// Some single store covered every cell (a full loop nest over the node's dims), and its
+    /// loop nest has ended.
     fully_written: bool,
+    /// Unguarded stores by their symbolic indices, with the time of the latest (see
+    /// [`Tracer::written_this_iteration`]).
+    stores: HashMap<Vec<AxisIndex>, u64>,
     zeroed: bool,
     visits: HashMap<Cell, usize>,
     reads: usize,
@@ -107,6 +111,15 @@ struct Tracer<'a> {
     points: usize,
     /// How many guards ([`Llc::If`]) enclose the current statement.
     guarded: usize,
+    /// Counts the stores and loop iterations walked: the time of each.
+    clock: u64,
+    /// The enclosing loops' iterators, outermost first, with the time their current iteration
+    /// started.
+    loops: Vec<(Symbol, u64)>,
+    /// Nodes that a store covers in full once the loop of the given iterator ends (the
+    /// outermost loop of the store's iterators): until then, only the iterations walked so far
+    /// have written.
+    pending_full: Vec<(Tnode, Symbol)>,
     nodes: BTreeMap<Tnode, NodeState>,
 }
 
@@ -153,11 +166,16 @@ impl Tracer<'_> {
     fn read(&mut self, tn: &Tnode, idcs: &[AxisIndex], own: Option<(&Tnode, &[AxisIndex])>) {
         let (cell, exact) = self.cell(idcs);
         let weight = self.collapsed_weight(idcs);
+        let this_iteration = self.written_this_iteration(tn, idcs);
         let st = self.nodes.entry(tn.clone()).or_default();
         st.reads += 1;
         // A cell whose coordinates are not all known (a static index, or a loop cut short by
-        // sampling) counts as written only if every cell of the node was.
-        let written = st.zeroed || st.fully_written || (exact && st.written_cells.contains(&cell));
+        // sampling) counts as written only if every cell of the node was, or if the same
+        // indices were stored to in this iteration of the loops they depend on.
+        let written = st.zeroed
+            || st.fully_written
+            || this_iteration
+            || (exact && st.written_cells.contains(&cell));
         if !written {
             st.recurrent = true;
         }
@@ -166,6 +184,28 @@ impl Tracer<'_> {
             let v = st.visits.entry(cell).or_default();
             *v = v.saturating_add(weight);
         }
+    }
+
+    /// Whether an unguarded store to `tn` at the same symbolic indices `idcs` came earlier in the
+    /// current iteration of every loop whose iterator `idcs` uses. Then it did so in every
+    /// iteration, walked or not (the same code with the same indices, and no guard), so the
+    /// cell read is written whatever iteration reads it. `idcs` must use loop iterators only
+    /// (a static index or a lookup's row has no loop).
+    fn written_this_iteration(&self, tn: &Tnode, idcs: &[AxisIndex]) -> bool {
+        let Some(&time) = self.nodes.get(tn).and_then(|st| st.stores.get(idcs)) else {
+            return false;
+        };
+        let mut symbols = idcs.iter().flat_map(|ix| match ix {
+            AxisIndex::Fixed(_) => vec![],
+            AxisIndex::Iterator(s) => vec![*s],
+            AxisIndex::Linear(l) => l.terms().iter().map(|(s, _)| *s).collect(),
+        });
+        symbols.all(|s| {
+            self.loops
+                .iter()
+                .find(|(l, _)| *l == s)
+                .is_some_and(|&(_, start)| time >= start)
+        })
     }
 
     /// How many visits one traced read at `idcs` stands for: the full walk's iterations of
@@ -239,9 +279,23 @@ impl Tracer<'_> {
                 let outer = self.walked;
                 self.walked = outer.saturating_mul(walk.max(1) as usize);
                 self.ranges.insert(*index, (*from, *to));
+                self.loops.push((*index, self.clock));
                 for i in *from..*from + walk {
+                    self.clock += 1;
+                    self.loops.last_mut().expect("pushed above").1 = self.clock;
                     self.env.insert(*index, i);
                     self.stmt(body);
+                }
+                self.loops.pop();
+                // The stores that cover a node in full once this loop has run.
+                let mut k = 0;
+                while k < self.pending_full.len() {
+                    if self.pending_full[k].1 == *index {
+                        let (tn, _) = self.pending_full.swap_remove(k);
+                        self.nodes.entry(tn).or_default().fully_written = true;
+                    } else {
+                        k += 1;
+                    }
                 }
                 self.walked = outer;
                 if collapsed {
@@ -282,10 +336,24 @@ impl Tracer<'_> {
                 let (cell, _) = self.cell(idcs);
                 let guarded = self.guarded > 0;
                 let full = !guarded && self.covers_all_cells(tn, idcs);
+                // The cells are all written when the outermost loop of the store's iterators
+                // ends (at once if it has none: a node of one cell).
+                let outermost = self.loops.iter().map(|(s, _)| *s).find(|s| {
+                    idcs.iter()
+                        .any(|ix| matches!(ix, AxisIndex::Iterator(t) if t == s))
+                });
+                self.clock += 1;
+                let time = self.clock;
                 let st = self.nodes.entry(tn.clone()).or_default();
-                st.fully_written |= full;
                 if !guarded {
                     st.written_cells.insert(cell);
+                    st.stores.insert(idcs.to_vec(), time);
+                }
+                if full {
+                    match outermost {
+                        Some(s) => self.pending_full.push((tn.clone(), s)),
+                        None => st.fully_written = true,
+                    }
                 }
                 st.any_write = true;
                 st.writes += 1;
@@ -314,6 +382,9 @@ pub fn trace(code: &Llc, settings: &Settings) -> Result<TracedStore> {
         walked: 1,
         points: 0,
         guarded: 0,
+        clock: 0,
+        loops: vec![],
+        pending_full: vec![],
         nodes: BTreeMap::new(),
     };
     t.stmt(code);
