@@ -278,6 +278,18 @@ typedef uint32_t aj_u32x16 __attribute__((vector_size(64)));
   })
 #endif
 
+/* AJ_PREFETCH(p, i, w): a hint that element i of the array p is about to be read (w = 0)
+   or written (w = 1); it changes no value. The optimizer's prefetches of row streams (the
+   next row of a tensor that a row loop reads) may name an element past the array, so the
+   address is computed in integer arithmetic (no out-of-bounds pointer is formed) and
+   prefetch instructions never fault. */
+#if defined(__GNUC__) || defined(__clang__)
+#define AJ_PREFETCH(p, i, w)                                                                   \
+  __builtin_prefetch((const void *)((uintptr_t)(p) + (uintptr_t)(int64_t)(i) * sizeof *(p)), (w), 3)
+#else
+#define AJ_PREFETCH(p, i, w) ((void)(p), (void)(i))
+#endif
+
 /* AJ_SHUFFLE(T, M, a, b, i...): the lanes i... of a followed by b (vectors of type T), as a
    T. Clang and GCC 12+ have __builtin_shufflevector; older GCC has __builtin_shuffle, which
    takes the lane indices as an integer vector of the same shape (M, one of the aj_mask_*

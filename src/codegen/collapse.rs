@@ -145,6 +145,8 @@ fn accesses_are_flat(body: &Llc, i: Symbol, j: Symbol, b: usize) -> bool {
             let g: Vec<AxisIndex> = guards.iter().map(|(ix, _)| *ix).collect();
             access(None, &g)
         }
+        // A flat offset is not an `i, j` pair either.
+        Llc::Prefetch { offset, .. } => access(None, std::slice::from_ref(offset)),
         _ => {}
     });
     visit_values(body, &mut |v| match v {

@@ -727,6 +727,17 @@ impl Writer {
                 let n = self.names.node(tn);
                 let _ = writeln!(out, "{pad}memset({n}, 0, {});", tn.size_in_bytes());
             }
+            Llc::Prefetch { tn, offset, write } => {
+                // The runtime's AJ_PREFETCH computes the address in integer arithmetic: the
+                // element may lie past the tensor (the row after the last one).
+                let n = self.names.node(tn);
+                let _ = writeln!(
+                    out,
+                    "{pad}AJ_PREFETCH({n}, {}, {});",
+                    self.axis_expr(offset),
+                    u8::from(*write)
+                );
+            }
             Llc::Set { tn, idcs, value } => {
                 let saved = std::mem::take(&mut self.checks);
                 let mut pre = String::new();

@@ -582,7 +582,8 @@ impl<'m> Machine<'m> {
 
     fn check_stmt(&self, c: &Llc, bound: &mut Vec<Bound>) -> Result<()> {
         match c {
-            Llc::Noop | Llc::Comment(_) => Ok(()),
+            // A prefetch is a hint: its address may lie outside the tensor.
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => Ok(()),
             Llc::Seq(v) => v.iter().try_for_each(|c| self.check_stmt(c, bound)),
             Llc::For {
                 index,
@@ -816,7 +817,7 @@ impl<'m> Machine<'m> {
 
     fn exec(&mut self, c: &Llc) -> Result<()> {
         match c {
-            Llc::Noop | Llc::Comment(_) => Ok(()),
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => Ok(()),
             Llc::Seq(v) => v.iter().try_for_each(|c| self.exec(c)),
             Llc::For {
                 index,

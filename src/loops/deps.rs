@@ -239,7 +239,7 @@ pub fn parallel_work(c: &Llc) -> u64 {
         Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).max(1),
         Llc::VSet(_, v) | Llc::VStore { value: v, .. } => vector(v),
         Llc::ZeroOut(t) => (t.numel() as u64 / 16).max(1),
-        Llc::Noop | Llc::Comment(_) => 0,
+        Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => 0,
     }
 }
 

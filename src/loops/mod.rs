@@ -100,6 +100,19 @@ pub enum Llc {
     SetLocal(ScopeId, Llv),
     /// Set a vector variable.
     VSet(VReg, Vlv),
+    /// A hint with no effect on any value: the cache line holding element `offset` of `tn`
+    /// (counted in elements from its first, in memory order) is about to be read (`write`:
+    /// written). The offset may lie outside the tensor: the C writer computes the address in
+    /// integer arithmetic (no out-of-bounds pointer is formed) and prefetch instructions never
+    /// fault. Written only by the optimizer's last pass ([`crate::optimize`]'s prefetching).
+    Prefetch {
+        /// The node whose memory is touched.
+        tn: Tnode,
+        /// The element, in memory order.
+        offset: AxisIndex,
+        /// Whether the line is about to be written rather than read.
+        write: bool,
+    },
     /// `tn[idcs + lane] = value[lane]` for every lane: the vector's lanes go to consecutive
     /// elements of `tn` (in memory order) starting at the element `idcs`. `tn`'s precision is
     /// the vector's precision, or, for integer lanes, an integer precision of the same width

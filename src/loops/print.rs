@@ -87,6 +87,15 @@ fn write_llc(out: &mut String, c: &Llc, indent: usize) {
         Llc::ZeroOut(tn) => {
             let _ = writeln!(out, "{pad}zero_out {};", tn.name().escape_debug());
         }
+        Llc::Prefetch { tn, offset, write } => {
+            let _ = writeln!(
+                out,
+                "{pad}prefetch{} {}[flat {}];",
+                if *write { "_write" } else { "" },
+                tn.name().escape_debug(),
+                idcs_doc(std::slice::from_ref(offset))
+            );
+        }
         Llc::Set { tn, idcs, value } => {
             let _ = writeln!(
                 out,

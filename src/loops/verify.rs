@@ -99,6 +99,9 @@ impl Verifier {
     fn stmt(&mut self, c: &Llc) -> Result<(), String> {
         match c {
             Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => Ok(()),
+            Llc::Prefetch { tn, offset, .. } => {
+                self.index(offset, &format!("prefetch of {}", tn.name()))
+            }
             Llc::Seq(v) => v.iter().try_for_each(|c| self.stmt(c)),
             Llc::For {
                 index,

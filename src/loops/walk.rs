@@ -21,7 +21,7 @@ pub fn visit_llc<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llc)) {
                 }
             });
         }
-        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
+        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) | Llc::Prefetch { .. } => {}
     }
 }
 
@@ -101,7 +101,7 @@ pub fn visit_values<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llv)) {
                 go_v(x, f)
             }
         }),
-        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) => {}
+        Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_) | Llc::Prefetch { .. } => {}
     }
 }
 
@@ -199,6 +199,7 @@ pub fn visit_indices(c: &Llc, f: &mut impl FnMut(&AxisIndex)) {
             idcs.iter().for_each(&mut *f)
         }
         Llc::If { guards, .. } => guards.iter().for_each(|(ix, _)| f(ix)),
+        Llc::Prefetch { offset, .. } => f(offset),
         _ => {}
     });
     visit_values(c, &mut |v| match v {
@@ -367,5 +368,10 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
             value: vector(v, f)?,
         },
         c @ (Llc::Noop | Llc::Comment(_) | Llc::ZeroOut(_)) => c.clone(),
+        Llc::Prefetch { tn, offset, write } => Llc::Prefetch {
+            tn: tn.clone(),
+            offset: f(*offset)?,
+            write: *write,
+        },
     })
 }

@@ -5,6 +5,7 @@ mod fuse;
 mod gemm;
 mod loops;
 mod parallel;
+mod prefetch;
 mod simplify;
 mod taps;
 mod trace;
@@ -305,6 +306,21 @@ pub fn optimize_with(
             written_first.extend(v.written_first);
             nodes.extend(v.locals.into_iter().map(|t| (t, MemoryMode::Local)));
             v.code
+        }
+        _ => code,
+    };
+    // Prefetches of the rows that multi-pass row loops read and write, on the loops as the
+    // kernels, fusion and vectorization left them.
+    let code = match settings.target {
+        Some(t) if settings.enabled && settings.loop_opts => {
+            let is_local = |tn: &Tnode| {
+                nodes
+                    .iter()
+                    .any(|(n, m)| n == tn && *m == MemoryMode::Local)
+            };
+            let p = prefetch::prefetch(code, &is_local, &t);
+            verify("prefetch", &p)?;
+            p
         }
         _ => code,
     };

@@ -249,7 +249,11 @@ impl Tracer<'_> {
     fn stmt(&mut self, c: &Llc) {
         match c {
             // Tracing runs on lowered code, before the kernel passes introduce vectors.
-            Llc::Noop | Llc::Comment(_) | Llc::VSet(..) | Llc::VStore { .. } => {}
+            Llc::Noop
+            | Llc::Comment(_)
+            | Llc::VSet(..)
+            | Llc::VStore { .. }
+            | Llc::Prefetch { .. } => {}
             Llc::Seq(v) => v.iter().for_each(|c| self.stmt(c)),
             // Parallel regions come after tracing; one means its plain loop.
             Llc::Parallel(p) => self.stmt(&p.to_for()),
@@ -431,7 +435,7 @@ fn scalar_constexprs(code: &Llc) -> HashSet<Tnode> {
             Llc::Set { tn, value, .. } => w.entry(tn.clone()).or_default().push(value),
             Llc::ZeroOut(tn) => w.entry(tn.clone()).or_default().push(&ZERO),
             Llc::SetLocal(..) | Llc::VSet(..) | Llc::VStore { .. } => {}
-            Llc::Noop | Llc::Comment(_) => {}
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => {}
         }
         if let Llc::Set { tn, .. } | Llc::ZeroOut(tn) = c {
             if tn.numel() != 1 {

@@ -158,7 +158,7 @@ fn writer_pattern(stmt: &Llc, tn: &Tnode) -> Option<HashMap<Symbol, usize>> {
             }
             // Vector code (from the kernel passes, which run later) is never inlined.
             Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => *ok = false,
-            Llc::Noop | Llc::Comment(_) => {}
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => {}
         }
     }
     go(stmt, tn, &mut vec![], &mut map, &mut ok);
@@ -247,7 +247,8 @@ impl Inliner<'_> {
             | Llc::Noop
             | Llc::Comment(_)
             | Llc::VSet(..)
-            | Llc::VStore { .. } => Llc::Noop,
+            | Llc::VStore { .. }
+            | Llc::Prefetch { .. } => Llc::Noop,
         }
     }
 
@@ -497,7 +498,7 @@ fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
             Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
             Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
             Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => 1,
-            Llc::Noop | Llc::Comment(_) => 0,
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => 0,
         }
     }
     stmt(c, written)
