@@ -391,6 +391,12 @@ pub(crate) fn allowed_core(i: usize) -> Option<usize> {
 /// Pins the calling thread to CPU `core`; a failure is reported through `tracing` (the
 /// thread then runs wherever the kernel puts it).
 pub(crate) fn pin_current_thread(core: usize) {
+    pin_thread(0, core);
+}
+
+/// Pins thread `tid` of this process (0: the calling thread) to CPU `core`; returns whether it
+/// could. A failure is reported through `tracing` (the thread then stays where it may run).
+pub(crate) fn pin_thread(tid: libc::pid_t, core: usize) -> bool {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET sets bit `core` (checked
     // below CPU_SETSIZE); sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
     let rc = unsafe {
@@ -399,16 +405,29 @@ pub(crate) fn pin_current_thread(core: usize) {
             -1
         } else {
             libc::CPU_SET(core, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
         }
     };
     if rc != 0 {
         tracing::warn!(
             target: "arrayjit::backend",
-            "could not pin a device worker to CPU {core}: {}",
+            "could not pin a thread to CPU {core}: {}",
             std::io::Error::last_os_error()
         );
     }
+    rc == 0
+}
+
+/// The CPU the calling thread runs on now (it may move at any time), if the system says.
+pub(crate) fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no argument and only returns a number.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// The calling thread's id, for [`pin_thread`] from another thread.
+pub(crate) fn current_tid() -> libc::pid_t {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::gettid() }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
