@@ -1037,3 +1037,18 @@ fn regression_in_place_update_after_partial_write_is_recurrent() {
     let problems: Vec<&String> = reports.iter().flat_map(|r| &r.problems).collect();
     assert!(problems.is_empty(), "{problems:#?}");
 }
+/// Bug in the harness (fixed): the error analysis multiplied an unbounded error by a zero
+/// magnitude (`inf * 0`), and the NaN bound made two identical values (0.0 and 0.0) a
+/// mismatch. Found by `scripts/fuzz.sh` (seed 4467658982, with `-march=x86-64-v2`).
+#[test]
+fn regression_identical_values_agree_whatever_the_bound() {
+    let p = generate(4_467_658_982);
+    for (ti, t) in p.tensors.iter().enumerate() {
+        for r in &p.ests {
+            assert!(!r[ti].err.is_nan(), "{}: {:?}", t.name, r[ti]);
+        }
+    }
+    let (reports, _) = process(&[4_467_658_982], &Opts::default(), false);
+    let problems: Vec<&String> = reports.iter().flat_map(|r| &r.problems).collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+}

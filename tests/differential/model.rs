@@ -562,6 +562,16 @@ pub fn unop_est(op: Unop, a: Est, c: Fmt) -> Check<Est> {
     Ok(in_compute(r, c))
 }
 
+/// `x * y` for error bounds, where a zero magnitude (a value that is exactly 0 in both
+/// computations) times an unbounded error is 0, not NaN.
+fn times(x: f64, y: f64) -> f64 {
+    if x == 0.0 || y == 0.0 {
+        0.0
+    } else {
+        x * y
+    }
+}
+
 pub fn binop_est(op: Binop, a: Est, b: Est, c: Fmt) -> Check<Est> {
     let r = match op {
         Binop::Add => Est {
@@ -588,7 +598,7 @@ pub fn binop_est(op: Binop, a: Est, b: Est, c: Fmt) -> Check<Est> {
                 lo,
                 hi,
                 grid,
-                err: b.mag() * a.err + a.mag() * b.err + a.err * b.err,
+                err: times(b.mag(), a.err) + times(a.mag(), b.err) + times(a.err, b.err),
                 nonfinite: false,
             }
         }
