@@ -47,6 +47,37 @@ pub(crate) fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
     }
 }
 
+/// A yield that takes longer than this handed the core to another thread.
+pub(crate) const SHARED_CORE_YIELD: Duration = Duration::from_micros(20);
+
+/// Like [`spin_until`], but gives up as soon as one yield took longer than
+/// [`SHARED_CORE_YIELD`]: another thread wanted the core, so it is shared, and a thread that
+/// keeps spinning there competes with it for every time slice (the scheduler counts the
+/// spinning against it, so when it has work again it waits behind the neighbour). On an
+/// idle core a spin costs nothing but power, and spares the wake-up of a parked thread, which
+/// can take milliseconds on a virtual machine. Returns whether `ready()` became true.
+pub(crate) fn spin_while_alone(budget: Duration, ready: impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        if last.duration_since(start) >= budget {
+            return ready();
+        }
+        std::thread::yield_now();
+        let now = Instant::now();
+        if ready() {
+            return true;
+        }
+        if now.duration_since(last) > SHARED_CORE_YIELD {
+            return false;
+        }
+        last = now;
+    }
+}
+
 /// A count that only grows, and the threads parked until it reaches some value.
 pub(crate) struct Counter {
     count: AtomicU64,
@@ -241,6 +272,40 @@ impl fmt::Debug for Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a core shared with a busy thread, the spin gives up long before its budget; when
+    /// the condition holds, it says so at once.
+    #[test]
+    fn a_spin_gives_up_on_a_shared_core() {
+        assert!(spin_while_alone(Duration::from_secs(5), || true));
+        let Some(core) = super::super::device::allowed_core(0) else {
+            return;
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let busy = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                super::super::device::pin_current_thread(core);
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let took = std::thread::spawn(move || {
+            super::super::device::pin_current_thread(core);
+            let start = Instant::now();
+            assert!(!spin_while_alone(Duration::from_secs(5), || false));
+            start.elapsed()
+        })
+        .join()
+        .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        busy.join().unwrap();
+        assert!(
+            took < Duration::from_secs(2),
+            "spun {took:?} on a shared core"
+        );
+    }
 
     #[test]
     fn waiters_wake_when_the_count_is_reached_and_fail_with_the_work() {

@@ -14,8 +14,15 @@
 //!
 //! Waits hand the core back: an idle helper checks for new work while yielding the core
 //! for at most [`HELPER_SPIN`], then parks on a condition variable (woken when a region
-//! starts); the caller waiting for the last chunks likewise spins for at most
-//! [`super::counter::DONE_SPIN`], then parks.
+//! starts); the caller waiting for the last chunks likewise yields for about two of its
+//! chunks' time (between [`super::counter::DONE_SPIN`] and [`MAX_DONE_SPIN`]), then parks.
+//! The spins are long because waking a parked thread can take milliseconds on a virtual
+//! machine (an idle virtual CPU halts), more than a chunk. But both stop at once, and park,
+//! when a yield shows that another thread wanted the core
+//! (`counter::spin_while_alone`): on a core shared with another process, a
+//! thread that keeps spinning is charged for it by the scheduler and then waits behind the
+//! neighbour when it has work (the big moons job on one device beside a busy process fell
+//! from 186k to 18k samples/s with plain 5 ms spins).
 //!
 //! Helpers are pinned to cores when the team is given cores ([`Team::set_cores`]). The caller
 //! need not be pinned (the no-device backend's caller is the user's thread): when a region
@@ -25,7 +32,7 @@
 //! 4096 × 1024 floats: two threads took 3.6 ms, as long as one, in most runs). The caller
 //! moves helpers (`sched_setaffinity` on their thread ids) only when their core must change.
 
-use super::counter::{spin_until, Counter, DONE_SPIN};
+use super::counter::{spin_while_alone, Counter, DONE_SPIN};
 use std::alloc::Layout;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -34,8 +41,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// How long an idle helper checks for a new region without parking (see `spin_until`):
-/// long enough to span the sequential code between the regions of one routine.
+/// How long an idle helper checks for a new region without parking, on a core it has to
+/// itself (see the module documentation): long enough to span the sequential code between
+/// the regions of one routine, and between runs.
 pub const HELPER_SPIN: Duration = Duration::from_millis(5);
 
 /// The longest a region's caller waits for the last chunks of other threads before parking
@@ -305,7 +313,9 @@ fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
     }
     shared.tids[index].store(super::device::current_tid(), Ordering::Release);
     loop {
-        shared.generation.wait_until(seen + 1, HELPER_SPIN);
+        if !spin_while_alone(HELPER_SPIN, || shared.generation.reached(seen + 1)) {
+            shared.generation.park_until(seen + 1, None);
+        }
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
@@ -414,7 +424,7 @@ unsafe extern "C" fn team_run(
     // can cost far more than a chunk on a virtual machine (an idle virtual CPU halts).
     let mean = start.elapsed() / ran.max(1);
     let budget = (mean * 2).clamp(DONE_SPIN, MAX_DONE_SPIN);
-    if !spin_until(budget, || job.finished.reached(chunks)) {
+    if !spin_while_alone(budget, || job.finished.reached(chunks)) {
         job.finished.park_until(chunks, None);
     }
     *lock(&shared.job) = None;
