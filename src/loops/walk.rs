@@ -26,8 +26,8 @@ pub fn visit_llc<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llc)) {
 }
 
 /// `c` rebuilt with `f` applied to the statements directly inside it when it is a block: the
-/// items of a `Seq`, the body of a `For` or an `If`. `None` for any other statement, which
-/// the caller rebuilds itself.
+/// items of a `Seq`, the body of a `For`, an `If` or a `Lookup` (whose lookup itself is kept).
+/// `None` for any other statement, which the caller rebuilds itself.
 pub fn map_block(c: &Llc, f: &mut impl FnMut(&Llc) -> Llc) -> Option<Llc> {
     Some(match c {
         Llc::Seq(v) => Llc::Seq(v.iter().map(&mut *f).collect()),
@@ -46,6 +46,19 @@ pub fn map_block(c: &Llc, f: &mut impl FnMut(&Llc) -> Llc) -> Option<Llc> {
         },
         Llc::If { guards, body } => Llc::If {
             guards: guards.clone(),
+            body: Box::new(f(body)),
+        },
+        Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } => Llc::Lookup {
+            symbol: *symbol,
+            tn: tn.clone(),
+            idcs: idcs.clone(),
+            extent: *extent,
             body: Box::new(f(body)),
         },
         _ => return None,

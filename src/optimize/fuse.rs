@@ -557,26 +557,28 @@ fn map_tensors(
         }
     }
     fn stmt(c: &Llc, a: &mut Access) -> Llc {
+        // A lookup's own read of the index tensor is an access too.
+        if let Llc::Lookup {
+            symbol,
+            tn,
+            idcs,
+            extent,
+            body,
+        } = c
+        {
+            let (tn, idcs) = a(tn, idcs);
+            return Llc::Lookup {
+                symbol: *symbol,
+                tn,
+                idcs,
+                extent: *extent,
+                body: Box::new(stmt(body, a)),
+            };
+        }
         if let Some(b) = crate::loops::map_block(c, &mut |c| stmt(c, a)) {
             return b;
         }
         match c {
-            Llc::Lookup {
-                symbol,
-                tn,
-                idcs,
-                extent,
-                body,
-            } => {
-                let (tn, idcs) = a(tn, idcs);
-                Llc::Lookup {
-                    symbol: *symbol,
-                    tn,
-                    idcs,
-                    extent: *extent,
-                    body: Box::new(stmt(body, a)),
-                }
-            }
             Llc::Set { tn, idcs, value } => {
                 let value = val(value, a);
                 let (tn, idcs) = a(tn, idcs);

@@ -134,22 +134,7 @@ fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
     if let Some(b) = crate::loops::map_block(c, &mut |c| rebuild(c, decisions)) {
         return b;
     }
-    match c {
-        Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body,
-        } => Llc::Lookup {
-            symbol: *symbol,
-            tn: tn.clone(),
-            idcs: idcs.clone(),
-            extent: *extent,
-            body: Box::new(rebuild(body, decisions)),
-        },
-        c => c.clone(),
-    }
+    c.clone()
 }
 
 /// The blocks of a reduction loop of `n` iterations doing `work`, each aiming at
@@ -275,19 +260,6 @@ fn redirect(c: &Llc, accs: &[Accumulator], partials: &[Tnode], b: Symbol) -> Llc
         return block;
     }
     match c {
-        Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body,
-        } => Llc::Lookup {
-            symbol: *symbol,
-            tn: tn.clone(),
-            idcs: idcs.clone(),
-            extent: *extent,
-            body: Box::new(go(body)),
-        },
         Llc::Set {
             tn,
             idcs,

@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 
 use crate::ir::{AxisIndex, Binop, LinearIndex, Symbol, Tnode, Unop};
-use crate::loops::{visit_llc, visit_values, visit_vectors, Llc, Llv, Vlv};
+use crate::loops::{map_block, visit_llc, visit_values, visit_vectors, Llc, Llv, Vlv};
 use crate::target::VectorTarget;
 
 /// The size of a cache line, in bytes.
@@ -44,7 +44,7 @@ const MAX_PER_ITERATION: usize = 16;
 /// routine's local arrays (never prefetched).
 pub fn prefetch(code: Llc, is_local: &dyn Fn(&Tnode) -> bool, target: &VectorTarget) -> Llc {
     let cx = Cx { is_local, target };
-    cx.rewrite(code)
+    cx.rewrite(&code)
 }
 
 struct Cx<'a> {
@@ -76,47 +76,16 @@ struct Stream {
 }
 
 impl Cx<'_> {
-    fn rewrite(&self, c: Llc) -> Llc {
-        match c {
-            Llc::Seq(v) => Llc::Seq(v.into_iter().map(|c| self.rewrite(c)).collect()),
-            Llc::For {
-                index,
-                from,
-                to,
-                body,
-                trace_it,
-            } => {
-                let body = match self.plan(index, &body) {
-                    Some(b) => b,
-                    None => self.rewrite(*body),
-                };
-                Llc::For {
-                    index,
-                    from,
-                    to,
-                    body: Box::new(body),
-                    trace_it,
+    fn rewrite(&self, c: &Llc) -> Llc {
+        if let Llc::For { index, body, .. } = c {
+            if let Some(planned) = self.plan(*index, body) {
+                let mut planned = Some(planned);
+                if let Some(b) = map_block(c, &mut |_| planned.take().unwrap_or(Llc::Noop)) {
+                    return b;
                 }
             }
-            Llc::If { guards, body } => Llc::If {
-                guards,
-                body: Box::new(self.rewrite(*body)),
-            },
-            Llc::Lookup {
-                symbol,
-                tn,
-                idcs,
-                extent,
-                body,
-            } => Llc::Lookup {
-                symbol,
-                tn,
-                idcs,
-                extent,
-                body: Box::new(self.rewrite(*body)),
-            },
-            c => c,
         }
+        map_block(c, &mut |b| self.rewrite(b)).unwrap_or_else(|| c.clone())
     }
 
     /// The body of the row loop over `row` with prefetches added, or `None` when it is not a
