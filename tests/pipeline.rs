@@ -115,6 +115,44 @@ fn intermediate_read_many_times_is_materialized() {
     assert!(src.contains("float h_"), "h must be a local array:\n{src}");
 }
 
+/// `g[i,j] = sum over b of h[b,i] * d[b,j]` over `rows` samples, read once by `y = 2 g`:
+/// the values (worked out in f64) and the memory mode decided for `g`.
+fn reduction_read_once(rows: usize) -> Option<MemoryMode> {
+    let b = Bindings::empty();
+    let hv: Vec<f64> = (0..rows * 4).map(|k| (k % 7) as f64 - 3.0).collect();
+    let dv: Vec<f64> = (0..rows * 4).map(|k| (k % 5) as f64 * 0.5).collect();
+    let h = input("h", &[rows, 4], Prec::Single, &hv);
+    let d = input("d", &[rows, 4], Prec::Single, &dv);
+    let g = temp("g", &[4, 4], Prec::Single);
+    let y = output("y", &[4, 4], Prec::Single);
+    let two = input("two", &[1], Prec::Single, &[2.0]);
+    let asgns = Assignments::seq([
+        binop(&g, Binop::Add, true, Binop::Mul, &h, &d, "bi,bj->ij", &b),
+        binop(&y, Binop::Arg2, false, Binop::Mul, &g, &two, "ij,k->ij", &b),
+    ]);
+    let (got, _, modes) = compute_with_modes(&asgns, &b, &[&y]);
+    let want: Vec<f64> = (0..16)
+        .map(|c| {
+            let (i, j) = (c / 4, c % 4);
+            2.0 * (0..rows)
+                .map(|r| hv[r * 4 + i] * dv[r * 4 + j])
+                .sum::<f64>()
+        })
+        .collect();
+    assert_eq!(got[0], want, "{rows} rows");
+    modes.get(&g)
+}
+
+#[test]
+fn a_long_reduction_read_once_is_materialized_and_a_short_one_inlined() {
+    // Inlined, the sum over 60 rows would run innermost in y's loop, one scalar chain per
+    // cell (the moons job on two devices, whose weight gradients sum over 60 samples, ran at
+    // half its speed so).
+    assert_eq!(reduction_read_once(60), Some(MemoryMode::Local));
+    // A sum of 8 products is cheaper recomputed where it is read than stored and loaded.
+    assert_eq!(reduction_read_once(8), Some(MemoryMode::Virtual));
+}
+
 #[test]
 fn large_local_arrays_are_not_on_the_stack() {
     let b = Bindings::empty();

@@ -42,6 +42,10 @@ pub struct Settings {
     /// A node whose computation costs more than this many operations per read (a large
     /// reduction) is materialized rather than inlined.
     pub max_inline_work: u64,
+    /// A node whose computation runs reduction loops of more than this many iterations per
+    /// read is materialized rather than inlined, however rarely it is read (inlined, the
+    /// reduction would run innermost and scalar in its reader).
+    pub max_inline_reduction: u64,
     /// Run the loop-nest passes (loop interchange for locality, kernels, fusion across
     /// statements).
     pub loop_opts: bool,
@@ -68,6 +72,7 @@ impl Default for Settings {
             max_tracing_points: 1 << 14,
             inline_scalar_constexprs: true,
             max_inline_work: 64,
+            max_inline_reduction: 16,
             loop_opts: true,
             parallel: true,
             min_region_work: parallel::MIN_REGION_WORK,
@@ -110,6 +115,12 @@ impl Settings {
     /// Sets [`max_inline_work`](Settings::max_inline_work).
     pub fn max_inline_work(mut self, max_inline_work: u64) -> Settings {
         self.max_inline_work = max_inline_work;
+        self
+    }
+
+    /// Sets [`max_inline_reduction`](Settings::max_inline_reduction).
+    pub fn max_inline_reduction(mut self, max_inline_reduction: u64) -> Settings {
+        self.max_inline_reduction = max_inline_reduction;
         self
     }
 
@@ -214,8 +225,13 @@ pub fn optimize_with(
     let mut locals: Vec<Tnode> = vec![];
     let mut written_first: Vec<Tnode> = vec![];
     let code = if settings.enabled {
-        let code =
-            virtualize::virtualize(code, &traced_store, settings.max_inline_work, &mut modes)?;
+        let code = virtualize::virtualize(
+            code,
+            &traced_store,
+            settings.max_inline_work,
+            settings.max_inline_reduction,
+            &mut modes,
+        )?;
         verify("virtualize", &code)?;
         let code = simplify(code);
         verify("simplify", &code)?;
