@@ -25,9 +25,13 @@ use crate::loops::{
 use std::collections::HashSet;
 
 /// The least work (see [`parallel_work`]) for which a loop becomes a parallel region, by
-/// default ([`super::Settings::min_region_work`]); also the work a block of a split reduction
-/// aims at.
-pub const MIN_REGION_WORK: u64 = 1 << 16;
+/// default ([`super::Settings::min_region_work`]); a block of a split reduction aims at a
+/// quarter of it. About 5 µs of vector code on one core: a region costs the caller around a
+/// microsecond (publishing it, the helpers' cache misses on its inputs, the join), and
+/// regions of a quarter of this (two 2 µs tap kernels a step) made the default moons job on
+/// one device slower with its team of two threads than with one (10.6M-15.8M samples/s, and
+/// 16.5M-19.9M without the regions).
+pub const MIN_REGION_WORK: u64 = 1 << 18;
 /// The least work of the chunk a thread takes at once (the region's grain).
 pub const MIN_CHUNK_WORK: u64 = 1 << 14;
 /// The most blocks a reduction is split into.
@@ -104,7 +108,7 @@ impl<'a> Finder<'a, '_> {
                                 grain: MIN_CHUNK_WORK.div_ceil(per).max(1) as i64,
                             })))
                         } else {
-                            let blocks = blocking(n, work, self.min_work);
+                            let blocks = blocking(n, work, self.min_work / 4);
                             blocks.and_then(|b| {
                                 split_reduction(*index, (*from, n), body, &ind, b, self.new_locals)
                             })
@@ -288,7 +292,7 @@ mod tests {
     #[test]
     fn blocks_depend_on_the_loop_alone() {
         // 4096 rows of 4096 additions: 16 rows would do, 64 blocks at most.
-        let w = MIN_REGION_WORK;
+        let w = MIN_REGION_WORK / 4;
         assert_eq!(blocking(4096, 4096 * 4097, w), Some((64, 64)));
         // Little work per iteration: blocks of the block work.
         assert_eq!(blocking(1 << 20, 1 << 20, w), Some((65536, 16)));
