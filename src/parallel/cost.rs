@@ -3,24 +3,25 @@
 
 use crate::ir::Assignments;
 
-/// Nanoseconds per cell operation: a core runs about ten billion of the loop iterations
-/// (cells of a product space) a second of vectorized code. Measured on the moons job, whose
-/// gradient of 120 samples is 122,000 cell operations and took 12 µs on one core of a
-/// 2-core AMD EPYC VM (AVX2). (The big moons job's, 410 million, took 12 ms: its products
-/// run in packed GEMM kernels, three times faster; the model only has to rank counts.)
-pub(crate) const CELL_NS: f64 = 0.1;
+/// Nanoseconds per cell operation (a loop iteration of a product space) of vectorized code
+/// on one core. Measured on the default moons job on a 2-core AMD EPYC VM (AVX2, 6 December
+/// 2026, `taskset -c 0`, 100 epochs): a step of 120 samples (122,000 cell operations) took
+/// 6.0 µs and one of 60 samples 3.4 µs, 0.043 ns per operation. (The big moons job's step,
+/// 410 million operations, runs its products in packed GEMM kernels, faster per operation;
+/// the model only has to rank device counts.)
+pub(crate) const CELL_NS: f64 = 0.045;
 
-/// Nanoseconds a routine run costs whatever it computes (entering the generated code,
-/// locking its buffers).
-pub(crate) const RUN_NS: f64 = 500.0;
+/// Nanoseconds a step costs a device whatever it computes: its routine runs (entering the
+/// generated code, locking its buffers), the intercept of the measurements above (0.7 µs).
+pub(crate) const RUN_NS: f64 = 700.0;
 
 /// Nanoseconds each level of the sum of the gradients over devices costs: a transfer, a
 /// merge routine and the wait for the device merged from, the lockstep between devices
-/// included. Measured on the default moons job on a 2-vCPU AMD EPYC VM (6 December 2026,
-/// `benches/moons_busy.py --quiet`): 7.8 µs a step on one device, 15 µs on two, so the
-/// level cost about 11 µs there (earlier figures of 1 to 3 µs per merge left out the
-/// waits). A step must save more than this to be split.
-pub(crate) const LEVEL_NS: f64 = 10_000.0;
+/// included. Measured as above: two devices of 60 samples each took 6.1 µs a step, where
+/// one device of 60 took 3.4 µs, so the level cost 2.7 µs. (The instrumented step: a
+/// device's gradient ran 1 µs longer beside the other device than alone, its wait took
+/// 0.3-0.6 µs, the merge and update 1.0-1.2 µs.) A step must save more than this to be split.
+pub(crate) const LEVEL_NS: f64 = 3_000.0;
 
 /// The work of `code` in cell operations: for every statement, the number of points of its
 /// product space (the loop iterations it runs; a fetch or a gather counts the cells it
@@ -86,13 +87,13 @@ mod tests {
     #[test]
     fn a_tiny_step_stays_on_one_device_and_a_large_one_spreads() {
         let all = [1, 2, 3, 4, 6, 8];
-        // 20,000 cell operations: 2 µs on one core; a second core would save 1 µs and cost
-        // a level of merges of 10 µs.
+        // 20,000 cell operations: 1.6 µs on one core; a second core would save 0.45 µs and
+        // cost a level of merges of 3 µs.
         assert_eq!(best_devices(20_000, None, 2, &all), Some(1));
-        // The default moons job: 122,000 operations, 12.7 µs on one core; two would take
-        // 6.6 µs and a 10 µs level of merges: one device.
+        // The default moons job: 122,000 operations, 6.2 µs on one core; two would take
+        // 3.4 µs and a 3 µs level of merges: one device.
         assert_eq!(best_devices(122_000, None, 2, &all), Some(1));
-        // Ten times more: 122 µs on one core, 71 µs on two.
+        // Ten times more: 56 µs on one core, 31 µs on two.
         assert_eq!(best_devices(1_220_000, None, 2, &all), Some(2));
         // On 8 cores, 4 devices: 3 levels of merges would cost more than 8 devices save.
         let eight = [1, 2, 3, 4, 5, 6, 8];

@@ -163,14 +163,15 @@
 //! [`Devices::Count`] fixes the number. [`Devices::Auto`] (the default) picks it with a cost
 //! model of a step: the *work* of the gradient code on the whole batch is the number of
 //! points of its statements' product spaces (loop iterations, [`Report::step_work`]), at
-//! 0.1 ns each (a core runs about 10¹⁰ of them a second); each routine run costs 0.5 µs
-//! more; `N` devices on `P` cores (queues) run `⌈N / P⌉` devices one after another per core,
-//! each doing `1/N` of the work; and adding the gradients up costs 10 µs per level of the
-//! tree, `⌈log2 N⌉` levels (a transfer, a merge and the lockstep wait between devices).
+//! 0.045 ns each (vectorized code on one core); a device's routine runs cost 0.7 µs a
+//! step more; `N` devices on `P` cores (queues) run `⌈N / P⌉` devices one after another per
+//! core, each doing `1/N` of the work; and adding the gradients up costs 3 µs per level of
+//! the tree, `⌈log2 N⌉` levels (a transfer, a merge and the lockstep wait between devices;
+//! the constants were measured on the default moons job, see `src/parallel/cost.rs`).
 //! Among the counts up to the backend's suggested devices that divide the batch (with
 //! shards: the shards), `Auto` takes the fastest estimate, a larger count only if it is at
-//! least 5 % faster. So a step of less than about 20 µs stays on one device (a second core
-//! would save less than the merge costs): the default moons job's step of about 8 µs does,
+//! least 5 % faster. So a step of less than about 7 µs stays on one device (a second core
+//! would save less than the merge costs): the default moons job's step of about 6 µs does,
 //! and a step of milliseconds goes on every core. On the MPI backend `Auto` is
 //! one device per rank.
 //!
