@@ -23,16 +23,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Waits for `ready()` without parking for at most `budget`, yielding the core between checks:
-/// a thread that wants the core (perhaps the one we wait for, when there are more threads
-/// than cores) runs first, and on an idle core a check comes every few hundred nanoseconds.
+/// Waits for `ready()` without parking for at most `budget`: for the first [`PAUSE_SPIN`]
+/// without yielding (see [`pause_until`]), then yielding the core between checks, so that a
+/// thread that wants the core (perhaps the one we wait for, when there are more threads
+/// than cores) runs first; on an idle core a check comes every few hundred nanoseconds.
 /// Returns whether `ready()` became true.
 ///
-/// Busy-spinning (`spin_loop` without yielding) was measured and rejected: on a machine whose
-/// cores are shared with other processes, the thread waited for is often not running, and a
-/// busy spinner keeps it off the core for the whole budget.
+/// Busy-spinning for the whole budget (`spin_loop` without yielding) was measured and
+/// rejected: on a machine whose cores are shared with other processes, the thread waited for
+/// is often not running, and a busy spinner keeps it off the core for the whole budget.
 pub(crate) fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
-    if ready() {
+    if pause_until(budget, &ready) {
         return true;
     }
     let start = Instant::now();
@@ -47,6 +48,40 @@ pub(crate) fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
     }
 }
 
+/// How long a wait checks without yielding first (`spin_loop` between checks).
+///
+/// A yield on a core shared with another process hands the core to that process for the
+/// rest of its time slice, milliseconds, even when what the thread waits for comes a
+/// microsecond later. Two devices training the default moons job in lockstep, one of them
+/// on a core with a busy process, waited for each other at every step, and each step lost a
+/// time slice: 86k samples/s against 17.9M on one device (9 interleaved runs). With this
+/// pause first, the short waits of a step never yield, and the same runs gave 18.6M. On a
+/// quiet machine it changed nothing measurable (19.6M and 19.2M samples/s on two devices).
+/// Spinning without yielding for longer would keep the waited-for thread off a core it
+/// shares with the waiter, so past this the waits yield and then park as before.
+pub(crate) const PAUSE_SPIN: Duration = Duration::from_micros(20);
+
+/// Checks `ready()` without yielding for at most [`PAUSE_SPIN`] (or `budget` if shorter);
+/// returns whether it became true.
+fn pause_until(budget: Duration, ready: &impl Fn() -> bool) -> bool {
+    if ready() {
+        return true;
+    }
+    let start = Instant::now();
+    let limit = budget.min(PAUSE_SPIN);
+    loop {
+        for _ in 0..32 {
+            std::hint::spin_loop();
+            if ready() {
+                return true;
+            }
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+    }
+}
+
 /// A yield that takes longer than this handed the core to another thread.
 pub(crate) const SHARED_CORE_YIELD: Duration = Duration::from_micros(20);
 
@@ -57,7 +92,7 @@ pub(crate) const SHARED_CORE_YIELD: Duration = Duration::from_micros(20);
 /// idle core a spin costs nothing but power, and spares the wake-up of a parked thread, which
 /// can take milliseconds on a virtual machine. Returns whether `ready()` became true.
 pub(crate) fn spin_while_alone(budget: Duration, ready: impl Fn() -> bool) -> bool {
-    if ready() {
+    if pause_until(budget, &ready) {
         return true;
     }
     let start = Instant::now();
