@@ -54,6 +54,10 @@ pub struct VectorTarget {
     pub l1d_bytes: usize,
     /// Level-2 cache size in bytes (per core).
     pub l2_bytes: usize,
+    /// The cores a routine's parallel regions can spread over (the machine's available
+    /// parallelism): the GEMM kernels cut their columns into blocks enough for them (see
+    /// `optimize/gemm.rs`). It changes how work is cut, never a computed bit.
+    pub cores: usize,
     /// Spell vector operations with the instruction set's intrinsics rather than GCC/Clang
     /// vector extensions of the same width (same instructions; slower to compile).
     pub intrinsics: bool,
@@ -71,6 +75,7 @@ impl Default for VectorTarget {
             int64_mul: false,
             l1d_bytes: 32 << 10,
             l2_bytes: 1 << 20,
+            cores: 1,
             intrinsics: false,
         }
     }
@@ -122,6 +127,12 @@ impl VectorTarget {
     /// Sets [`l2_bytes`](VectorTarget::l2_bytes).
     pub fn l2_bytes(mut self, l2_bytes: usize) -> VectorTarget {
         self.l2_bytes = l2_bytes;
+        self
+    }
+
+    /// Sets [`cores`](VectorTarget::cores).
+    pub fn cores(mut self, cores: usize) -> VectorTarget {
+        self.cores = cores;
         self
     }
 

@@ -302,6 +302,7 @@ impl Target {
             int64_mul: isa == Isa::Avx512 && f.avx512dq,
             l1d_bytes: self.caches.l1d,
             l2_bytes: self.caches.l2,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             intrinsics,
         }
     }

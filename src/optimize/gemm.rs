@@ -729,7 +729,13 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
     if pairs && kc % 2 == 1 && kc < con.k.1 {
         kc += 1;
     }
-    let ncp = ((target.l2_bytes / 2) / (nr * kc * esize)).max(1);
+    let panel_bytes = nr * kc * esize;
+    let ncp = column_block_panels(
+        con.n.1.div_ceil(nr),
+        ((target.l2_bytes / 2) / panel_bytes).max(1),
+        (target.l2_bytes / panel_bytes).max(1),
+        target.cores,
+    );
     let (along_k, along_m) = contiguity(&con.x, con.k.0, con.m.0);
     Blocking {
         ty,
@@ -740,6 +746,56 @@ fn blocking(con: &Contraction, target: &VectorTarget) -> Blocking {
         ncp,
         a_rows: along_k && !along_m,
         pairs,
+    }
+}
+
+/// Column panels per column block, for `panels` panels on a machine of `cores` cores, where
+/// `half` panels fill half the L2 and `full` all of it. The column blocks are the chunks the
+/// parallel pass shares among a device's threads, and each block re-reads the row panels of
+/// `x` (packing them anew), so:
+/// - blocks of half the L2 by default;
+/// - when that makes more than two blocks per core, larger blocks (up to the whole L2) that
+///   still make two per core: on the 2-core AVX2 VM, the 2048³ product on two threads took
+///   98-99 ms with 4 blocks of 512 columns and 106-108 ms with 8 of 256 (3 interleaved runs),
+///   one thread 181 and 184 ms;
+/// - when that makes several blocks but fewer than cores (a 2 MB L2 holds 1,120 columns of a
+///   2048-wide AVX-512 product: two blocks), smaller blocks (of 4 panels at least), one per
+///   core, so that every core gets a share. A single block stays whole: its panels are then
+///   packed once for all the outer loops (a convolution's taps), and splitting the 256
+///   columns of the stride-2 3×3 convolution in two made it 31% slower on one thread.
+fn column_block_panels(panels: usize, half: usize, full: usize, cores: usize) -> usize {
+    const MIN_PANELS: usize = 4;
+    let cores = cores.max(1);
+    let blocks = panels.div_ceil(half);
+    if blocks > 2 * cores {
+        (panels / (2 * cores)).clamp(half, full.max(half))
+    } else if blocks >= 2 && blocks < cores {
+        panels.div_ceil(cores).max(MIN_PANELS).min(half)
+    } else {
+        half
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_block_panels;
+
+    #[test]
+    fn column_blocks_grow_to_two_per_core_and_shrink_to_one() {
+        // 2048 columns of 16 (128 panels), 16 panels in half the L2, 32 in all of it.
+        assert_eq!(column_block_panels(128, 16, 32, 2), 32);
+        // Eight cores: the 8 blocks of half the L2, one per core, as they are.
+        assert_eq!(column_block_panels(128, 16, 32, 8), 16);
+        // One core and 64 blocks: they grow, but only to the whole L2.
+        assert_eq!(column_block_panels(1024, 16, 32, 1), 32);
+        // 4 blocks for 2 cores: as they are.
+        assert_eq!(column_block_panels(64, 16, 32, 2), 16);
+        // A 2048-wide AVX-512 product (64 panels of 32), 35 panels in half a 2 MB L2, on 8
+        // cores: 8 blocks of 8 panels; on 64 cores, blocks of 4 panels at least.
+        assert_eq!(column_block_panels(64, 35, 71, 8), 8);
+        assert_eq!(column_block_panels(64, 35, 71, 64), 4);
+        // One block stays whole.
+        assert_eq!(column_block_panels(16, 32, 64, 8), 32);
     }
 }
 
