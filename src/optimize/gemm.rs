@@ -38,7 +38,8 @@
 //! The blocking comes from the target: `W` from the vector width, `MR` from the register
 //! count (`MR · NR/W + NR/W + 1` registers), `KC` so that a `KC × NR` panel of `bp` fills
 //! about two thirds of the L1 cache (the blocks balanced over `k`), and `NCP` so that the
-//! packed panels of one column block fill about half the L2.
+//! packed panels of one column block fill about half the L2, adjusted to the machine's cores
+//! (the column blocks are what the threads share: see `column_block_panels`).
 //!
 //! **Convolutions** (affine reads, SPEC 9.3) qualify too: packing substitutes the iterators
 //! into any index, so `x[b, h+i-1, v+j-1, c] * w[i, j, c, d]` is packed like a product with
