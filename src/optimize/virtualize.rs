@@ -456,90 +456,89 @@ fn inlinable(
     Ok(writers)
 }
 
-/// How many scalar operations recomputing a node's computation costs per read: loops over
-/// the written iterators disappear (they are replaced by the read's indices), other loops
-/// (reductions) multiply.
-fn work_per_read(c: &Llc, written: &Pattern) -> u64 {
-    fn value(v: &Llv) -> u64 {
-        match v {
-            Llv::LocalScope { body, .. } => stmt(body, &Pattern::new()),
-            Llv::Binop(_, a, b) => value(a).saturating_add(value(b)),
-            Llv::Unop(_, a) => value(a),
-            Llv::Ternop(_, a, b, c) => value(a).saturating_add(value(b)).saturating_add(value(c)),
-            // One generator call (some eighty integer operations, but a cell's value, like a
-            // load: a fetch read once per cell costs the same inlined or materialized).
-            Llv::Random { .. } => 1,
-            _ => 0,
+/// What recomputing a node's computation costs per read: loops over the written iterators
+/// disappear (they are replaced by the read's indices), other loops (reductions) multiply.
+#[derive(Clone, Copy)]
+struct PerRead {
+    /// Scalar operations.
+    work: u64,
+    /// Iterations of the reduction loops along the deepest nesting (the product of their
+    /// trip counts).
+    reduction: u64,
+}
+
+impl PerRead {
+    const NONE: PerRead = PerRead {
+        work: 0,
+        reduction: 1,
+    };
+
+    /// One after the other: the work adds up, the deeper reduction counts.
+    fn then(self, o: PerRead) -> PerRead {
+        PerRead {
+            work: self.work.saturating_add(o.work),
+            reduction: self.reduction.max(o.reduction),
         }
     }
-    fn stmt(c: &Llc, written: &Pattern) -> u64 {
+
+    /// In a loop of `n` iterations: `n` times over if it is a reduction loop (`reduces`),
+    /// once if it runs over a written iterator (replaced by the read's index).
+    fn times(self, n: i64, reduces: bool) -> PerRead {
+        if !reduces {
+            return self;
+        }
+        let n = n.max(0) as u64;
+        PerRead {
+            work: self.work.saturating_mul(n),
+            reduction: self.reduction.saturating_mul(n),
+        }
+    }
+}
+
+/// What recomputing `c`, a statement writing a node through `written`, costs per read.
+fn per_read(c: &Llc, written: &Pattern) -> PerRead {
+    fn value(v: &Llv) -> PerRead {
+        match v {
+            Llv::LocalScope { body, .. } => stmt(body, &Pattern::new()),
+            Llv::Binop(_, a, b) => value(a).then(value(b)),
+            Llv::Unop(_, a) => value(a),
+            Llv::Ternop(_, a, b, c) => value(a).then(value(b)).then(value(c)),
+            // One generator call (some eighty integer operations, but a cell's value, like a
+            // load: a fetch read once per cell costs the same inlined or materialized).
+            Llv::Random { .. } => PerRead {
+                work: 1,
+                reduction: 1,
+            },
+            _ => PerRead::NONE,
+        }
+    }
+    fn stmt(c: &Llc, written: &Pattern) -> PerRead {
         match c {
             Llc::Seq(v) => v
                 .iter()
                 .map(|c| stmt(c, written))
-                .fold(0, u64::saturating_add),
+                .fold(PerRead::NONE, PerRead::then),
             Llc::For {
                 index,
                 from,
                 to,
                 body,
                 ..
-            } => {
-                let inner = stmt(body, written);
-                if written.contains_key(index) {
-                    inner
-                } else {
-                    inner.saturating_mul((to - from + 1).max(0) as u64)
+            } => stmt(body, written).times(to - from + 1, !written.contains_key(index)),
+            Llc::Parallel(p) => stmt(&p.body, written).times(p.to - p.from + 1, true),
+            Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
+            Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => {
+                let r = value(v);
+                PerRead {
+                    work: r.work.saturating_add(1),
+                    ..r
                 }
             }
-            Llc::Parallel(p) => {
-                stmt(&p.body, written).saturating_mul((p.to - p.from + 1).max(0) as u64)
-            }
-            Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
-            Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v).saturating_add(1),
-            Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => 1,
-            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => 0,
-        }
-    }
-    stmt(c, written)
-}
-
-/// The most iterations of the reduction loops (loops over iterators other than the written
-/// ones) that recomputing a node's computation runs per read: the product of their trip
-/// counts along the deepest nesting.
-fn reduction_per_read(c: &Llc, written: &Pattern) -> u64 {
-    fn value(v: &Llv) -> u64 {
-        match v {
-            Llv::LocalScope { body, .. } => stmt(body, &Pattern::new()),
-            Llv::Binop(_, a, b) => value(a).max(value(b)),
-            Llv::Unop(_, a) => value(a),
-            Llv::Ternop(_, a, b, c) => value(a).max(value(b)).max(value(c)),
-            _ => 1,
-        }
-    }
-    fn stmt(c: &Llc, written: &Pattern) -> u64 {
-        match c {
-            Llc::Seq(v) => v.iter().map(|c| stmt(c, written)).max().unwrap_or(1),
-            Llc::For {
-                index,
-                from,
-                to,
-                body,
-                ..
-            } => {
-                let inner = stmt(body, written);
-                if written.contains_key(index) {
-                    inner
-                } else {
-                    inner.saturating_mul((to - from + 1).max(0) as u64)
-                }
-            }
-            Llc::Parallel(p) => {
-                stmt(&p.body, written).saturating_mul((p.to - p.from + 1).max(0) as u64)
-            }
-            Llc::If { body, .. } | Llc::Lookup { body, .. } => stmt(body, written),
-            Llc::Set { value: v, .. } | Llc::SetLocal(_, v) => value(v),
-            _ => 1,
+            Llc::ZeroOut(_) | Llc::VSet(..) | Llc::VStore { .. } => PerRead {
+                work: 1,
+                reduction: 1,
+            },
+            Llc::Noop | Llc::Comment(_) | Llc::Prefetch { .. } => PerRead::NONE,
         }
     }
     stmt(c, written)
@@ -578,15 +577,11 @@ pub fn virtualize(
             continue;
         }
         let inl = inlinable(&stmts, &tn).and_then(|w| {
-            let work = w
+            let cost = w
                 .iter()
-                .map(|(i, p)| work_per_read(&stmts[*i], p))
-                .fold(0, u64::saturating_add);
-            let reduction = w
-                .iter()
-                .map(|(i, p)| reduction_per_read(&stmts[*i], p))
-                .max()
-                .unwrap_or(1);
+                .map(|(i, p)| per_read(&stmts[*i], p))
+                .fold(PerRead::NONE, PerRead::then);
+            let (work, reduction) = (cost.work, cost.reduction);
             if work > max_work {
                 Err("too costly to recompute per read")
             } else if reduction > max_reduction {
