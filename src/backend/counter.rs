@@ -23,31 +23,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Waits for `ready()` without parking for at most `budget`: for the first [`PAUSE_SPIN`]
-/// without yielding (see [`pause_until`]), then yielding the core between checks, so that a
-/// thread that wants the core (perhaps the one we wait for, when there are more threads
-/// than cores) runs first; on an idle core a check comes every few hundred nanoseconds.
-/// Returns whether `ready()` became true.
-///
-/// Busy-spinning for the whole budget (`spin_loop` without yielding) was measured and
-/// rejected: on a machine whose cores are shared with other processes, the thread waited for
-/// is often not running, and a busy spinner keeps it off the core for the whole budget.
-pub(crate) fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
-    if pause_until(budget, &ready) {
-        return true;
-    }
-    let start = Instant::now();
-    loop {
-        if start.elapsed() >= budget {
-            return ready();
-        }
-        std::thread::yield_now();
-        if ready() {
-            return true;
-        }
-    }
-}
-
 /// How long a wait checks without yielding first (`spin_loop` between checks).
 ///
 /// A yield on a core shared with another process hands the core to that process for the
@@ -85,13 +60,26 @@ fn pause_until(budget: Duration, ready: &impl Fn() -> bool) -> bool {
 /// A yield that takes longer than this handed the core to another thread.
 pub(crate) const SHARED_CORE_YIELD: Duration = Duration::from_micros(20);
 
-/// Like [`spin_until`], but gives up as soon as one yield took longer than
-/// [`SHARED_CORE_YIELD`]: another thread wanted the core, so it is shared, and a thread that
-/// keeps spinning there competes with it for every time slice (the scheduler counts the
-/// spinning against it, so when it has work again it waits behind the neighbour). On an
+/// Waits for `ready()` without parking for at most `budget`: for the first [`PAUSE_SPIN`]
+/// without yielding (see [`pause_until`]), then yielding the core between checks, so that a
+/// thread that wants the core (perhaps the one we wait for, when there are more threads
+/// than cores) runs first; on an idle core a check comes every few hundred nanoseconds.
+/// Returns whether `ready()` became true.
+///
+/// It gives up as soon as one yield took longer than [`SHARED_CORE_YIELD`]: another thread
+/// wanted the core, so it is shared, and a thread that keeps spinning there competes with it
+/// for every time slice (the scheduler counts the spinning against it, so when it has work
+/// again it waits behind the neighbour); parked, it preempts the neighbour when woken. On an
 /// idle core a spin costs nothing but power, and spares the wake-up of a parked thread, which
-/// can take milliseconds on a virtual machine. Returns whether `ready()` became true.
-pub(crate) fn spin_while_alone(budget: Duration, ready: impl Fn() -> bool) -> bool {
+/// can take milliseconds on a virtual machine. (Device waits yielded for their whole budget
+/// until 6 December 2026; giving up on a shared core changed nothing measurable there: the
+/// default moons job on two devices, 7 interleaved runs, 20.1M and 19.5M samples/s quiet,
+/// 18.2M and 18.5M beside a busy process.)
+///
+/// Busy-spinning for the whole budget (`spin_loop` without yielding) was measured and
+/// rejected: on a machine whose cores are shared with other processes, the thread waited for
+/// is often not running, and a busy spinner keeps it off the core for the whole budget.
+pub(crate) fn spin_until(budget: Duration, ready: impl Fn() -> bool) -> bool {
     if pause_until(budget, &ready) {
         return true;
     }
@@ -312,7 +300,7 @@ mod tests {
     /// the condition holds, it says so at once.
     #[test]
     fn a_spin_gives_up_on_a_shared_core() {
-        assert!(spin_while_alone(Duration::from_secs(5), || true));
+        assert!(spin_until(Duration::from_secs(5), || true));
         let Some(core) = super::super::device::allowed_core(0) else {
             return;
         };
@@ -329,7 +317,7 @@ mod tests {
         let took = std::thread::spawn(move || {
             super::super::device::pin_current_thread(core);
             let start = Instant::now();
-            assert!(!spin_while_alone(Duration::from_secs(5), || false));
+            assert!(!spin_until(Duration::from_secs(5), || false));
             start.elapsed()
         })
         .join()

@@ -20,7 +20,7 @@
 //! for: about 40 µs on a 2-vCPU VM (median of 2,000 condition-variable wake-ups after 2 ms
 //! idle; 78 µs at the 99th percentile, 1.3 ms at worst). But both stop at once, and park,
 //! when a yield shows that another thread wanted the core
-//! (`counter::spin_while_alone`): on a core shared with another process, a
+//! (`counter::spin_until`): on a core shared with another process, a
 //! thread that keeps spinning is charged for it by the scheduler and then waits behind the
 //! neighbour when it has work (the big moons job on one device beside a busy process fell
 //! from 186k to 18k samples/s with plain 5 ms spins).
@@ -33,7 +33,7 @@
 //! 4096 × 1024 floats: two threads took 3.6 ms, as long as one, in most runs). The caller
 //! moves helpers (`sched_setaffinity` on their thread ids) only when their core must change.
 
-use super::counter::{spin_while_alone, Counter, DONE_SPIN};
+use super::counter::{spin_until, Counter, DONE_SPIN};
 use std::alloc::Layout;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -314,7 +314,7 @@ fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
     }
     shared.tids[index].store(super::device::current_tid(), Ordering::Release);
     loop {
-        if !spin_while_alone(HELPER_SPIN, || shared.generation.reached(seen + 1)) {
+        if !spin_until(HELPER_SPIN, || shared.generation.reached(seen + 1)) {
             shared.generation.park_until(seen + 1, None);
         }
         if shared.closed.load(Ordering::Acquire) {
@@ -425,7 +425,7 @@ unsafe extern "C" fn team_run(
     // costs tens of microseconds, and now and then milliseconds (see the module docs).
     let mean = start.elapsed() / ran.max(1);
     let budget = (mean * 2).clamp(DONE_SPIN, MAX_DONE_SPIN);
-    if !spin_while_alone(budget, || job.finished.reached(chunks)) {
+    if !spin_until(budget, || job.finished.reached(chunks)) {
         job.finished.park_until(chunks, None);
     }
     *lock(&shared.job) = None;
