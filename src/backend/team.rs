@@ -147,20 +147,26 @@ impl Job {
 }
 
 /// What a team's threads share.
+/// Where one thread of a team runs.
+struct Seat {
+    /// The core it should run on (`NO_CORE`: anywhere). The caller's (seat 0) is the core a
+    /// helper takes over when the caller runs on the helper's.
+    core: AtomicUsize,
+    /// The core a helper is pinned to now (`NO_CORE`: not pinned), written by whichever
+    /// thread pins it (the helper itself at its start, then the callers of regions).
+    placed: AtomicUsize,
+    /// A helper's thread id once it has started and pinned itself (0 before).
+    tid: AtomicI32,
+}
+
 struct TeamShared {
     name: String,
     /// The most threads (the caller and `max - 1` helpers).
     max: usize,
     /// How many threads take part in regions now (at least 1, at most `max`).
     active: AtomicUsize,
-    /// The core each helper (index 1..) should run on (`NO_CORE`: anywhere); index 0 is the
-    /// caller's core, which a helper takes over when the caller runs on the helper's.
-    cores: Vec<AtomicUsize>,
-    /// The core each helper is pinned to now (`NO_CORE`: not pinned), written by whichever
-    /// thread pins it (the helper itself at its start, then the callers of regions).
-    placed: Vec<AtomicUsize>,
-    /// Each helper's thread id once it has started and pinned itself (0 before).
-    tids: Vec<AtomicI32>,
+    /// Per thread: the caller (index 0), then the helpers.
+    seats: Vec<Seat>,
     /// Regions published so far: idle helpers wait for it to grow.
     generation: Counter,
     /// The region being run.
@@ -201,9 +207,13 @@ impl Team {
                 name: name.to_string(),
                 max,
                 active: AtomicUsize::new(max),
-                cores: (0..max).map(|_| AtomicUsize::new(NO_CORE)).collect(),
-                placed: (0..max).map(|_| AtomicUsize::new(NO_CORE)).collect(),
-                tids: (0..max).map(|_| AtomicI32::new(0)).collect(),
+                seats: (0..max)
+                    .map(|_| Seat {
+                        core: AtomicUsize::new(NO_CORE),
+                        placed: AtomicUsize::new(NO_CORE),
+                        tid: AtomicI32::new(0),
+                    })
+                    .collect(),
                 generation: Counter::new(),
                 job: Mutex::new(None),
                 busy: AtomicBool::new(false),
@@ -230,7 +240,9 @@ impl Team {
     pub(crate) fn set_cores(&self, cores: &[Option<usize>]) {
         let n = cores.len().clamp(1, self.shared.max);
         for (k, c) in cores.iter().enumerate().take(n) {
-            self.shared.cores[k].store(c.unwrap_or(NO_CORE), Ordering::Release);
+            self.shared.seats[k]
+                .core
+                .store(c.unwrap_or(NO_CORE), Ordering::Release);
         }
         self.shared.active.store(n, Ordering::Release);
     }
@@ -238,10 +250,10 @@ impl Team {
     /// The cores of the threads taking part now (the caller's first), as last set (`None`:
     /// unpinned).
     pub fn cores(&self) -> Vec<Option<usize>> {
-        self.shared.cores[..self.threads()]
+        self.shared.seats[..self.threads()]
             .iter()
-            .map(|c| {
-                let c = c.load(Ordering::Acquire);
+            .map(|seat| {
+                let c = seat.core.load(Ordering::Acquire);
                 (c != NO_CORE).then_some(c)
             })
             .collect()
@@ -308,11 +320,13 @@ impl TeamShared {
 /// those it takes part in (the callers of regions move it to another core when needed, see
 /// [`TeamShared::place_helpers`]).
 fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
-    let want = shared.cores[index].load(Ordering::Acquire);
+    let seat = &shared.seats[index];
+    let want = seat.core.load(Ordering::Acquire);
     if want != NO_CORE && super::device::pin_thread(0, want) {
-        shared.placed[index].store(want, Ordering::Release);
+        seat.placed.store(want, Ordering::Release);
     }
-    shared.tids[index].store(super::device::current_tid(), Ordering::Release);
+    seat.tid
+        .store(super::device::current_tid(), Ordering::Release);
     loop {
         if !spin_until(HELPER_SPIN, || shared.generation.reached(seen + 1)) {
             shared.generation.park_until(seen + 1, None);
@@ -332,25 +346,26 @@ fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
 
 impl TeamShared {
     /// Before a region wakes helpers `1..threads`: pins each started helper to its core, or
-    /// to the caller's core (`cores[0]`) when the caller runs on the helper's core now.
+    /// to the caller's core (seat 0's) when the caller runs on the helper's core now.
     /// Only the one thread running a region (see `busy`) calls this.
     fn place_helpers(&self, threads: usize) {
-        let caller = self.cores[0].load(Ordering::Acquire);
+        let caller = self.seats[0].core.load(Ordering::Acquire);
         let now = super::device::current_cpu().unwrap_or(NO_CORE);
         for k in 1..threads.min(self.max) {
-            let mut want = self.cores[k].load(Ordering::Acquire);
+            let seat = &self.seats[k];
+            let mut want = seat.core.load(Ordering::Acquire);
             if want == NO_CORE {
                 continue;
             }
             if want == now && caller != NO_CORE {
                 want = caller;
             }
-            let tid = self.tids[k].load(Ordering::Acquire);
+            let tid = seat.tid.load(Ordering::Acquire);
             if tid != 0
-                && self.placed[k].load(Ordering::Acquire) != want
+                && seat.placed.load(Ordering::Acquire) != want
                 && super::device::pin_thread(tid, want)
             {
-                self.placed[k].store(want, Ordering::Release);
+                seat.placed.store(want, Ordering::Release);
             }
         }
     }
@@ -642,7 +657,7 @@ mod tests {
             // first one already, when the helper was that quick, otherwise the next).
             region();
             let start = std::time::Instant::now();
-            while team.shared.tids[1].load(Ordering::Acquire) == 0 {
+            while team.shared.seats[1].tid.load(Ordering::Acquire) == 0 {
                 assert!(
                     start.elapsed() < Duration::from_secs(10),
                     "the helper never started"
@@ -650,7 +665,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(1));
             }
             region();
-            assert_eq!(team.shared.placed[1].load(Ordering::Acquire), a);
+            assert_eq!(team.shared.seats[1].placed.load(Ordering::Acquire), a);
         })
         .join()
         .unwrap();
