@@ -108,21 +108,9 @@ fn parse_args() -> Result<Args, String> {
             "--devices" => a.devices = Some(num(&flag, value()?)?),
             "--copy-to-merge" => a.settings.merge = MergeBufferUse::Copy,
             "--schedule" => {
-                a.settings.schedule = match value()?.as_str() {
-                    "auto" => Schedule::Auto,
-                    "exchange" => Schedule::Exchange,
-                    "tree" => Schedule::Tree,
-                    "host-tree" => Schedule::HostTree,
-                    other => match other.strip_prefix("deterministic:").map(str::parse) {
-                        Some(Ok(shards)) => Schedule::Deterministic { shards },
-                        _ => {
-                            return Err(format!(
-                                "--schedule: {other:?} is not auto, exchange, tree, host-tree \
-                                 or deterministic:SHARDS"
-                            ))
-                        }
-                    },
-                }
+                a.settings.schedule = value()?
+                    .parse()
+                    .map_err(|e: arrayjit::Error| format!("--schedule: {e}"))?
             }
             "--backend" => a.backend = value()?,
             "--plot" => a.png = Some(value()?),

@@ -17,7 +17,7 @@
 use arrayjit::backend::{backend_by_name, Backend};
 use arrayjit::ir::{Assignments, Bindings, Prec, Tnode, Unop};
 use arrayjit::nn;
-use arrayjit::parallel::{self, Devices, LearningRate, Model, Schedule, Settings, Slice, Update};
+use arrayjit::parallel::{self, Devices, LearningRate, Model, Settings, Slice, Update};
 use std::process::ExitCode;
 
 const IN: usize = 3;
@@ -154,16 +154,9 @@ fn parse_args() -> Result<Args, String> {
             "--backend" => a.backend = value()?,
             "--bits" => a.bits = true,
             "--schedule" => {
-                a.settings.schedule = match value()?.as_str() {
-                    "auto" => Schedule::Auto,
-                    "exchange" => Schedule::Exchange,
-                    "tree" => Schedule::Tree,
-                    "host-tree" => Schedule::HostTree,
-                    other => match other.strip_prefix("deterministic:").map(str::parse) {
-                        Some(Ok(shards)) => Schedule::Deterministic { shards },
-                        _ => return Err(format!("--schedule: unknown schedule {other:?}")),
-                    },
-                }
+                a.settings.schedule = value()?
+                    .parse()
+                    .map_err(|e: arrayjit::Error| format!("--schedule: {e}"))?
             }
             other => return Err(format!("unknown flag {other:?} (see the source's header)")),
         }

@@ -61,6 +61,44 @@ impl std::fmt::Display for Schedule {
     }
 }
 
+impl std::str::FromStr for Schedule {
+    type Err = crate::error::Error;
+
+    /// Reads a schedule as command lines spell it: `auto`, `exchange`, `tree`, `host-tree` or
+    /// `deterministic:S` (`S` shards).
+    ///
+    /// ```
+    /// use arrayjit::parallel::Schedule;
+    /// assert_eq!("host-tree".parse::<Schedule>().unwrap(), Schedule::HostTree);
+    /// assert_eq!(
+    ///     "deterministic:4".parse::<Schedule>().unwrap(),
+    ///     Schedule::Deterministic { shards: 4 }
+    /// );
+    /// assert!("fast".parse::<Schedule>().is_err());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Invalid`](crate::Error::Invalid) naming the text, for any other text (a
+    /// number of shards that is not a number included).
+    fn from_str(s: &str) -> std::result::Result<Schedule, Self::Err> {
+        match s {
+            "auto" => Ok(Schedule::Auto),
+            "exchange" => Ok(Schedule::Exchange),
+            "tree" => Ok(Schedule::Tree),
+            "host-tree" => Ok(Schedule::HostTree),
+            other => match other.strip_prefix("deterministic:").map(str::parse) {
+                Some(Ok(shards)) => Ok(Schedule::Deterministic { shards }),
+                _ => Err(crate::error::Error::Invalid {
+                    what: "a schedule".into(),
+                    value: format!("{other:?}"),
+                    expected: "auto, exchange, tree, host-tree or deterministic:SHARDS".into(),
+                }),
+            },
+        }
+    }
+}
+
 /// How to train: the batch, the epochs, the devices, the schedule. Build it with
 /// [`Settings::new`] and the methods below; the fields say what each one sets.
 #[derive(Clone, Debug, PartialEq)]
@@ -222,5 +260,36 @@ impl Report {
     /// [`params`](Report::params)).
     pub fn flat_params(&self) -> Vec<f64> {
         self.params.concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Schedule;
+    use crate::error::Error;
+
+    #[test]
+    fn schedules_read_back_as_command_lines_spell_them() {
+        for (text, s) in [
+            ("auto", Schedule::Auto),
+            ("exchange", Schedule::Exchange),
+            ("tree", Schedule::Tree),
+            ("host-tree", Schedule::HostTree),
+            ("deterministic:12", Schedule::Deterministic { shards: 12 }),
+        ] {
+            assert_eq!(text.parse::<Schedule>().unwrap(), s);
+        }
+        for bad in [
+            "",
+            "Tree",
+            "deterministic:",
+            "deterministic:x",
+            "deterministic:-1",
+        ] {
+            match bad.parse::<Schedule>() {
+                Err(Error::Invalid { value, .. }) => assert_eq!(value, format!("{bad:?}")),
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
     }
 }
