@@ -11,7 +11,7 @@
 //! of a nest, which GCC compiles about three times faster, to the same vector code.
 
 use crate::ir::{AxisIndex, Symbol, Tnode};
-use crate::loops::{map_indices, visit_llc, visit_values, visit_vectors, Llc, Llv, Vlv};
+use crate::loops::{map_body, map_indices, visit_llc, visit_values, visit_vectors, Llc, Llv, Vlv};
 
 /// Collapses every collapsible nest in `c`, outermost pairs first and repeatedly, so that a
 /// nest of three loops over contiguous axes becomes one loop.
@@ -22,33 +22,9 @@ pub fn nests(c: Llc) -> Llc {
             while let Some(merged) = collapse_pair(&c) {
                 c = merged;
             }
-            if let Llc::For { body, .. } = &mut c {
-                **body = nests(std::mem::replace(&mut **body, Llc::Noop));
-            }
-            c
+            map_body(c, nests)
         }
-        Llc::Parallel(mut p) => {
-            p.body = nests(std::mem::replace(&mut p.body, Llc::Noop));
-            Llc::Parallel(p)
-        }
-        Llc::If { guards, body } => Llc::If {
-            guards,
-            body: Box::new(nests(*body)),
-        },
-        Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body,
-        } => Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body: Box::new(nests(*body)),
-        },
-        c => c,
+        c => map_body(c, nests),
     }
 }
 

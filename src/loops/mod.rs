@@ -18,8 +18,8 @@ pub use deps::{analyze, check_parallel, parallel_work, Accumulator, Independence
 pub use print::to_doc;
 pub use verify::verify;
 pub use walk::{
-    map_block, map_indices, map_value_indices, visit_indices, visit_llc, visit_reads, visit_value,
-    visit_value_indices, visit_values, visit_vectors,
+    map_block, map_body, map_indices, map_value_indices, visit_indices, visit_llc, visit_reads,
+    visit_value, visit_value_indices, visit_values, visit_vectors,
 };
 
 use crate::ir::{AxisIndex, Binop, Prec, Symbol, Ternop, Tnode, Unop};

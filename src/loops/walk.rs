@@ -25,6 +25,18 @@ pub fn visit_llc<'a>(c: &'a Llc, f: &mut impl FnMut(&'a Llc)) {
     }
 }
 
+/// `c` with its body replaced by `f(body)` when it has one (a `For`, a `Parallel`, an `If`
+/// or a `Lookup`, whose loop, guards or lookup are kept); any other statement unchanged.
+pub fn map_body(mut c: Llc, f: impl FnOnce(Llc) -> Llc) -> Llc {
+    let body = match &mut c {
+        Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. } => &mut **body,
+        Llc::Parallel(p) => &mut p.body,
+        _ => return c,
+    };
+    *body = f(std::mem::replace(body, Llc::Noop));
+    c
+}
+
 /// `c` rebuilt with `f` applied to the statements directly inside it when it is a block: the
 /// items of a `Seq`, the body of a `For`, an `If` or a `Lookup` (whose lookup itself is kept).
 /// `None` for any other statement, which the caller rebuilds itself.

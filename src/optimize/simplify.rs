@@ -5,7 +5,7 @@
 //! and constants are not reassociated ((x + c1) + c2 rounds differently from x + (c1 + c2)).
 
 use crate::ir::{Binop, Prec, Unop};
-use crate::loops::{Llc, Llv};
+use crate::loops::{map_body, Llc, Llv};
 
 /// Largest integer exponent unrolled into multiplications.
 const MAX_UNROLLED_POWER: f64 = 16.0;
@@ -25,55 +25,15 @@ pub fn simplify(c: Llc) -> Llc {
                 _ => Llc::Seq(v),
             }
         }
-        Llc::For {
-            index,
-            from,
-            to,
-            body,
-            trace_it,
-        } => {
-            let body = simplify(*body);
-            if body == Llc::Noop {
-                Llc::Noop
-            } else {
-                Llc::For {
-                    index,
-                    from,
-                    to,
-                    body: Box::new(body),
-                    trace_it,
+        c @ (Llc::For { .. } | Llc::If { .. } | Llc::Lookup { .. }) => {
+            // A loop, guard or lookup whose body simplifies to nothing is nothing.
+            match map_body(c, simplify) {
+                Llc::For { body, .. } | Llc::If { body, .. } | Llc::Lookup { body, .. }
+                    if *body == Llc::Noop =>
+                {
+                    Llc::Noop
                 }
-            }
-        }
-        Llc::If { guards, body } => {
-            let body = simplify(*body);
-            if body == Llc::Noop {
-                Llc::Noop
-            } else {
-                Llc::If {
-                    guards,
-                    body: Box::new(body),
-                }
-            }
-        }
-        Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body,
-        } => {
-            let body = simplify(*body);
-            if body == Llc::Noop {
-                Llc::Noop
-            } else {
-                Llc::Lookup {
-                    symbol,
-                    tn,
-                    idcs,
-                    extent,
-                    body: Box::new(body),
-                }
+                c => c,
             }
         }
         Llc::Set { tn, idcs, value } => {

@@ -40,7 +40,7 @@
 use super::loops::{mentions, stride};
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, Binop, MemoryMode, Prec, Symbol, Ternop, Tnode, Unop};
-use crate::loops::{vector_unop, Llc, Llv, VType, Vlv};
+use crate::loops::{map_body, vector_unop, Llc, Llv, VType, Vlv};
 use crate::target::VectorTarget;
 
 /// What the pass produced.
@@ -126,23 +126,7 @@ fn walk(c: Llc, target: &VectorTarget, out: &mut Vectorized) -> Llc {
                 trace_it,
             }
         }
-        Llc::If { guards, body } => Llc::If {
-            guards,
-            body: Box::new(walk(*body, target, out)),
-        },
-        Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body,
-        } => Llc::Lookup {
-            symbol,
-            tn,
-            idcs,
-            extent,
-            body: Box::new(walk(*body, target, out)),
-        },
+        c @ (Llc::If { .. } | Llc::Lookup { .. }) => map_body(c, |b| walk(b, target, out)),
         c => c,
     }
 }
