@@ -642,8 +642,9 @@ static inline aj_vf32_##N aj_vexpm1_red_f32_##N(aj_vf32_##N r) {                
   return r + r * r * (0.5f + r * q);                                                               \
 }                                                                                                  \
 /* e^x: x = n ln2 + r (Cody-Waite, |r| <= 0.36), e^x = 2^n (1 + expm1(r)). When every lane         \
- * has |x| < 87 (results normal, no clamp needed) 2^n is one normal factor; otherwise x is         \
- * clamped (keeping NaN) and 2^n applied in two factors. Both give the same bits. */               \
+ * has |x| < 87 the result is normal, so 2^n is applied exactly by adding n to the exponent         \
+ * field (n << 23 is z's bits << 23: the offset 0x4b400000 shifts out); otherwise x is clamped     \
+ * (keeping NaN) and 2^n applied in two factors. Both give the bits of p * 2^n. */                 \
 static inline aj_vf32_##N aj_vexp_f32_##N(aj_vf32_##N x) {                                         \
   aj_vi32_##N wide = (aj_vi32_##N)((aj_vu32_##N)x & 0x7fffffffu) > 0x42ae0000;                     \
   if (__builtin_expect(!aj_vany_i32_##N(wide), 1)) {                                               \
@@ -651,8 +652,8 @@ static inline aj_vf32_##N aj_vexp_f32_##N(aj_vf32_##N x) {                      
     aj_vf32_##N n = z - 0x1.8p23f;                                                                 \
     aj_vf32_##N r = x - n * 0x1.62e4p-1f;                                                          \
     r = r - n * 0x1.7f7d1cp-20f;                                                                   \
-    aj_vf32_##N s = (aj_vf32_##N)(((aj_vu32_##N)z - 0x4b400000u + 127u) << 23);                    \
-    return (1.0f + aj_vexpm1_red_f32_##N(r)) * s;                                                  \
+    aj_vf32_##N p = 1.0f + aj_vexpm1_red_f32_##N(r);                                               \
+    return (aj_vf32_##N)((aj_vu32_##N)p + ((aj_vu32_##N)z << 23));                                 \
   }                                                                                                \
   x = aj_vsel_f32_##N(x > 89.0f, (aj_vf32_##N){0} + 89.0f, x);     /* overflows: keeps NaN */      \
   x = aj_vsel_f32_##N(x < -105.0f, (aj_vf32_##N){0} - 105.0f, x);  /* underflows to 0 */           \
@@ -841,7 +842,8 @@ static inline aj_vf64_##N aj_vexpm1_red_f64_##N(aj_vf64_##N r) {                
                                          r * (0x1.af3cd7b3560d9p-26 + r * 0x1.1f6942ca28386p-29)))))))); \
   return r + r * r * (0.5 + r * q);                                                                \
 }                                                                                                  \
-/* e^x in double, as the single version: one scaling factor when every lane has |x| < 708. */      \
+/* e^x in double, as the single version: 2^n added to the exponent field when every lane has       \
+ * |x| < 708 (normal results). */                                                                  \
 static inline aj_vf64_##N aj_vexp_f64_##N(aj_vf64_##N x) {                                         \
   aj_vi64_##N wide = (aj_vi64_##N)((aj_vu64_##N)x & UINT64_C(0x7fffffffffffffff)) >                \
                    (int64_t)UINT64_C(0x4086200000000000);                                          \
@@ -856,7 +858,7 @@ static inline aj_vf64_##N aj_vexp_f64_##N(aj_vf64_##N x) {                      
   r = r - n * 0x1.a39ef35793c76p-33;                                                               \
   aj_vf64_##N p = 1.0 + aj_vexpm1_red_f64_##N(r);                                                  \
   if (__builtin_expect(fast, 1))                                                                   \
-    return p * (aj_vf64_##N)(((aj_vu64_##N)z - UINT64_C(0x4338000000000000) + 1023u) << 52);       \
+    return (aj_vf64_##N)((aj_vu64_##N)p + ((aj_vu64_##N)z << 52));                                 \
   return aj_vscale_f64_##N(p, z);                                                                  \
 }                                                                                                  \
 /* expm1(y) for y <= 0 (or NaN): 2^n expm1(r) + (2^n - 1), exact for n = 0. */                     \

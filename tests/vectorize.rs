@@ -148,6 +148,61 @@ fn elementwise_exp_with_broadcasts_and_remainders() {
     }
 }
 
+/// A loop whose length is no multiple of the vector width ends with one vector over its last
+/// lanes, overlapping the vector loop, instead of a scalar remainder: the overlapped lanes are
+/// computed again from the same inputs into the same cells. Not where a statement reads a
+/// cell that the loop writes (`y += x * x`): a lane run twice would add twice, so there the
+/// remainder stays scalar. Rows of 37 on every width.
+#[test]
+fn remainders_overlap_the_last_vector_unless_a_written_cell_is_read() {
+    let (n, m) = (3, 37);
+    let xv = values(n * m, 11);
+    let yv = values(n * m, 12);
+    let b = Bindings::empty();
+    let x = input("x", &[n, m], Prec::Single, &xv);
+    let e = output("e", &[n, m], Prec::Single);
+    let exp = Assignments::seq([unop(&e, Binop::Arg2, false, Unop::Exp, &x, "ij->ij", &b)]);
+    for bytes in [16, 32, 64] {
+        let lanes = bytes / 4;
+        let r = run(&exp, &[&e], Some(target(bytes)));
+        let last = format!(" * 37 + {}]", m - lanes);
+        assert!(
+            !r.src.contains("expf(") && r.src.contains(&last),
+            "{bytes}-byte vectors: no overlapping last vector ({last}):\n{}",
+            r.src
+        );
+        let want: Vec<f64> = xv.iter().map(|v| v.exp()).collect();
+        assert_ulps(&r.out[0], &want, 1.5, "exp");
+        // A fresh `y` for each width (a run copies its result back to the host).
+        let y = input("y", &[n, m], Prec::Single, &yv);
+        let update = Assignments::seq([binop(
+            &y,
+            Binop::Add,
+            false,
+            Binop::Mul,
+            &x,
+            &x,
+            "ij,ij->ij",
+            &b,
+        )]);
+        let r = run(&update, &[&y], Some(target(bytes)));
+        // One rounding where the C compiler contracts the multiply-add (the target has
+        // FMA), two otherwise; each lane once.
+        for (k, (got, interp)) in r.out[0].iter().zip(&r.interp[0]).enumerate() {
+            let (x, y) = (xv[k] as f32, yv[k] as f32);
+            let once = [x.mul_add(x, y) as f64, (y + x * x) as f64];
+            assert!(
+                once.contains(got),
+                "{bytes}-byte y[{k}] += x * x: {got} not in {once:?}"
+            );
+            assert!(
+                once.contains(interp),
+                "interpreted y[{k}]: {interp} not in {once:?}"
+            );
+        }
+    }
+}
+
 /// Exact operations computed by vector loops are bit-identical to plain Rust loops doing the
 /// same single (or double) operations: add, sub, mul, div, max and min (IEEE
 /// maximumNumber/minimumNumber with NaN and signed zeros), relu, abs, neg, recip, satur01,

@@ -11,13 +11,16 @@
 //!   or do not depend on `j`, of single (or double) results computed from tensors of that
 //!   precision only, with operations that have vector spellings, becomes a loop over whole
 //!   vectors (`VStore t[.., from + W·jo] = e`, reads as vector loads, loop-invariant
-//!   subexpressions computed once as a broadcast) followed by the scalar loop over the
-//!   `n mod W` last elements. A tensor the loop writes may be read in it only at the cell it
-//!   is written at (`t = t + x`, or a later statement reading an earlier one's cell), so the
-//!   iterations are independent. Every element is computed by the same operations as before,
-//!   so results are bit-identical, except for the functions of the vector math family
-//!   (`exp`, `log`, `tanh`, ... within their documented error bounds; the scalar remainder
-//!   keeps libm).
+//!   subexpressions computed once as a broadcast). When `W` does not divide `n`, one more
+//!   vector covers the last `W` elements, overlapping the loop's last vector: its lanes are
+//!   computed again from the same inputs into the same cells. That needs every statement to
+//!   read no tensor that it or a later statement writes (see [`recomputable`]); otherwise
+//!   (`t = t + x`) the scalar loop covers the `n mod W` last elements. A tensor the loop
+//!   writes may be read in it only at the cell it is written at (`t = t + x`, or a later
+//!   statement reading an earlier one's cell), so the iterations are independent. Every
+//!   element is computed by the same operations as before, so results are bit-identical,
+//!   except for the functions of the vector math family (`exp`, `log`, `tanh`, ... within
+//!   their documented error bounds; a scalar remainder keeps libm).
 //! - **Reductions.** An innermost loop `for j { s = s ⊕ e(j) }` into a cell `s` that does not
 //!   depend on `j` (`⊕` one of add, sub, max, min; `e` vectorizable as above and not reading
 //!   `s`'s tensor) keeps `P` partial results in vector accumulators, `P` = 32 for single and
@@ -313,7 +316,23 @@ fn elementwise(
     let vectors = l.len() / w;
     let mut stmts = vec![for_(jo, 0, vectors - 1, Llc::Seq(vector_body))];
     let rest = l.from + vectors * w;
-    if rest <= l.to {
+    if rest <= l.to && recomputable(sets) {
+        // The last `w` lanes, overlapping the vector loop's last lanes, which are computed
+        // again from the same inputs into the same cells.
+        let last = AxisIndex::Fixed(usize::try_from(l.to - w + 1).ok()?);
+        let cx = Ctx { at: last, ..cx };
+        for (tn, idcs, value) in sets {
+            let store_at = idcs
+                .iter()
+                .map(|ix| ix.substitute(l.j, last))
+                .collect::<Option<Vec<_>>>()?;
+            stmts.push(Llc::VStore {
+                tn: tn.clone(),
+                idcs: store_at,
+                value: cx.vec(value)?,
+            });
+        }
+    } else if rest <= l.to {
         let scalar: Vec<Llc> = sets
             .iter()
             .map(|(tn, idcs, value)| Llc::Set {
@@ -325,6 +344,22 @@ fn elementwise(
         stmts.push(for_(l.j, rest, l.to, Llc::Seq(scalar)));
     }
     Some(Llc::Seq(stmts))
+}
+
+/// Whether running an iteration of the loop body again for a lane leaves every cell as it
+/// was: no statement reads a tensor that it or a later statement writes, so each statement
+/// reads only the loop's inputs and the cells that earlier statements have just written again
+/// with the same values.
+fn recomputable(sets: &[(Tnode, Vec<AxisIndex>, Llv)]) -> bool {
+    sets.iter().enumerate().all(|(k, (_, _, value))| {
+        let mut ok = true;
+        crate::loops::visit_value(value, &mut |v| {
+            if let Llv::Get(t, _) = v {
+                ok &= sets[k..].iter().all(|(w, _, _)| w != t);
+            }
+        });
+        ok
+    })
 }
 
 /// The reduction rewrite (see the module documentation).
