@@ -438,8 +438,7 @@ fn layer_norm() -> Case {
 }
 
 /// A 512×512×512 product (the packed GEMM kernels).
-fn matmul() -> Case {
-    let (m, k, n) = (512, 512, 512);
+fn matmul(name: &'static str, (m, k, n): (usize, usize, usize)) -> Case {
     let p = Prec::Single;
     let (av, bv) = (values(m * k, 10), values(k * n, 11));
     let a = input("a", &[m, k], p, &av);
@@ -466,7 +465,7 @@ fn matmul() -> Case {
         }
     }
     Case {
-        name: "matmul",
+        name,
         code,
         inputs: vec![a, b],
         outputs: vec![c],
@@ -567,7 +566,39 @@ fn layer_norm_is_the_same_on_every_team() {
 
 #[test]
 fn a_matmul_is_the_same_on_every_team() {
-    check(&matmul());
+    check(&matmul("matmul", (512, 512, 512)));
+}
+
+/// How many times the regions of `c` start per run: each region counts once per iteration
+/// of the loops around it.
+fn region_runs(c: &Llc) -> u64 {
+    match c {
+        Llc::Seq(v) => v.iter().map(region_runs).sum(),
+        Llc::For { from, to, body, .. } => (to - from + 1).max(0) as u64 * region_runs(body),
+        Llc::If { body, .. } | Llc::Lookup { body, .. } => region_runs(body),
+        Llc::Parallel(_) => 1,
+        _ => 0,
+    }
+}
+
+/// A product of sizes that are no multiples of the kernel's tiles (a last row panel of 4
+/// rows, a last column panel of 8 columns, a shorter last reduction block): the packed
+/// panels of the remainders used to defeat the analysis of the threads' own packed copies,
+/// so the threads shared the column panels of each row panel, a region started per row
+/// panel (hundreds of starts a run, slower on two threads than on one). The threads share
+/// the row panels or column blocks now: a few region starts a run.
+#[test]
+fn a_matmul_with_remainders_shares_whole_panels() {
+    let case = matmul("matmul_remainders", (130, 700, 200));
+    let jit = jit(2);
+    let code = jit.compile(case.name, &none(), &case.code).unwrap();
+    let runs = region_runs(&code.optimized().code);
+    assert!(
+        (1..=16).contains(&runs),
+        "{runs} region starts a run\n{}",
+        code.source()
+    );
+    check(&case);
 }
 
 #[test]

@@ -14,10 +14,15 @@
 //!   covered by writes made after the loop). Each thread then works on its own copy.
 //!
 //! A read is covered when, in some enclosing statement list, the statements before the one
-//! holding it write (unconditionally, as a dense block of cells) every cell the read may
-//! touch. Cells are flat offsets; symbols bound outside that list are compared exactly
-//! (the same symbolic part), the others range over their loops. Conservative: a read that
-//! cannot be shown covered is not.
+//! holding it write (unconditionally) every cell the read may touch. Cells are flat
+//! offsets; symbols bound outside that list are compared exactly (the same symbolic part),
+//! the others range over their loops. What a statement writes is a set of blocks: a loop's
+//! iterations' blocks join into one where they touch (a row written by a vector loop and
+//! then by a last vector or a remainder loop, and the rows around it), or else form a
+//! *family*, one block repeated at a stride (the panels of a packed operand whose last
+//! reduction block is shorter than the panels' room); a read lies in a family when one of
+//! its symbols, or its fixed offset, picks members. Conservative: a read that cannot be
+//! shown covered is not.
 //!
 //! The vector variables the body uses must be its own (used nowhere else) and assigned in
 //! each iteration before they are read; the body must not call imported C functions (which
@@ -57,7 +62,7 @@ pub struct Independence {
 /// The loops of a routine already decided to be parallel regions, by the local arrays they
 /// privatize: a region writing its private copy of a tensor makes the shared tensor's
 /// earlier contents unknown to the code after it.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Regions<'a> {
     private: HashMap<Tnode, Vec<&'a Llc>>,
 }
@@ -598,12 +603,16 @@ fn private_ok(
 }
 
 /// Cells of a tensor, as flat offsets: a symbolic part (sorted terms in symbols bound
-/// outside the statement list considered) plus the interval `[lo, hi]`.
+/// outside the statement list considered) plus the interval `[lo, hi]`, and for the blocks
+/// a loop writes with gaps between its iterations (the panels of a packed operand whose
+/// last reduction block is shorter), the family `(stride, from, to)`: the interval moved
+/// by `stride · t` for every `t` in `from..=to`.
 #[derive(Clone, Debug, PartialEq)]
 struct Cells {
     symbolic: Vec<(Symbol, i128)>,
     lo: i128,
     hi: i128,
+    family: Option<(i128, i64, i64)>,
 }
 
 /// One statement list being walked: its position in the stack of enclosing loops, the cells
@@ -655,9 +664,8 @@ impl<'a> Coverage<'a> {
     }
 
     /// The flat offsets of the access `idcs` (with `lanes`), the loops `bound[depth..]`
-    /// ranging and every other symbol symbolic; also whether those offsets form a dense
-    /// block (every offset in `[lo, hi]` is touched).
-    fn cells(&self, idcs: &[AxisIndex], lanes: usize, depth: usize) -> (Cells, bool) {
+    /// ranging and every other symbol symbolic: the interval spanning them.
+    fn cells(&self, idcs: &[AxisIndex], lanes: usize, depth: usize) -> Cells {
         let mut symbolic: HashMap<Symbol, i128> = HashMap::new();
         let mut local: HashMap<Symbol, i128> = HashMap::new();
         let mut constant = 0i128;
@@ -692,29 +700,16 @@ impl<'a> Coverage<'a> {
         if lanes > 1 {
             spans.push((1, lanes as i128));
         }
-        spans.sort();
-        let mut span = 0i128;
-        let mut dense = true;
-        for &(c, n) in &spans {
-            if n <= 1 || c == 0 {
-                continue;
-            }
-            if c > span + 1 {
-                dense = false;
-            }
-            span += c * (n - 1);
-        }
+        let span: i128 = spans.iter().map(|&(c, n)| c * (n - 1)).sum();
         let mut symbolic: Vec<(Symbol, i128)> =
             symbolic.into_iter().filter(|(_, c)| *c != 0).collect();
         symbolic.sort();
-        (
-            Cells {
-                symbolic,
-                lo,
-                hi: lo + span,
-            },
-            dense,
-        )
+        Cells {
+            symbolic,
+            lo,
+            hi: lo + span,
+            family: None,
+        }
     }
 
     fn fail(&mut self, msg: String) {
@@ -802,29 +797,7 @@ impl<'a> Coverage<'a> {
             return;
         }
         // What the statement surely writes covers later reads in this list.
-        let depth = self.bound.len();
-        let mut writes = vec![];
-        self.sure_writes(c, &mut writes);
-        let mut added = vec![];
-        for (idcs, lanes, extra) in writes {
-            let saved = self.bound.len();
-            self.bound.extend(extra);
-            let (cells, dense) = match idcs {
-                Some(idcs) => self.cells(idcs, lanes, depth),
-                None => (
-                    Cells {
-                        symbolic: vec![],
-                        lo: 0,
-                        hi: self.tn.numel() as i128 - 1,
-                    },
-                    true,
-                ),
-            };
-            self.bound.truncate(saved);
-            if dense {
-                added.push(cells);
-            }
-        }
+        let added = self.sure_blocks(c);
         if let Some(l) = self.levels.last_mut() {
             for cells in added {
                 insert(&mut l.covers, cells);
@@ -832,54 +805,105 @@ impl<'a> Coverage<'a> {
         }
     }
 
-    /// The writes of `tn` that statement `c` makes whatever the data (not under a guard or
-    /// a lookup, not in local scopes), each with the loops inside `c` enclosing it: `None`
-    /// indices for a zero fill.
-    #[allow(clippy::type_complexity)]
-    fn sure_writes<'c>(
-        &self,
-        c: &'c Llc,
-        out: &mut Vec<(Option<&'c [AxisIndex]>, usize, Vec<(Symbol, i64, i64)>)>,
-    ) {
-        fn go<'c>(
-            tn: &Tnode,
-            c: &'c Llc,
-            loops: &mut Vec<(Symbol, i64, i64)>,
-            out: &mut Vec<(Option<&'c [AxisIndex]>, usize, Vec<(Symbol, i64, i64)>)>,
-        ) {
-            match c {
-                Llc::Seq(v) => v.iter().for_each(|c| go(tn, c, loops, out)),
-                Llc::For {
-                    index,
-                    from,
-                    to,
-                    body,
-                    ..
-                } => {
-                    if from > to {
-                        return;
-                    }
-                    loops.push((*index, *from, *to));
-                    go(tn, body, loops, out);
-                    loops.pop();
+    /// The blocks of cells of `tn` that statement `c` writes whatever the data (not under a
+    /// guard or a lookup, not in local scopes), as flat offsets in the symbols bound outside
+    /// `c`. A loop writes the union of its iterations' blocks where successive iterations'
+    /// blocks touch or overlap: so a row written by a vector loop and then by one last
+    /// vector or a scalar remainder loop is one block, and so are the rows of a loop around
+    /// it.
+    fn sure_blocks(&self, c: &Llc) -> Vec<Cells> {
+        let mut out = vec![];
+        match c {
+            Llc::Seq(v) => {
+                for b in v.iter().flat_map(|c| self.sure_blocks(c)) {
+                    insert(&mut out, b);
                 }
-                Llc::Parallel(p) => {
-                    if p.from > p.to {
-                        return;
-                    }
-                    loops.push((p.index, p.from, p.to));
-                    go(tn, &p.body, loops, out);
-                    loops.pop();
+            }
+            Llc::For {
+                index,
+                from,
+                to,
+                body,
+                ..
+            } => out = self.loop_blocks(*index, *from, *to, body),
+            Llc::Parallel(p) => out = self.loop_blocks(p.index, p.from, p.to, &p.body),
+            Llc::Set { tn, idcs, .. } if tn == self.tn => out.push(self.flat(idcs, 1)),
+            Llc::VStore { tn, idcs, value } if tn == self.tn => {
+                out.push(self.flat(idcs, value.ty().lanes))
+            }
+            Llc::ZeroOut(t) if t == self.tn => out.push(Cells {
+                symbolic: vec![],
+                lo: 0,
+                hi: self.tn.numel() as i128 - 1,
+                family: None,
+            }),
+            _ => {}
+        }
+        out
+    }
+
+    /// The blocks `for index in from..=to { body }` surely writes (see [`Self::sure_blocks`]).
+    fn loop_blocks(&self, index: Symbol, from: i64, to: i64, body: &Llc) -> Vec<Cells> {
+        let mut out = vec![];
+        if from > to {
+            return out;
+        }
+        for b in self.sure_blocks(body) {
+            let c = b.symbolic.iter().find(|t| t.0 == index).map_or(0, |t| t.1);
+            let symbolic: Vec<(Symbol, i128)> = b
+                .symbolic
+                .iter()
+                .filter(|t| t.0 != index)
+                .copied()
+                .collect();
+            let (first, last) = (c * from as i128, c * to as i128);
+            let cells = if c == 0 {
+                Cells { symbolic, ..b }
+            } else if b.family.is_some() {
+                continue; // one family deep at most
+            } else if c.abs() > b.hi - b.lo + 1 {
+                // Gaps between the iterations' blocks: a family.
+                Cells {
+                    symbolic,
+                    family: Some((c, from, to)),
+                    ..b
                 }
-                Llc::Set { tn: t, idcs, .. } if t == tn => out.push((Some(idcs), 1, loops.clone())),
-                Llc::VStore { tn: t, idcs, value } if t == tn => {
-                    out.push((Some(idcs), value.ty().lanes, loops.clone()))
+            } else {
+                Cells {
+                    symbolic,
+                    lo: b.lo + first.min(last),
+                    hi: b.hi + first.max(last),
+                    family: None,
                 }
-                Llc::ZeroOut(t) if t == tn => out.push((None, 1, loops.clone())),
-                _ => {}
+            };
+            insert(&mut out, cells);
+        }
+        out
+    }
+
+    /// The flat offsets `idcs` (with `lanes`) touch, every symbol symbolic.
+    fn flat(&self, idcs: &[AxisIndex], lanes: usize) -> Cells {
+        let mut terms: HashMap<Symbol, i128> = HashMap::new();
+        let mut lo = 0i128;
+        for (ix, &stride) in idcs.iter().zip(&self.strides) {
+            let (ts, offset): (Vec<(Symbol, usize)>, i64) = match ix {
+                AxisIndex::Fixed(k) => (vec![], *k as i64),
+                AxisIndex::Iterator(s) => (vec![(*s, 1)], 0),
+                AxisIndex::Linear(l) => (l.terms().to_vec(), l.offset),
+            };
+            lo += offset as i128 * stride;
+            for (s, c) in ts {
+                *terms.entry(s).or_default() += c as i128 * stride;
             }
         }
-        go(self.tn, c, &mut vec![], out);
+        let mut symbolic: Vec<(Symbol, i128)> = terms.into_iter().filter(|t| t.1 != 0).collect();
+        symbolic.sort();
+        Cells {
+            symbolic,
+            lo,
+            hi: lo + lanes as i128 - 1,
+            family: None,
+        }
     }
 
     /// Checks the reads of `tn` a simple statement makes (a lookup: only its index read).
@@ -917,10 +941,65 @@ impl<'a> Coverage<'a> {
             if l.blocked || l.covers.is_empty() {
                 return false;
             }
-            let (cells, _) = self.cells(idcs, lanes, l.depth);
-            l.covers
+            let cells = self.cells(idcs, lanes, l.depth);
+            l.covers.iter().any(|c| match c.family {
+                None => c.symbolic == cells.symbolic && c.lo <= cells.lo && cells.hi <= c.hi,
+                Some(f) => self.in_family(idcs, lanes, l.depth, c, f),
+            })
+        })
+    }
+
+    /// Whether the cells `idcs` (with `lanes`) touch, at a level of `depth`, lie in the family
+    /// `c`: one symbol of the read moves it by the family's stride over a range within the
+    /// family's, and the rest of the read lies in the family's interval.
+    fn in_family(
+        &self,
+        idcs: &[AxisIndex],
+        lanes: usize,
+        depth: usize,
+        c: &Cells,
+        (stride, from, to): (i128, i64, i64),
+    ) -> bool {
+        // A read within one member (a fixed row of packed panels).
+        let cells = self.cells(idcs, lanes, depth);
+        if c.symbolic == cells.symbolic {
+            let t = (cells.lo - c.lo).div_euclid(stride);
+            let member = |t: i128| {
+                (from as i128..=to as i128).contains(&t)
+                    && c.lo + stride * t <= cells.lo
+                    && cells.hi <= c.hi + stride * t
+            };
+            if member(t) || member(t + 1) {
+                return true;
+            }
+        }
+        let mut symbols: Vec<Symbol> = idcs.iter().flat_map(|ix| ix.symbols()).collect();
+        symbols.dedup();
+        symbols.into_iter().any(|s| {
+            // The innermost binding of `s`, and the read with `s` at 0.
+            let Some(&(_, s_from, s_to)) = self.bound.iter().rev().find(|b| b.0 == s) else {
+                return false;
+            };
+            let pinned: Vec<AxisIndex> = idcs
                 .iter()
-                .any(|c| c.symbolic == cells.symbolic && c.lo <= cells.lo && cells.hi <= c.hi)
+                .map(|ix| ix.substitute(s, AxisIndex::Fixed(0)))
+                .collect::<Option<_>>()
+                .unwrap_or_default();
+            if pinned.len() != idcs.len() {
+                return false;
+            }
+            let coef: i128 = idcs
+                .iter()
+                .zip(&self.strides)
+                .map(|(ix, &st)| ix.coef(s) as i128 * st)
+                .sum();
+            let cells = self.cells(&pinned, lanes, depth);
+            coef == stride
+                && from <= s_from
+                && s_to <= to
+                && c.symbolic == cells.symbolic
+                && c.lo <= cells.lo
+                && cells.hi <= c.hi
         })
     }
 }
@@ -930,7 +1009,11 @@ fn insert(covers: &mut Vec<Cells>, mut cells: Cells) {
     let mut k = 0;
     while k < covers.len() {
         let c = &covers[k];
-        if c.symbolic == cells.symbolic && c.lo <= cells.hi + 1 && cells.lo <= c.hi + 1 {
+        if c.symbolic == cells.symbolic
+            && c.family == cells.family
+            && c.lo <= cells.hi + 1
+            && cells.lo <= c.hi + 1
+        {
             cells.lo = cells.lo.min(c.lo);
             cells.hi = cells.hi.max(c.hi);
             covers.swap_remove(k);

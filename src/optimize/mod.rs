@@ -348,7 +348,8 @@ pub fn optimize_with(
             .filter(|(_, m)| *m == MemoryMode::Local)
             .map(|(t, _)| t.clone())
             .collect();
-        let p = parallel::parallelize(code, &local_set, settings.min_region_work);
+        let cores = settings.target.map_or(1, |t| t.cores);
+        let p = parallel::parallelize(code, &local_set, settings.min_region_work, cores);
         verify("parallel", &p.code)?;
         for t in &p.locals {
             modes.refine(t, MemoryMode::Local, provenance::PARALLEL)?;
