@@ -575,7 +575,16 @@ fn convolutions_use_the_kernels_exactly() {
         .l1d_bytes(48 << 10)
         .l2_bytes(2 << 20)
         .intrinsics(false);
-    let cases: [ConvCase; 5] = [
+    let cases: [ConvCase; 6] = [
+        // 600 input channels: several reduction blocks for 9 rows, so the output rows go
+        // inside every packed block of the weights (packed once for all of them).
+        (
+            "b(h+i-1)(v+j-1)c,ijcd->bhvd",
+            [1, 5, 9, 600],
+            [3, 3, 600, 70],
+            [1, 5, 9, 70],
+            (1, 1),
+        ),
         // Padding 3 on the low side only: every row range starts past 0, the first output
         // row meets no input row at all.
         (

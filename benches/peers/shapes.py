@@ -120,7 +120,7 @@ def workloads():
         w[f"layernorm_{r}x{c}"] = (layernorm_program(r, c), "layernorm", (r, c))
     for b, hw, cin, cout, st in [(1, 28, 128, 128, 1), (1, 14, 256, 256, 1), (1, 112, 32, 64, 1),
                                  (1, 7, 512, 512, 1), (2, 30, 48, 96, 1), (1, 56, 64, 128, 2),
-                                 (1, 57, 40, 24, 1)]:
+                                 (1, 57, 40, 24, 1), (1, 14, 512, 512, 1), (4, 7, 512, 512, 1)]:
         name = f"conv3x3{'s2' if st == 2 else ''}_{b}x{hw}x{hw}x{cin}to{cout}"
         w[name] = (conv_program(b, hw, cin, cout, st), "conv", (b, hw, cin, cout, st))
     for m, k, n, prec, t in [(1000, 1000, 1000, "single", False), (512, 3072, 768, "single", False),
