@@ -64,7 +64,11 @@ fn jit(threads: usize) -> Jit {
 /// Compiles and runs the case on a device of `threads` threads; the outputs, the optimized
 /// code and the C source.
 fn run(case: &Case, threads: usize) -> (Vec<Vec<f64>>, Optimized, String) {
-    let jit = jit(threads);
+    run_on(&jit(threads), threads, case)
+}
+
+/// [`run`] with a given JIT of `threads` threads.
+fn run_on(jit: &Jit, threads: usize, case: &Case) -> (Vec<Vec<f64>>, Optimized, String) {
     let code = jit.compile(case.name, &none(), &case.code).unwrap();
     let device = jit.device().unwrap();
     assert_eq!(device.threads(), threads, "{}", case.name);
@@ -474,9 +478,9 @@ fn matmul(name: &'static str, (m, k, n): (usize, usize, usize)) -> Case {
     }
 }
 
-/// A 3×3 convolution with padding 1, 1×28×28×32 → 32 channels.
-fn convolution() -> Case {
-    let (h, w, ci, co) = (28, 28, 32, 32);
+/// A 3×3 convolution with padding 1, 1×28×28×`ci` → `co` channels.
+fn convolution(ci: usize, co: usize) -> Case {
+    let (h, w) = (28, 28);
     let p = Prec::Single;
     let (xv, wv) = (values(h * w * ci, 12), values(9 * ci * co, 13));
     let x = input("x", &[1, h, w, ci], p, &xv);
@@ -603,7 +607,60 @@ fn a_matmul_with_remainders_shares_whole_panels() {
 
 #[test]
 fn a_convolution_is_the_same_on_every_team() {
-    check(&convolution());
+    check(&convolution(32, 32));
+}
+
+/// A convolution whose weights of one tap are packed whole splits its output rows into one
+/// part per core of the target, each part packing the weights for itself (no core reads the
+/// copy another packed): for 3 cores, 28 rows in parts of 10, 10 and 8 (a guard skips the
+/// rest of the last), the regions' loops over the 3 parts. On 1, 2 and 3 threads the same
+/// bits as one part on one core, which are the plain loops' values.
+#[test]
+fn a_convolution_packs_its_weights_once_per_core() {
+    let case = convolution(64, 64);
+    let (single, _, _) = run_on(&jit_for_cores(1, 1), 1, &case);
+    for threads in [1, 2, 3] {
+        let (got, o, _) = run_on(&jit_for_cores(3, threads), threads, &case);
+        let mut parts = vec![];
+        visit_llc(&o.code, &mut |c| {
+            if let Llc::Parallel(p) = c {
+                parts.push(p.to - p.from + 1);
+            }
+        });
+        assert!(
+            !parts.is_empty() && parts.iter().all(|&n| n == 3),
+            "regions over {parts:?} iterations\n{}",
+            arrayjit::loops::to_doc(&o.code)
+        );
+        assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
+    }
+    for (w, g) in case.want[0].iter().zip(&single[0]) {
+        assert!(
+            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
+            "{g} vs {w}"
+        );
+    }
+}
+
+/// A JIT of `threads` threads whose optimizer targets 32-byte vectors (written with the
+/// portable vector extensions) and `cores` cores.
+fn jit_for_cores(cores: usize, threads: usize) -> Jit {
+    let target = arrayjit::target::VectorTarget::default()
+        .vector_bytes(32)
+        .registers(16)
+        .fma(false)
+        .l1d_bytes(32 << 10)
+        .l2_bytes(512 << 10)
+        .intrinsics(false)
+        .cores(cores);
+    let settings = arrayjit::optimize::Settings::default().target(Some(target));
+    Jit::new(
+        JitConfig::from_env()
+            .unwrap()
+            .threads(Some(threads))
+            .optimizer(settings),
+    )
+    .unwrap()
 }
 
 /// Small work stays on one thread: no region below the threshold (the moons jobs' layers).

@@ -1013,8 +1013,10 @@ fn build(
                     body: Box::new(body),
                 };
             }
-            stmts.push(g.pack_b(&run, blk)?);
-            stmts.push(wrap(&inner, body));
+            stmts.push(match parts(&inner, target.cores) {
+                Some((part, first, rest)) => part.split(g.pack_b(&run, blk)?, first, rest, body)?,
+                None => Llc::Seq(vec![g.pack_b(&run, blk)?, wrap(&inner, body)]),
+            });
         }
         return Some(wrap(&outer, Llc::Seq(stmts)));
     }
@@ -1112,6 +1114,65 @@ fn build(
     }
     let outer: Vec<&Loop> = con.outer.iter().collect();
     Some(wrap(&outer, Llc::Seq(stmts)))
+}
+
+/// The outermost of the loops moved inside a packed `y` split into one contiguous part per
+/// core, each packing `y` for itself: the threads then share the parts, each reading the `y`
+/// it packed in its own cache. One packing shared by all (the threads sharing the rows)
+/// made every other core fetch the packed `y` of every tap from the packing core's cache:
+/// a 1×14×14×256→256 convolution ran 1.87 ms on two threads, and 1.40 ms without the
+/// packing. With one core, or fewer rows than twice the cores, nothing is split.
+struct Parts {
+    /// The part, its length in iterations of the split loop, the number of parts.
+    part: Symbol,
+    chunk: i64,
+    count: i64,
+}
+
+/// The split of the outermost of `inner` into parts for `cores` cores (see [`Parts`]): the
+/// parts, that loop and the loops inside it.
+fn parts<'l>(inner: &'l [&'l Loop], cores: usize) -> Option<(Parts, &'l Loop, &'l [&'l Loop])> {
+    let (first, rest) = inner.split_first()?;
+    let trips = first.to - first.from + 1;
+    let count = i64::try_from(cores).ok()?;
+    if count < 2 || trips < 2 * count {
+        return None;
+    }
+    let chunk = (trips + count - 1) / count;
+    let count = (trips + chunk - 1) / chunk;
+    Some((
+        Parts {
+            part: Symbol::fresh(),
+            chunk,
+            count,
+        },
+        first,
+        rest,
+    ))
+}
+
+impl Parts {
+    /// `for part { pack; for the part's iterations of first { rest { body } } }`.
+    fn split(&self, pack: Llc, first: &Loop, rest: &[&Loop], body: Llc) -> Option<Llc> {
+        let trips = first.to - first.from + 1;
+        let step = Symbol::fresh();
+        let terms = [(self.part, self.chunk as usize), (step, 1)];
+        let at = AxisIndex::affine(&terms, first.from)?;
+        let mut inner =
+            crate::loops::map_indices(&wrap(rest, body), &mut |ix| ix.substitute(first.index, at))?;
+        if self.chunk * self.count != trips {
+            inner = Llc::If {
+                guards: vec![(AxisIndex::affine(&terms, 0)?, trips as usize)],
+                body: Box::new(inner),
+            };
+        }
+        Some(Llc::for_loop(
+            self.part,
+            0,
+            self.count - 1,
+            Llc::Seq(vec![pack, Llc::for_loop(step, 0, self.chunk - 1, inner)]),
+        ))
+    }
 }
 
 /// The most rows of a kernel for which the outer loops that do not move `y` go inside its
