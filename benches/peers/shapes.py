@@ -223,9 +223,11 @@ def main():
                 json.dump(prog, f)
             ours, theirs = [], []
             for _ in range(args.rounds):
-                # arrayjit first, with no peer session alive: ONNX Runtime's idle threads
-                # keep spinning after a session is created or run (for about a second),
-                # and took a core from arrayjit's team.
+                # arrayjit first, with no peer session alive and a second after the last:
+                # ONNX Runtime's idle threads keep spinning after a session is created or
+                # run (for about a second), and OpenBLAS's after a product; they took a
+                # core from arrayjit's team.
+                time.sleep(1.0)
                 out = subprocess.run(
                     [args.bin, "bench", path, "--threads", str(args.threads), "--warmup",
                      str(args.warmup), "--runs", str(args.runs)],
