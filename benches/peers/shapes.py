@@ -26,6 +26,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import median_ms  # noqa: E402  (the same timing as run.sh's peers)
 
 
 def softmax_program(r, c):
@@ -186,17 +188,6 @@ def peer_session(kind, params, threads):
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return (lambda: sess.run(None, feeds)), "onnxrt", sess
-
-
-def median_ms(fn, warmup, runs):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def main():

@@ -883,27 +883,7 @@ impl<'a> Coverage<'a> {
 
     /// The flat offsets `idcs` (with `lanes`) touch, every symbol symbolic.
     fn flat(&self, idcs: &[AxisIndex], lanes: usize) -> Cells {
-        let mut terms: HashMap<Symbol, i128> = HashMap::new();
-        let mut lo = 0i128;
-        for (ix, &stride) in idcs.iter().zip(&self.strides) {
-            let (ts, offset): (Vec<(Symbol, usize)>, i64) = match ix {
-                AxisIndex::Fixed(k) => (vec![], *k as i64),
-                AxisIndex::Iterator(s) => (vec![(*s, 1)], 0),
-                AxisIndex::Linear(l) => (l.terms().to_vec(), l.offset),
-            };
-            lo += offset as i128 * stride;
-            for (s, c) in ts {
-                *terms.entry(s).or_default() += c as i128 * stride;
-            }
-        }
-        let mut symbolic: Vec<(Symbol, i128)> = terms.into_iter().filter(|t| t.1 != 0).collect();
-        symbolic.sort();
-        Cells {
-            symbolic,
-            lo,
-            hi: lo + lanes as i128 - 1,
-            family: None,
-        }
+        self.cells(idcs, lanes, self.bound.len())
     }
 
     /// Checks the reads of `tn` a simple statement makes (a lookup: only its index read).

@@ -294,21 +294,27 @@ fn elementwise(
         written: &written,
         cell_reads: true,
     };
-    let mut vector_body = vec![];
-    let mut depends = false;
-    for (tn, idcs, value) in sets {
-        let v = cx.vec(value)?;
-        depends |= !matches!(v, Vlv::Splat(..));
-        let store_at = idcs
-            .iter()
-            .map(|ix| ix.substitute(l.j, at))
-            .collect::<Option<Vec<_>>>()?;
-        vector_body.push(Llc::VStore {
-            tn: tn.clone(),
-            idcs: store_at,
-            value: v,
-        });
-    }
+    // The stores of lanes `at + lane`.
+    let stores = |cx: &Ctx| -> Option<Vec<Llc>> {
+        sets.iter()
+            .map(|(tn, idcs, value)| {
+                let idcs = idcs
+                    .iter()
+                    .map(|ix| ix.substitute(l.j, cx.at))
+                    .collect::<Option<Vec<_>>>()?;
+                let value = cx.vec(value)?;
+                Some(Llc::VStore {
+                    tn: tn.clone(),
+                    idcs,
+                    value,
+                })
+            })
+            .collect()
+    };
+    let vector_body = stores(&cx)?;
+    let depends = vector_body
+        .iter()
+        .any(|c| matches!(c, Llc::VStore { value, .. } if !matches!(value, Vlv::Splat(..))));
     if !depends {
         // Nothing reads along j: not worth a vector loop.
         return None;
@@ -320,18 +326,7 @@ fn elementwise(
         // The last `w` lanes, overlapping the vector loop's last lanes, which are computed
         // again from the same inputs into the same cells.
         let last = AxisIndex::Fixed(usize::try_from(l.to - w + 1).ok()?);
-        let cx = Ctx { at: last, ..cx };
-        for (tn, idcs, value) in sets {
-            let store_at = idcs
-                .iter()
-                .map(|ix| ix.substitute(l.j, last))
-                .collect::<Option<Vec<_>>>()?;
-            stmts.push(Llc::VStore {
-                tn: tn.clone(),
-                idcs: store_at,
-                value: cx.vec(value)?,
-            });
-        }
+        stmts.extend(stores(&Ctx { at: last, ..cx })?);
     } else if rest <= l.to {
         let scalar: Vec<Llc> = sets
             .iter()
