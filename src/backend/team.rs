@@ -6,10 +6,14 @@
 //! A region ([`crate::loops::ParallelLoop`]) reaches the team through the generated code's
 //! `aj_parallel` (runtime header), which calls [`AjTeam::run`] with a chunk function and the
 //! loop's range. The range is cut into chunks (at least the region's grain, about four per
-//! thread), and the threads **claim chunks from an atomic counter** until none is left: a
-//! thread that is descheduled (its core busy with another process) simply claims fewer, and
-//! the others take its share. The caller takes chunks too, then waits for the chunks still
-//! running. Which thread runs which chunk does not matter: a region's iterations are
+//! thread), the chunks into one contiguous share per thread, and each thread **claims the
+//! chunks of its own share first, then those left in the others'** (an atomic counter per
+//! share) until none is left: a thread that is descheduled (its core busy with another
+//! process) simply claims fewer, and the others take the rest of its share. The shares keep
+//! a thread on the same rows from one region to the next (a product's reduction blocks
+//! update the same rows of `c` in turn: claimed from one shared counter, they moved between
+//! the cores every block, and 64×4096×64 ran slower on two threads than on one). The caller
+//! takes chunks too, then waits for the chunks still running. Which thread runs which chunk does not matter: a region's iterations are
 //! independent, so the results are the same bits for any number of threads.
 //!
 //! Waits hand the core back: an idle helper checks for new work while yielding the core
@@ -108,8 +112,8 @@ struct Job {
     chunks: u64,
     /// Helpers with a smaller index take part.
     threads: usize,
-    /// The next chunk to claim.
-    next: AtomicU64,
+    /// Per thread taking part, the next chunk to claim of its share (see [`Job::share`]).
+    cursors: Vec<AtomicU64>,
     /// Chunks finished (run, or skipped after a failure).
     finished: Counter,
     /// The first non-zero status of a chunk.
@@ -117,32 +121,50 @@ struct Job {
 }
 
 impl Job {
-    /// Claims and runs chunks until none is left; returns how many it ran.
+    /// The chunks of thread `t`'s share: the chunks cut into one contiguous run per thread.
+    fn share(&self, t: usize) -> (u64, u64) {
+        let (t, n) = (t as u64, self.threads as u64);
+        (t * self.chunks / n, (t + 1) * self.chunks / n)
+    }
+
+    /// Claims and runs chunks until none is left, those of its own share first, then those
+    /// left in the others' (a thread whose core is busy leaves its share to them); returns
+    /// how many it ran.
     fn work(&self, tid: usize) -> u32 {
         let mut ran = 0;
-        loop {
-            let k = self.next.fetch_add(1, Ordering::AcqRel);
-            if k >= self.chunks {
-                return ran;
-            }
-            ran += 1;
-            if self.status.load(Ordering::Acquire) == 0 {
-                let lo = self.from + k as i64 * self.chunk;
-                let hi = (lo + self.chunk - 1).min(self.to);
-                // SAFETY: `f` is a chunk function of a routine that is running (its library
-                // stays loaded until the run returns, which it does only after every chunk
-                // has finished), `ctx` its context in the caller's frame (alive for the same
-                // reason), `lo..=hi` a part of the region's range, and `tid` a thread number
-                // no other thread of the run uses at once.
-                let s = unsafe { (self.f)(self.ctx as *mut c_void, lo, hi, tid as i64) };
-                if s != 0 {
-                    let _ = self
-                        .status
-                        .compare_exchange(0, s, Ordering::AcqRel, Ordering::Acquire);
+        let n = self.threads.max(1);
+        for t in (0..n).map(|o| (tid + o) % n) {
+            let (first, end) = self.share(t);
+            loop {
+                let k = first + self.cursors[t].fetch_add(1, Ordering::AcqRel);
+                if k >= end {
+                    break;
                 }
+                ran += 1;
+                self.run_chunk(k, tid);
             }
-            self.finished.advance(1);
         }
+        ran
+    }
+
+    /// Runs chunk `k` on thread `tid` (unless a chunk failed) and counts it finished.
+    fn run_chunk(&self, k: u64, tid: usize) {
+        if self.status.load(Ordering::Acquire) == 0 {
+            let lo = self.from + k as i64 * self.chunk;
+            let hi = (lo + self.chunk - 1).min(self.to);
+            // SAFETY: `f` is a chunk function of a routine that is running (its library
+            // stays loaded until the run returns, which it does only after every chunk has
+            // finished), `ctx` its context in the caller's frame (alive for the same reason),
+            // `lo..=hi` a part of the region's range, and `tid` a thread number no other
+            // thread of the run uses at once.
+            let s = unsafe { (self.f)(self.ctx as *mut c_void, lo, hi, tid as i64) };
+            if s != 0 {
+                let _ = self
+                    .status
+                    .compare_exchange(0, s, Ordering::AcqRel, Ordering::Acquire);
+            }
+        }
+        self.finished.advance(1);
     }
 }
 
@@ -426,7 +448,7 @@ unsafe extern "C" fn team_run(
         chunk,
         chunks,
         threads,
-        next: AtomicU64::new(0),
+        cursors: (0..threads).map(|_| AtomicU64::new(0)).collect(),
         finished: Counter::new(),
         status: AtomicI32::new(0),
     });
