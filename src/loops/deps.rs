@@ -615,6 +615,13 @@ struct Cells {
     family: Option<(i128, i64, i64)>,
 }
 
+impl Cells {
+    /// Whether `other` lies within these cells' interval, with the same symbolic part.
+    fn holds(&self, other: &Cells) -> bool {
+        self.symbolic == other.symbolic && self.lo <= other.lo && other.hi <= self.hi
+    }
+}
+
 /// One statement list being walked: its position in the stack of enclosing loops, the cells
 /// its statements so far have written, and whether its coverage is unusable here.
 struct Level {
@@ -923,7 +930,7 @@ impl<'a> Coverage<'a> {
             }
             let cells = self.cells(idcs, lanes, l.depth);
             l.covers.iter().any(|c| match c.family {
-                None => c.symbolic == cells.symbolic && c.lo <= cells.lo && cells.hi <= c.hi,
+                None => c.holds(&cells),
                 Some(f) => self.in_family(idcs, lanes, l.depth, c, f),
             })
         })
@@ -953,33 +960,25 @@ impl<'a> Coverage<'a> {
                 return true;
             }
         }
-        let mut symbols: Vec<Symbol> = idcs.iter().flat_map(|ix| ix.symbols()).collect();
-        symbols.dedup();
-        symbols.into_iter().any(|s| {
+        // A symbol of the read moving it by the family's stride (its coefficient in the flat
+        // offset), over a range within the family's.
+        let whole = self.flat(idcs, lanes);
+        whole.symbolic.iter().any(|&(s, coef)| {
             // The innermost binding of `s`, and the read with `s` at 0.
             let Some(&(_, s_from, s_to)) = self.bound.iter().rev().find(|b| b.0 == s) else {
                 return false;
             };
-            let pinned: Vec<AxisIndex> = idcs
+            let Some(pinned) = idcs
                 .iter()
                 .map(|ix| ix.substitute(s, AxisIndex::Fixed(0)))
-                .collect::<Option<_>>()
-                .unwrap_or_default();
-            if pinned.len() != idcs.len() {
+                .collect::<Option<Vec<_>>>()
+            else {
                 return false;
-            }
-            let coef: i128 = idcs
-                .iter()
-                .zip(&self.strides)
-                .map(|(ix, &st)| ix.coef(s) as i128 * st)
-                .sum();
-            let cells = self.cells(&pinned, lanes, depth);
+            };
             coef == stride
                 && from <= s_from
                 && s_to <= to
-                && c.symbolic == cells.symbolic
-                && c.lo <= cells.lo
-                && cells.hi <= c.hi
+                && c.holds(&self.cells(&pinned, lanes, depth))
         })
     }
 }

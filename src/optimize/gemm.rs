@@ -1006,16 +1006,10 @@ fn build(
                 kb: AxisIndex::Fixed(0),
                 len: k,
             };
-            let mut body = g.row_panels(&run, blk, Mode::Accumulate)?;
-            if !spec.guards.is_empty() {
-                body = Llc::If {
-                    guards: spec.guards.clone(),
-                    body: Box::new(body),
-                };
-            }
+            let body = g.guarded_row_panels(&run, blk, Mode::Accumulate)?;
             stmts.push(match parts(&inner, target.cores) {
-                Some((part, first, rest)) => part.split(g.pack_b(&run, blk)?, first, rest, body)?,
-                None => Llc::Seq(vec![g.pack_b(&run, blk)?, wrap(&inner, body)]),
+                Some(p) => p.split(g.pack_b(&run, blk)?, body)?,
+                None => g.packed_around(&run, blk, &inner, body)?,
             });
         }
         return Some(wrap(&outer, Llc::Seq(stmts)));
@@ -1044,14 +1038,8 @@ fn build(
             let mut out = vec![];
             for (count, run) in &runs {
                 let code = if move_inner {
-                    let mut rows = g.row_panels(run, blk, mode)?;
-                    if !spec.guards.is_empty() {
-                        rows = Llc::If {
-                            guards: spec.guards.clone(),
-                            body: Box::new(rows),
-                        };
-                    }
-                    Llc::Seq(vec![g.pack_b(run, blk)?, wrap(&inner, rows)])
+                    let rows = g.guarded_row_panels(run, blk, mode)?;
+                    g.packed_around(run, blk, &inner, rows)?
                 } else {
                     g.run(run, blk, mode)?
                 };
@@ -1109,11 +1097,12 @@ fn build(
             }
         });
     }
-    if move_inner {
-        return Some(wrap(&outer, Llc::Seq(stmts)));
-    }
-    let outer: Vec<&Loop> = con.outer.iter().collect();
-    Some(wrap(&outer, Llc::Seq(stmts)))
+    let around: Vec<&Loop> = if move_inner {
+        outer
+    } else {
+        con.outer.iter().collect()
+    };
+    Some(wrap(&around, Llc::Seq(stmts)))
 }
 
 /// The outermost of the loops moved inside a packed `y` split into one contiguous part per
@@ -1122,16 +1111,18 @@ fn build(
 /// made every other core fetch the packed `y` of every tap from the packing core's cache:
 /// a 1×14×14×256→256 convolution ran 1.87 ms on two threads, and 1.40 ms without the
 /// packing. With one core, or fewer rows than twice the cores, nothing is split.
-struct Parts {
-    /// The part, its length in iterations of the split loop, the number of parts.
-    part: Symbol,
+struct Parts<'l> {
+    /// The loop split and the loops inside it.
+    first: &'l Loop,
+    rest: &'l [&'l Loop],
+    /// The split loop's iterations, the parts' length in them, and the number of parts.
+    trips: i64,
     chunk: i64,
     count: i64,
 }
 
-/// The split of the outermost of `inner` into parts for `cores` cores (see [`Parts`]): the
-/// parts, that loop and the loops inside it.
-fn parts<'l>(inner: &'l [&'l Loop], cores: usize) -> Option<(Parts, &'l Loop, &'l [&'l Loop])> {
+/// The split of the outermost of `inner` into parts for `cores` cores (see [`Parts`]).
+fn parts<'l>(inner: &'l [&'l Loop], cores: usize) -> Option<Parts<'l>> {
     let (first, rest) = inner.split_first()?;
     let trips = first.to - first.from + 1;
     let count = i64::try_from(cores).ok()?;
@@ -1140,34 +1131,32 @@ fn parts<'l>(inner: &'l [&'l Loop], cores: usize) -> Option<(Parts, &'l Loop, &'
     }
     let chunk = (trips + count - 1) / count;
     let count = (trips + chunk - 1) / chunk;
-    Some((
-        Parts {
-            part: Symbol::fresh(),
-            chunk,
-            count,
-        },
+    Some(Parts {
         first,
         rest,
-    ))
+        trips,
+        chunk,
+        count,
+    })
 }
 
-impl Parts {
+impl Parts<'_> {
     /// `for part { pack; for the part's iterations of first { rest { body } } }`.
-    fn split(&self, pack: Llc, first: &Loop, rest: &[&Loop], body: Llc) -> Option<Llc> {
-        let trips = first.to - first.from + 1;
-        let step = Symbol::fresh();
-        let terms = [(self.part, self.chunk as usize), (step, 1)];
-        let at = AxisIndex::affine(&terms, first.from)?;
-        let mut inner =
-            crate::loops::map_indices(&wrap(rest, body), &mut |ix| ix.substitute(first.index, at))?;
-        if self.chunk * self.count != trips {
+    fn split(&self, pack: Llc, body: Llc) -> Option<Llc> {
+        let (part, step) = (Symbol::fresh(), Symbol::fresh());
+        let terms = [(part, self.chunk as usize), (step, 1)];
+        let at = AxisIndex::affine(&terms, self.first.from)?;
+        let mut inner = crate::loops::map_indices(&wrap(self.rest, body), &mut |ix| {
+            ix.substitute(self.first.index, at)
+        })?;
+        if self.chunk * self.count != self.trips {
             inner = Llc::If {
-                guards: vec![(AxisIndex::affine(&terms, 0)?, trips as usize)],
+                guards: vec![(AxisIndex::affine(&terms, 0)?, self.trips as usize)],
                 body: Box::new(inner),
             };
         }
         Some(Llc::for_loop(
-            self.part,
+            part,
             0,
             self.count - 1,
             Llc::Seq(vec![pack, Llc::for_loop(step, 0, self.chunk - 1, inner)]),
@@ -1220,6 +1209,25 @@ impl Gen<'_> {
             self.pack_b(run, blk)?,
             self.row_panels(run, blk, mode)?,
         ]))
+    }
+
+    /// [`Self::row_panels`] under the specialization's remaining guards.
+    fn guarded_row_panels(&self, run: &Run, blk: Block, mode: Mode) -> Option<Llc> {
+        let rows = self.row_panels(run, blk, mode)?;
+        Some(if self.con.guards.is_empty() {
+            rows
+        } else {
+            Llc::If {
+                guards: self.con.guards.clone(),
+                body: Box::new(rows),
+            }
+        })
+    }
+
+    /// The block's packing of `y`, then `rows` inside the outer `loops` that do not move `y`
+    /// (the packed block is reused by all their iterations).
+    fn packed_around(&self, run: &Run, blk: Block, loops: &[&Loop], rows: Llc) -> Option<Llc> {
+        Some(Llc::Seq(vec![self.pack_b(run, blk)?, wrap(loops, rows)]))
     }
 
     /// The row panels of one reduction block over one run whose panels are packed in `bp`.

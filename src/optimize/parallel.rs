@@ -105,6 +105,9 @@ impl<'a> Finder<'a, '_> {
                 let work = parallel_work(c);
                 if n >= 2 && work >= self.min_work {
                     if let Ok(ind) = analyze(self.root, c, self.locals, self.regions) {
+                        if ind.accumulators.is_empty() && self.inner_balances_better(n, body) {
+                            return;
+                        }
                         let replaced = if ind.accumulators.is_empty() {
                             let per = (work / n as u64).max(1);
                             Some(Llc::Parallel(Box::new(ParallelLoop {
@@ -121,9 +124,6 @@ impl<'a> Finder<'a, '_> {
                                 split_reduction(*index, (*from, n), body, &ind, b, self.new_locals)
                             })
                         };
-                        if ind.accumulators.is_empty() && self.inner_balances_better(n, body) {
-                            return;
-                        }
                         if let Some(r) = replaced {
                             for t in &ind.private {
                                 self.regions.add(t, c);
