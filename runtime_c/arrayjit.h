@@ -988,9 +988,15 @@ static inline int aj_vany_i32_8(aj_vi32_8 m) {
 #endif
 }
 static inline int aj_vany_i32_16(aj_vi32_16 m) {
+#if defined(__AVX512DQ__)
+  /* vpmovd2m and kortest (Clang folds the comparison's mask in): GCC spent five more
+     instructions on the halves, a fifth of the vector exp's fast path. */
+  return __builtin_ia32_cvtd2mask512(m) != 0;
+#else
   aj_vi32_8 h[2];
   memcpy(h, &m, sizeof h);
   return aj_vany_i32_8(h[0] | h[1]);
+#endif
 }
 /* The function families are instantiated by the files that use them (the C writer puts
  * `AJ_VMATH_F32(8)` and the like after this header), or all of them with AJ_VMATH_ALL: each
