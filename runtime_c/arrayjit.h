@@ -658,8 +658,8 @@ static inline aj_vf32_##N aj_vexp_red_f32_##N(aj_vf32_##N r) {                  
  * field (n << 23 is z's bits << 23: the offset 0x4b400000 shifts out); otherwise x is clamped     \
  * (keeping NaN) and 2^n applied in two factors. Both give the bits of p * 2^n. */                 \
 static inline aj_vf32_##N aj_vexp_f32_##N(aj_vf32_##N x) {                                         \
-  aj_vi32_##N wide = (aj_vi32_##N)((aj_vu32_##N)x & 0x7fffffffu) > 0x42ae0000;                     \
-  if (__builtin_expect(!aj_vany_i32_##N(wide), 1)) {                                               \
+  aj_vi32_##N ax = (aj_vi32_##N)((aj_vu32_##N)x & 0x7fffffffu);                                   \
+  if (__builtin_expect(!aj_vany_gt_i32_##N(ax, 0x42ae0000), 1)) {                                  \
     aj_vf32_##N z = x * 0x1.715476p+0f + 0x1.8p23f;                                                \
     aj_vf32_##N n = z - 0x1.8p23f;                                                                 \
     aj_vf32_##N r = x - n * 0x1.62e4p-1f;                                                          \
@@ -996,6 +996,22 @@ static inline int aj_vany_i32_16(aj_vi32_16 m) {
   aj_vi32_8 h[2];
   memcpy(h, &m, sizeof h);
   return aj_vany_i32_8(h[0] | h[1]);
+#endif
+}
+/* Whether any lane of a is above b (signed): a comparison and an OR of the mask's lanes, or
+ * on AVX-512 one vpcmpd into a mask register and kortest (GCC otherwise moves the mask to a
+ * vector and back). */
+static inline int aj_vany_gt_i32_4(aj_vi32_4 a, int32_t b) {
+  return aj_vany_i32_4((aj_vi32_4)(a > b));
+}
+static inline int aj_vany_gt_i32_8(aj_vi32_8 a, int32_t b) {
+  return aj_vany_i32_8((aj_vi32_8)(a > b));
+}
+static inline int aj_vany_gt_i32_16(aj_vi32_16 a, int32_t b) {
+#if defined(__AVX512F__)
+  return __builtin_ia32_cmpd512_mask(a, (aj_vi32_16){0} + b, 6, (unsigned short)-1) != 0;
+#else
+  return aj_vany_i32_16((aj_vi32_16)(a > b));
 #endif
 }
 /* The function families are instantiated by the files that use them (the C writer puts
