@@ -584,6 +584,12 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
+/* Whether fused multiply-add is one instruction here. */
+#if defined(__FMA__) || defined(__AVX512F__)
+#define AJ_FAST_FMA 1
+#else
+#define AJ_FAST_FMA 0
+#endif
 #define AJ_VTYPES(N)                                                                               \
 typedef float aj_vf32_##N __attribute__((vector_size(4 * N)));                                     \
 typedef uint32_t aj_vu32_##N __attribute__((vector_size(4 * N)));                                  \
@@ -620,9 +626,7 @@ static inline aj_vf32_##N aj_vrelu_f32_##N(aj_vf32_##N a) { return (aj_vf32_##N)
 static inline aj_vf32_##N aj_vabs_f32_##N(aj_vf32_##N a) { return (aj_vf32_##N)((aj_vu32_##N)a & ~0x80000000u); } \
 /* fma: one rounding (a single vfmadd where the target has fused multiply-add; fmaf calls otherwise). */ \
 static inline aj_vf32_##N aj_vfma_f32_##N(aj_vf32_##N a, aj_vf32_##N b, aj_vf32_##N c) {           \
-  aj_vf32_##N r;                                                                                   \
-  for (int i = 0; i < N; i++) r[i] = __builtin_fmaf(a[i], b[i], c[i]);                             \
-  return r;                                                                                        \
+  return aj_vfma_lanes_f32_##N(a, b, c);                                                           \
 }                                                                                                  \
 /* p * 2^n for the integer n held in the low bits of z = n + 0x1.8p23f (|n| <= 254): as two        \
  * normal factors, so that a result in the subnormals or past the largest float is rounded         \
@@ -674,6 +678,37 @@ static inline aj_vf32_##N aj_vexp_f32_##N(aj_vf32_##N x) {                      
   aj_vf32_##N r = x - n * 0x1.62e4p-1f;                                                            \
   r = r - n * 0x1.7f7d1cp-20f;                                                                     \
   return aj_vscale_f32_##N(aj_vexp_red_f32_##N(r), z);                                             \
+}                                                                                                  \
+/* x / d for a scalar d, correctly rounded like the division, with a reciprocal and two            \
+ * corrections (used where a vector division is slow: 16 lanes). y = RN(1/d); q0 = RN(x y);        \
+ * q1 = fma(x - q0 d, y, q0) is faithful (within 2^-46 of x/d, relative); its residual             \
+ * r = x - q1 d is exact, and x/d - (q1 + r y) = r (1/d - y) lies nearer x/d than any              \
+ * midpoint between floats (x/d is never a midpoint, and |a - m b| >= 2^-47 for the                \
+ * significands), so RN(q1 + r y) = RN(x/d). That holds for normal quotients whose                 \
+ * residuals do not underflow: 2^-125 <= |d| <= 2^125, and every lane with                         \
+ * max(2^-100, |d| 2^-124) <= |x| <= min(2^126, |d| 2^126); otherwise (zeros, subnormals,          \
+ * infinities, NaN) the vector is divided. Without FMA, a division. */                             \
+static inline aj_vf32_##N aj_vdivs_f32_##N(aj_vf32_##N x, float d) {                               \
+  float ad = __builtin_fabsf(d), y = 1.0f / d; /* unconditional: hoisted out of loops */           \
+  uint32_t yb, db;                                                                                 \
+  memcpy(&yb, &y, sizeof yb);                                                                      \
+  memcpy(&db, &d, sizeof db);                                                                      \
+  if (AJ_FAST_FMA && ad >= 0x1p-125f && ad <= 0x1p125f) {                                          \
+    float lo = ad * 0x1p-124f > 0x1p-100f ? ad * 0x1p-124f : 0x1p-100f;                            \
+    float hi = ad * 0x1p126f < 0x1p126f ? ad * 0x1p126f : 0x1p126f;                                \
+    int32_t lob, hib;                                                                              \
+    memcpy(&lob, &lo, sizeof lob);                                                                 \
+    memcpy(&hib, &hi, sizeof hib);                                                                 \
+    aj_vi32_##N ax = (aj_vi32_##N)((aj_vu32_##N)x & 0x7fffffffu);                                  \
+    if (__builtin_expect(!aj_vany_outside_i32_##N(ax, lob, hib), 1)) {                             \
+      aj_vf32_##N yv = (aj_vf32_##N)((aj_vu32_##N){0} + yb);                                       \
+      aj_vf32_##N dv = (aj_vf32_##N)((aj_vu32_##N){0} + db);                                       \
+      aj_vf32_##N q = x * yv;                                                                      \
+      q = aj_vfma_f32_##N(aj_vfma_f32_##N(-q, dv, x), yv, q);                                      \
+      return aj_vfma_f32_##N(aj_vfma_f32_##N(-q, dv, x), yv, q);                                   \
+    }                                                                                              \
+  }                                                                                                \
+  return x / (aj_vf32_##N)((aj_vu32_##N){0} + db);                                                 \
 }                                                                                                  \
 /* 2^x = 2^n 2^r, n = round(x), 2^r = 1 + r q(r) for |r| <= 1/2 (exact for integer x). */          \
 static inline aj_vf32_##N aj_vexp2_f32_##N(aj_vf32_##N x) {                                        \
@@ -820,9 +855,7 @@ static inline aj_vf64_##N aj_vrelu_f64_##N(aj_vf64_##N a) { return (aj_vf64_##N)
 static inline aj_vf64_##N aj_vabs_f64_##N(aj_vf64_##N a) { return (aj_vf64_##N)((aj_vu64_##N)a & ~UINT64_C(0x8000000000000000)); } \
 /* fma: one rounding (a single vfmadd where the target has fused multiply-add; fmaf calls otherwise). */ \
 static inline aj_vf64_##N aj_vfma_f64_##N(aj_vf64_##N a, aj_vf64_##N b, aj_vf64_##N c) {           \
-  aj_vf64_##N r;                                                                                   \
-  for (int i = 0; i < N; i++) r[i] = __builtin_fma(a[i], b[i], c[i]);                              \
-  return r;                                                                                        \
+  return aj_vfma_lanes_f64_##N(a, b, c);                                                           \
 }                                                                                                  \
 /* Whether any lane of a 64-bit mask is set. */                                                    \
 static inline int aj_vany_i64_##N(aj_vi64_##N m) {                                                 \
@@ -1014,6 +1047,47 @@ static inline int aj_vany_gt_i32_16(aj_vi32_16 a, int32_t b) {
   return aj_vany_i32_16((aj_vi32_16)(a > b));
 #endif
 }
+/* Whether any lane of a lies outside [lo, hi] (signed, lo <= hi): two comparisons, or on
+ * AVX-512 one unsigned comparison of a - lo with hi - lo into a mask register. */
+static inline int aj_vany_outside_i32_4(aj_vi32_4 a, int32_t lo, int32_t hi) {
+  return aj_vany_i32_4((aj_vi32_4)((a < lo) | (a > hi)));
+}
+static inline int aj_vany_outside_i32_8(aj_vi32_8 a, int32_t lo, int32_t hi) {
+  return aj_vany_i32_8((aj_vi32_8)((a < lo) | (a > hi)));
+}
+static inline int aj_vany_outside_i32_16(aj_vi32_16 a, int32_t lo, int32_t hi) {
+#if defined(__AVX512F__)
+  return __builtin_ia32_ucmpd512_mask(a - lo, (aj_vi32_16){0} + (hi - lo), 6,
+                                      (unsigned short)-1) != 0;
+#else
+  return aj_vany_i32_16((aj_vi32_16)((a < lo) | (a > hi)));
+#endif
+}
+/* Fused multiply-add lane by lane: __builtin_fma per lane, which compilers make one vfmadd
+ * where the target has FMA; on AVX-512 the 512-bit instruction itself, since GCC 12 turned
+ * the 16-lane loop into 16 scalar vfmadd132ss and masked broadcasts (a layer norm's last
+ * loop). */
+#define AJ_VFMA_LANES(T, F, N)                                                                     \
+  static inline T aj_vfma_lanes_##N(T a, T b, T c) {                                               \
+    T r;                                                                                           \
+    for (int i = 0; i < (int)(sizeof r / sizeof r[0]); i++) r[i] = F(a[i], b[i], c[i]);            \
+    return r;                                                                                      \
+  }
+AJ_VFMA_LANES(aj_vf32_4, __builtin_fmaf, f32_4)
+AJ_VFMA_LANES(aj_vf32_8, __builtin_fmaf, f32_8)
+AJ_VFMA_LANES(aj_vf64_2, __builtin_fma, f64_2)
+AJ_VFMA_LANES(aj_vf64_4, __builtin_fma, f64_4)
+#if defined(__AVX512F__)
+static inline aj_vf32_16 aj_vfma_lanes_f32_16(aj_vf32_16 a, aj_vf32_16 b, aj_vf32_16 c) {
+  return (aj_vf32_16)__builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4);
+}
+static inline aj_vf64_8 aj_vfma_lanes_f64_8(aj_vf64_8 a, aj_vf64_8 b, aj_vf64_8 c) {
+  return (aj_vf64_8)__builtin_ia32_vfmaddpd512_mask(a, b, c, (unsigned char)-1, 4);
+}
+#else
+AJ_VFMA_LANES(aj_vf32_16, __builtin_fmaf, f32_16)
+AJ_VFMA_LANES(aj_vf64_8, __builtin_fma, f64_8)
+#endif
 /* The function families are instantiated by the files that use them (the C writer puts
  * `AJ_VMATH_F32(8)` and the like after this header), or all of them with AJ_VMATH_ALL: each
  * family is about 200 lines that Clang would otherwise analyze in every compile. */

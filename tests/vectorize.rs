@@ -316,6 +316,114 @@ fn exact_elementwise_operations_match_plain_loops_bitwise() {
     }
 }
 
+/// Rows divided by one scalar per row (`ij,i->ij`, a softmax's last statement): on 64-byte
+/// vectors the runtime's `aj_vdivs_f32_16` (a reciprocal and two fused corrections, or the
+/// division where a lane is zero, subnormal, huge, infinite or NaN, or the divisor is out of
+/// range), on the others the division; every quotient equal, bit for bit, to the single
+/// division Rust computes. The rows hold quotients next to midpoints between floats (x the
+/// nearest float to m·d for a midpoint m), special values, and divisors of every kind.
+#[test]
+fn division_by_a_row_scalar_is_correctly_rounded() {
+    let divisors: Vec<f32> = vec![
+        3.0,
+        -7.0,
+        1.0,
+        0.1,
+        1.999_999_9,
+        1.000_000_1,
+        6.5e-38,
+        3.0e37,
+        f32::MIN_POSITIVE,
+        1e-40,
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NAN,
+        2.5e-30,
+        7.7e29,
+    ];
+    let m = 77usize;
+    let n = divisors.len();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut xv = vec![0f64; n * m];
+    for (i, &d) in divisors.iter().enumerate() {
+        for j in 0..m {
+            let r = next();
+            // The first 48 of a row (three whole 16-lane vectors) next to midpoints, the
+            // rest mixed with bit patterns of every kind and special values.
+            let kind = if j < 48 { 0 } else { j % 4 };
+            let bits = d.to_bits();
+            let bsig = (bits & 0x7f_ffff) | 0x80_0000;
+            let x: f32 = match kind {
+                // The hardest: a - m b = k 2^-47 for a small odd k (significands a, b in
+                // [1, 2), m a midpoint with 25 bits), possible when b's significand is odd.
+                0 if bsig % 2 == 1 && d.is_normal() && r % 3 != 0 => {
+                    let big = bsig as u64;
+                    let mut inv = big;
+                    for _ in 0..5 {
+                        inv = inv.wrapping_mul(2u64.wrapping_sub(big.wrapping_mul(inv)));
+                    }
+                    let k: i64 = [1, -1, 3, -3][(r >> 8) as usize % 4];
+                    let mask = (1u64 << 24) - 1;
+                    let mm = (1u64 << 24) | ((k.wrapping_neg() as u64).wrapping_mul(inv) & mask);
+                    let num = (mm * big) as i64 + k;
+                    let a = (num >> 24) as u64;
+                    if (1 << 23..1 << 24).contains(&a) {
+                        // x = a 2^-23 scaled with d's exponent and a few more.
+                        let e = ((bits >> 23) & 0xff) as i32 - 127 + (r % 7) as i32 - 3;
+                        (a as f64 * (2f64).powi(e - 23)) as f32 * d.signum()
+                    } else {
+                        1.5
+                    }
+                }
+                // Next to a midpoint: m has 25 significant bits, its last one set.
+                0 | 1 => {
+                    let mid = (((r >> 40) as u32 | 1 << 24) | 1) as f64 * (2f64).powi(-24);
+                    (mid * d as f64 * (2f64).powi((r % 9) as i32 - 4)) as f32
+                }
+                2 => f32::from_bits((r >> 32) as u32),
+                _ => [
+                    0.0,
+                    -0.0,
+                    1e-45,
+                    f32::MAX,
+                    f32::INFINITY,
+                    f32::NAN,
+                    1e-39,
+                    -3.5,
+                ][(r % 8) as usize],
+            };
+            xv[i * m + j] = x as f64;
+        }
+    }
+    let b = Bindings::empty();
+    let x = input("x", &[n, m], Prec::Single, &xv);
+    let dv: Vec<f64> = divisors.iter().map(|&d| d as f64).collect();
+    let d = input("d", &[n], Prec::Single, &dv);
+    let y = output("y", &[n, m], Prec::Single);
+    let code = binop(&y, Binop::Arg2, false, Binop::Div, &x, &d, "ij,i->ij", &b);
+    let want: Vec<f64> = (0..n * m)
+        .map(|k| (xv[k] as f32 / divisors[k / m]) as f64)
+        .collect();
+    for bytes in [16, 32, 64] {
+        let r = run(&code, &[&y], Some(target(bytes)));
+        assert_eq!(
+            r.src.contains("aj_vdivs_f32_16("),
+            bytes == 64,
+            "{bytes}:\n{}",
+            r.src
+        );
+        assert_bits(&r.out[0], &want, &format!("{bytes}B"));
+        assert_bits(&r.interp[0], &want, &format!("{bytes}B (interpreted)"));
+    }
+}
+
 /// Row max and min of rows holding NaNs and zeros of both signs, over 37, 100 and 1000
 /// elements: vector partial results combined in a tree give exactly the sequential
 /// maximumNumber / minimumNumber (NaN ignored, +0 above -0), bit for bit, on every width.

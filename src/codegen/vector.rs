@@ -327,6 +327,24 @@ impl Dialect {
         })
     }
 
+    /// `a / d` for a vector `a` and a scalar `d` (see `aj_vdivs_f32_N` in the runtime header:
+    /// correctly rounded, as the division).
+    pub fn divide_by_scalar(&self, t: VType, a: &str, d: &str) -> String {
+        let family = format!(
+            "{}_{}",
+            if t.prec == Prec::Double { "f64" } else { "f32" },
+            t.lanes
+        );
+        if self.native(t).is_some() {
+            format!(
+                "(({})aj_vdivs_{family}((aj_v{family})({a}), {d}))",
+                self.ty(t)
+            )
+        } else {
+            format!("aj_vdivs_{family}({a}, {d})")
+        }
+    }
+
     /// A lane-wise unary operation ([`crate::loops::Vlv::Unop`]); `None` for operations
     /// without a vector function ([`crate::loops::vector_unop`]).
     pub fn unop(&self, t: VType, op: Unop, a: &str) -> Option<String> {
