@@ -327,14 +327,10 @@ impl Dialect {
         })
     }
 
-    /// `a / d` for a vector `a` and a scalar `d` (see `aj_vdivs_f32_N` in the runtime header:
-    /// correctly rounded, as the division).
+    /// `a / d` for a vector `a` of single lanes and a scalar `d` (see `aj_vdivs_f32_N` in the
+    /// runtime header: correctly rounded, as the division).
     pub fn divide_by_scalar(&self, t: VType, a: &str, d: &str) -> String {
-        let family = format!(
-            "{}_{}",
-            if t.prec == Prec::Double { "f64" } else { "f32" },
-            t.lanes
-        );
+        let family = format!("f32_{}", t.lanes);
         if self.native(t).is_some() {
             format!(
                 "(({})aj_vdivs_{family}((aj_v{family})({a}), {d}))",

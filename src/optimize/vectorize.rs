@@ -394,13 +394,9 @@ fn reduction(
     let accs = partials / t.lanes;
     let jo = Symbol::fresh();
     let regs: Vec<crate::loops::VReg> = (0..accs).map(|_| super::gemm::vreg(t)).collect();
-    let mut body = vec![];
-    for (a, r) in regs.iter().enumerate() {
-        let at = AxisIndex::linear(
-            &[(jo, partials)],
-            usize::try_from(l.from).ok()? + a * t.lanes,
-        )?;
-        let written = [(tn.clone(), idcs.to_vec())];
+    let written = [(tn.clone(), idcs.to_vec())];
+    // `r = r ⊕ e` for the lanes of `e` starting at `at`.
+    let accumulate = |r: crate::loops::VReg, at: AxisIndex| -> Option<Llc> {
         let cx = Ctx {
             t,
             j: l.j,
@@ -412,10 +408,18 @@ fn reduction(
         if matches!(v, Vlv::Splat(..)) {
             return None;
         }
-        body.push(Llc::VSet(
-            *r,
-            Vlv::Binop(combine, Box::new(Vlv::Reg(*r)), Box::new(v)),
-        ));
+        Some(Llc::VSet(
+            r,
+            Vlv::Binop(combine, Box::new(Vlv::Reg(r)), Box::new(v)),
+        ))
+    };
+    let mut body = vec![];
+    for (a, r) in regs.iter().enumerate() {
+        let at = AxisIndex::linear(
+            &[(jo, partials)],
+            usize::try_from(l.from).ok()? + a * t.lanes,
+        )?;
+        body.push(accumulate(*r, at)?);
     }
     // The exact identity of each operation: -0.0 for sums (x + -0.0 = x for every x).
     let neutral = match combine {
@@ -435,7 +439,7 @@ fn reduction(
     let blocks = l.len() / partials as i64;
     stmts.push(for_(jo, 0, blocks - 1, Llc::Seq(body)));
     let rest = l.from + blocks * partials as i64;
-    if exact {
+    let total = if exact {
         // Max and min are exact, associative, commutative and idempotent on the partial
         // results (which are never NaN: they start at -inf or +inf and maximumNumber ignores
         // NaN). So the last `n mod P` elements are taken as whole vectors too, the last one
@@ -445,39 +449,17 @@ fn reduction(
         let lanes = t.lanes as i64;
         let mut at = rest;
         while at <= l.to {
-            let start = at.min(l.to + 1 - lanes);
-            let cx = Ctx {
-                t,
-                j: l.j,
-                at: AxisIndex::Fixed(usize::try_from(start).ok()?),
-                written: &[(tn.clone(), idcs.to_vec())],
-                cell_reads: false,
-            };
-            let v = cx.vec(e)?;
-            stmts.push(Llc::VSet(
-                regs[0],
-                Vlv::Binop(combine, Box::new(Vlv::Reg(regs[0])), Box::new(v)),
-            ));
+            let start = usize::try_from(at.min(l.to + 1 - lanes)).ok()?;
+            stmts.push(accumulate(regs[0], AxisIndex::Fixed(start))?);
             at += lanes;
         }
-        for r in &regs[1..] {
-            stmts.push(Llc::VSet(
-                regs[0],
-                Vlv::Binop(combine, Box::new(Vlv::Reg(regs[0])), Box::new(Vlv::Reg(*r))),
-            ));
-        }
+        let r0 = Box::new(Vlv::Reg(regs[0]));
+        let into_r0 = |v: Vlv| Llc::VSet(regs[0], Vlv::Binop(combine, r0.clone(), Box::new(v)));
+        stmts.extend(regs[1..].iter().map(|r| into_r0(Vlv::Reg(*r))));
         let mut half = t.lanes / 2;
         while half > 0 {
-            let r0 = Box::new(Vlv::Reg(regs[0]));
             let idx = (0..t.lanes).map(|i| i ^ half).collect();
-            stmts.push(Llc::VSet(
-                regs[0],
-                Vlv::Binop(
-                    combine,
-                    r0.clone(),
-                    Box::new(Vlv::Shuffle(r0.clone(), r0, idx)),
-                ),
-            ));
+            stmts.push(into_r0(Vlv::Shuffle(r0.clone(), r0.clone(), idx)));
             half /= 2;
         }
         stmts.push(Llc::VStore {
@@ -485,42 +467,38 @@ fn reduction(
             idcs: vec![AxisIndex::Fixed(0)],
             value: Vlv::Reg(regs[0]),
         });
-        let total = Llv::Get(part.clone(), vec![AxisIndex::Fixed(0)]);
-        stmts.push(Llc::Set {
-            tn: tn.clone(),
-            idcs: idcs.to_vec(),
-            value: Llv::Binop(*op, acc_read.clone(), Box::new(total)),
-        });
-        return Some((Llc::Seq(stmts), part));
-    }
-    // Sums keep all partial results for a balanced tree, in a fixed order.
-    for (a, r) in regs.iter().enumerate() {
-        stmts.push(Llc::VStore {
-            tn: part.clone(),
-            idcs: vec![AxisIndex::Fixed(a * t.lanes)],
-            value: Vlv::Reg(*r),
-        });
-    }
-    let mut level: Vec<Llv> = (0..partials)
-        .map(|k| Llv::Get(part.clone(), vec![AxisIndex::Fixed(k)]))
-        .collect();
-    while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .map(|p| match p {
-                [a, b] => Llv::Binop(combine, Box::new(a.clone()), Box::new(b.clone())),
-                [a] => a.clone(),
-                _ => Llv::Constant(neutral),
-            })
+        Llv::Get(part.clone(), vec![AxisIndex::Fixed(0)])
+    } else {
+        // Sums keep all partial results for a balanced tree, in a fixed order.
+        for (a, r) in regs.iter().enumerate() {
+            stmts.push(Llc::VStore {
+                tn: part.clone(),
+                idcs: vec![AxisIndex::Fixed(a * t.lanes)],
+                value: Vlv::Reg(*r),
+            });
+        }
+        let mut level: Vec<Llv> = (0..partials)
+            .map(|k| Llv::Get(part.clone(), vec![AxisIndex::Fixed(k)]))
             .collect();
-    }
-    let total = level.pop()?;
+        while level.len() > 1 {
+            level = level
+                .chunks(2)
+                .map(|p| match p {
+                    [a, b] => Llv::Binop(combine, Box::new(a.clone()), Box::new(b.clone())),
+                    [a] => a.clone(),
+                    _ => Llv::Constant(neutral),
+                })
+                .collect();
+        }
+        level.pop()?
+    };
     stmts.push(Llc::Set {
         tn: tn.clone(),
         idcs: idcs.to_vec(),
         value: Llv::Binop(*op, acc_read.clone(), Box::new(total)),
     });
-    if rest <= l.to {
+    // The last elements of a sum, one by one (max and min took them as vectors above).
+    if !exact && rest <= l.to {
         stmts.push(for_(
             l.j,
             rest,
