@@ -605,6 +605,74 @@ fn a_matmul_with_remainders_shares_whole_panels() {
     check(&case);
 }
 
+/// A product with a small result and a long reduction (48×40 from 4096 steps): its
+/// reduction is split into groups of steps, one region over the groups each packing its own
+/// operands (the threads used to share the 8 row panels of every one of 13 reduction blocks:
+/// 13 region starts, slower on two threads than on one), and the partial results are added in
+/// group order, so every team gives the same bits. Its result is accumulated onto the values
+/// `c` holds (copied from `c0`, no zero fill), so the addition of the partials to them is
+/// checked as well.
+#[test]
+fn a_long_reduction_is_split_into_groups_of_steps() {
+    let (m, k, n) = (48, 4096, 40);
+    let p = Prec::Single;
+    let (av, bv, cv) = (values(m * k, 20), values(k * n, 21), values(m * n, 22));
+    let a = input("a", &[m, k], p, &av);
+    let b = input("b", &[k, n], p, &bv);
+    let c0 = input("c0", &[m, n], p, &cv);
+    let c = output("c", &[m, n], p);
+    let code = Assignments::seq([
+        unop(
+            &c,
+            Binop::Arg2,
+            false,
+            Unop::Identity,
+            &c0,
+            "ij->ij",
+            &none(),
+        ),
+        binop(
+            &c,
+            Binop::Add,
+            false,
+            Binop::Mul,
+            &a,
+            &b,
+            "ik,kj->ij",
+            &none(),
+        ),
+    ]);
+    let (av, bv) = (f32s(&av), f32s(&bv));
+    let mut want = f32s(&cv);
+    for i in 0..m {
+        for kk in 0..k {
+            for j in 0..n {
+                want[i * n + j] += av[i * k + kk] * bv[kk * n + j];
+            }
+        }
+    }
+    let case = Case {
+        name: "long_reduction",
+        code,
+        inputs: vec![a, b, c0],
+        outputs: vec![c],
+        want: vec![want],
+        tolerance: 1e-4,
+    };
+    let jit = jit(2);
+    let compiled = jit.compile(case.name, &none(), &case.code).unwrap();
+    let o = compiled.optimized();
+    assert_eq!(region_runs(&o.code), 1, "{}", compiled.source());
+    assert!(
+        compiled
+            .source()
+            .contains("split into 8 groups of 512 steps"),
+        "{}",
+        compiled.source()
+    );
+    check(&case);
+}
+
 #[test]
 fn a_convolution_is_the_same_on_every_team() {
     check(&convolution(32, 32));
