@@ -20,7 +20,7 @@
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, Binop, MemoryMode, Symbol, Tnode};
 use crate::loops::{
-    analyze, parallel_work, Accumulator, Independence, Llc, Llv, ParallelLoop, Regions,
+    analyze, parallel_work, Accumulator, Independence, Llc, Llv, ParallelLoop, Regions, Vlv,
 };
 use std::collections::HashSet;
 
@@ -36,6 +36,37 @@ pub const MIN_REGION_WORK: u64 = 1 << 18;
 pub const MIN_CHUNK_WORK: u64 = 1 << 14;
 /// The most blocks a reduction is split into.
 const MAX_BLOCKS: i64 = 64;
+/// How much more a copied element weighs than an operation (see [`region_work`]).
+const COPY_WEIGHT: u64 = 4;
+
+/// The work of a loop as the pass weighs it: [`parallel_work`], times [`COPY_WEIGHT`] when
+/// every statement in it copies one element (or vector) of a tensor into another. A copy
+/// counts one operation per element, where the arithmetic of a product counts five per
+/// multiply-add, yet it is the slower of the two per element: it moves the data (from
+/// memory, often along a stride) that the arithmetic then reuses from registers. The packing
+/// of a product's operand panels is such a loop: a block of 256 steps of 768 columns (196,608
+/// copies, under the threshold by their plain count) took 37 µs on one core of the AVX2 VM,
+/// in series with the regions of its row panels, whose 201 MFLOP would take about 84 µs on 16
+/// cores of 150 GFLOP/s: a 512×3072×768 product would spend 30% of its time packing on one
+/// core. Weighed, it is a region of its own.
+fn region_work(c: &Llc) -> u64 {
+    fn copies_only(c: &Llc) -> bool {
+        match c {
+            Llc::Seq(v) => v.iter().all(copies_only),
+            Llc::For { body, .. } | Llc::If { body, .. } => copies_only(body),
+            Llc::Set { value, .. } => matches!(value, Llv::Get(..)),
+            Llc::VStore { value, .. } => matches!(value, Vlv::Load(..)),
+            Llc::Comment(_) | Llc::Noop | Llc::Prefetch { .. } => true,
+            _ => false,
+        }
+    }
+    let work = parallel_work(c);
+    if copies_only(c) {
+        work.saturating_mul(COPY_WEIGHT)
+    } else {
+        work
+    }
+}
 
 /// The code with its parallel regions, and the local arrays the pass added (the partial
 /// results of split reductions, written whole before they are read).
@@ -102,7 +133,7 @@ impl<'a> Finder<'a, '_> {
                 ..
             } => {
                 let n = to - from + 1;
-                let work = parallel_work(c);
+                let work = region_work(c);
                 if n >= 2 && work >= self.min_work {
                     if let Ok(ind) = analyze(self.root, c, self.locals, self.regions) {
                         if ind.accumulators.is_empty() && self.inner_balances_better(n, body) {
@@ -171,7 +202,7 @@ impl<'a> Finder<'a, '_> {
         let mut balanced = 0.0f64;
         let mut starts = 0u64;
         for (l, _) in &out {
-            let (runs, work) = (runs_in(body, l), parallel_work(l));
+            let (runs, work) = (runs_in(body, l), region_work(l));
             starts = starts.saturating_add(runs);
             let m = match l {
                 Llc::For { from, to, .. } => to - from + 1,
@@ -180,7 +211,7 @@ impl<'a> Finder<'a, '_> {
             covered = covered.saturating_add(runs.saturating_mul(work));
             balanced += (runs.saturating_mul(work)) as f64 * balance(m, self.cores);
         }
-        let total = parallel_work(body).max(1);
+        let total = region_work(body).max(1);
         let better = !out.is_empty()
             && covered as f64 >= 0.9 * total as f64
             && covered / starts.max(1) >= 16 * self.min_work
