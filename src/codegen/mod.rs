@@ -993,7 +993,7 @@ impl Writer {
                     _ => (b, a),
                 };
                 let (acc, x) = (self.vexpr(acc, pre, indent), self.vexpr(x, pre, indent));
-                self.dialect.max_min_acc(*op, &acc, &x)
+                self.dialect.max_min_acc(t, *op, &acc, &x)
             }
             Vlv::Binop(op, a, b) => {
                 let (a, b) = (self.vexpr(a, pre, indent), self.vexpr(b, pre, indent));

@@ -276,11 +276,14 @@ impl Dialect {
     }
 
     /// `max(acc, x)` or `min(acc, x)` (IEEE maximumNumber / minimumNumber, lane by lane) when
-    /// `acc` never holds a NaN: the runtime header's `AJ_VMAX_ACC` / `AJ_VMIN_ACC`.
-    pub fn max_min_acc(&self, op: Binop, acc: &str, x: &str) -> String {
-        match op {
-            Binop::Min => format!("AJ_VMIN_ACC({acc}, {x})"),
-            _ => format!("AJ_VMAX_ACC({acc}, {x})"),
+    /// `acc` never holds a NaN: the runtime header's `AJ_VMAX_ACC` / `AJ_VMIN_ACC`, or for
+    /// 64-byte vectors its `aj_vmax_acc_f32_16` and the like (one comparison on AVX-512).
+    pub fn max_min_acc(&self, t: VType, op: Binop, acc: &str, x: &str) -> String {
+        let name = if op == Binop::Min { "min" } else { "max" };
+        match (t.prec, t.lanes) {
+            (Prec::Single, 16) => format!("aj_v{name}_acc_f32_16({acc}, {x})"),
+            (Prec::Double, 8) => format!("aj_v{name}_acc_f64_8({acc}, {x})"),
+            _ => format!("AJ_V{}_ACC({acc}, {x})", name.to_uppercase()),
         }
     }
 

@@ -26,16 +26,19 @@
 //!   `s`'s tensor) keeps `P` partial results in vector accumulators, `P` = 32 for single and
 //!   16 for double whatever the target (so results do not depend on the vector width): partial
 //!   `k` accumulates the elements `j ≡ k (mod P)` in order of `j`. After the loop the partial
-//!   results are stored to a local array of `P` elements and combined in a fixed balanced tree
-//!   (`((p0 ⊕ p1) ⊕ (p2 ⊕ p3)) ⊕ ...`), added to `s`, and the `n mod P` last elements follow
-//!   one by one. Sums are reassociated (results change in the last bits, as in any parallel
-//!   reduction; the partial sums start at -0.0, the exact identity of addition). Max and min
-//!   are exact (the NaN rule of `aj_max_f` holds lane by lane; max and min are associative,
-//!   commutative and idempotent up to the payload of a NaN, which an accumulator never holds),
-//!   so they take no scalar steps but one: the `n mod P` last elements are whole vectors too,
-//!   the last one overlapping the vector before it, the accumulators are combined lane-wise,
-//!   then one vector's lanes by halves (lane `i` with lane `i ^ h` for `h = W/2, ..., 1`,
-//!   shuffles), and its lane 0 joins the cell. On rows of 77 floats this halved a softmax.
+//!   results are combined in a fixed balanced tree (`((p0 ⊕ p1) ⊕ (p2 ⊕ p3)) ⊕ ...`) by
+//!   vector operations (within each vector lane `i` with lane `i ^ h` for `h = 1, 2, ...,
+//!   W/2`, shuffles, then the vectors pairwise: lane 0 gets the bits of the scalar tree), added
+//!   to `s`, and the `n mod P` last elements follow one by one. Sums are reassociated (results
+//!   change in the last bits, as in any parallel reduction; the partial sums start at -0.0,
+//!   the exact identity of addition). Max and min are exact (the NaN rule of `aj_max_f` holds
+//!   lane by lane; max and min are associative, commutative and idempotent up to the payload
+//!   of a NaN, which an accumulator never holds), so their number of accumulators changes no
+//!   bit (at least 4 vectors, at most the row's whole vectors, `P` when that is more) and they
+//!   take no scalar steps but one: the last elements are whole vectors too, the last one
+//!   overlapping the vector before it, the accumulators are combined lane-wise, then one
+//!   vector's lanes by halves (shuffles), and its lane 0 joins the cell. On rows of 77 floats
+//!   this halved a softmax.
 //!
 //! Everything else stays scalar code, which is always correct: loops with guards, lookups,
 //! reductions fused with other statements, inlined local scopes, index values, random values, imported functions,
@@ -382,8 +385,21 @@ fn reduction(
         Binop::Max | Binop::Min => *op,
         _ => return None,
     };
+    // Max and min are exact (see below): their number of accumulators changes no bit, so it
+    // is chosen for speed, at least 4 vectors (AVX-512's 2 vectors of 16 lanes waited on
+    // the latency of their 5-instruction chains: 8.1 cycles per 32 floats in llvm-mca's
+    // Ice Lake server model, 4.0 with 4) and at most the row's whole vectors. Sums keep
+    // `partials` whatever the width.
+    let exact = combine != Binop::Add;
+    let partials = if exact {
+        let whole = usize::try_from(l.len()).ok()? / t.lanes;
+        (partials.max(4 * t.lanes) / t.lanes).min(whole) * t.lanes
+    } else {
+        partials
+    };
     let own = matches!(&**acc_read, Llv::Get(r, i) if r == tn && i.as_slice() == idcs);
     if !own
+        || partials == 0
         || l.len() < partials as i64
         || idcs.iter().any(|ix| ix.coef(l.j) != 0)
         || !computes_in_own_type(tn.prec(), value)
@@ -426,8 +442,7 @@ fn reduction(
         Binop::Add => -0.0,
         op => op.neutral(),
     };
-    let exact = combine != Binop::Add;
-    let part_len = if exact { t.lanes } else { partials };
+    let part_len = t.lanes;
     let part = Tnode::builder(&[&tn.label().join("_"), "part"], &[part_len], tn.prec())
         .memory_with_provenance(MemoryMode::Local, provenance::KERNEL)
         .build()
@@ -469,28 +484,43 @@ fn reduction(
         });
         Llv::Get(part.clone(), vec![AxisIndex::Fixed(0)])
     } else {
-        // Sums keep all partial results for a balanced tree, in a fixed order.
-        for (a, r) in regs.iter().enumerate() {
-            stmts.push(Llc::VStore {
-                tn: part.clone(),
-                idcs: vec![AxisIndex::Fixed(a * t.lanes)],
-                value: Vlv::Reg(*r),
-            });
+        // Sums combine their partial results in a balanced tree over the partials' order
+        // (`((p0 + p1) + (p2 + p3)) + ...`), with vector operations: within each vector,
+        // lane `i` adds lane `i ^ h` for `h = 1, 2, ..., W/2` (lane 0 then holds its
+        // vector's subtree, each step adding the lower-numbered half to the higher one as
+        // the tree does), then the vectors pairwise in order. Lane 0 ends with the bits the
+        // scalar tree gives, in a chain of `log2 P` additions instead of a tree of scalar
+        // extractions (about 90 instructions for two 16-lane vectors with GCC 12).
+        let mut half = 1;
+        while half < t.lanes {
+            for r in &regs {
+                let idx = (0..t.lanes).map(|i| i ^ half).collect();
+                let own = Box::new(Vlv::Reg(*r));
+                let other = Box::new(Vlv::Shuffle(own.clone(), own.clone(), idx));
+                stmts.push(Llc::VSet(*r, Vlv::Binop(combine, own, other)));
+            }
+            half *= 2;
         }
-        let mut level: Vec<Llv> = (0..partials)
-            .map(|k| Llv::Get(part.clone(), vec![AxisIndex::Fixed(k)]))
-            .collect();
+        let mut level = regs.clone();
         while level.len() > 1 {
             level = level
                 .chunks(2)
-                .map(|p| match p {
-                    [a, b] => Llv::Binop(combine, Box::new(a.clone()), Box::new(b.clone())),
-                    [a] => a.clone(),
-                    _ => Llv::Constant(neutral),
+                .map(|p| {
+                    if let [a, b] = p {
+                        let sum =
+                            Vlv::Binop(combine, Box::new(Vlv::Reg(*a)), Box::new(Vlv::Reg(*b)));
+                        stmts.push(Llc::VSet(*a, sum));
+                    }
+                    p[0]
                 })
                 .collect();
         }
-        level.pop()?
+        stmts.push(Llc::VStore {
+            tn: part.clone(),
+            idcs: vec![AxisIndex::Fixed(0)],
+            value: Vlv::Reg(regs[0]),
+        });
+        Llv::Get(part.clone(), vec![AxisIndex::Fixed(0)])
     };
     stmts.push(Llc::Set {
         tn: tn.clone(),
