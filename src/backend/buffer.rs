@@ -180,18 +180,30 @@ impl DeviceBuffer {
 
     /// Copies the start of the buffer into `bytes`.
     pub fn read_bytes(&self, bytes: &mut [u8]) -> Result<()> {
-        if bytes.len() > self.size {
+        self.read_bytes_at(0, bytes)
+    }
+
+    /// Copies the bytes `offset .. offset + bytes.len()` of the buffer into `bytes`.
+    pub fn read_bytes_at(&self, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        if offset
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.size)
+        {
             return Err(Error::BufferSize {
                 what: "reading from a device buffer",
-                bytes: bytes.len(),
+                bytes: offset.saturating_add(bytes.len()),
                 size: self.size,
             });
         }
         let _guard = self.read_lock();
-        // SAFETY: the source has at least bytes.len() bytes (checked above); the destination
-        // is a distinct Rust slice; the shared lock keeps writers out.
+        // SAFETY: the source has at least offset + bytes.len() bytes (checked above); the
+        // destination is a distinct Rust slice; the shared lock keeps writers out.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), bytes.as_mut_ptr(), bytes.len())
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                bytes.as_mut_ptr(),
+                bytes.len(),
+            )
         };
         Ok(())
     }

@@ -385,14 +385,17 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
         on_epoch: &mut dyn FnMut(&Epoch),
     ) -> Result<()> {
         let per_epoch = self.job.per_epoch;
-        let values = self.history.host_values().ok_or_else(|| Error::NotHosted {
-            what: "the loss history: ".into(),
-            tensor: self.history.name(),
-        })?;
-        let epoch_steps = values
-            .get(e * per_epoch..(e + 1) * per_epoch)
+        // The epoch's steps only (converting the whole history every epoch was quadratic).
+        let steps = e * per_epoch..(e + 1) * per_epoch;
+        let sum = self
+            .history
+            .with_host(|a| (steps.end <= a.len()).then(|| steps.map(|i| a.get(i)).sum::<f64>()))
+            .ok_or_else(|| Error::NotHosted {
+                what: "the loss history: ".into(),
+                tensor: self.history.name(),
+            })?
             .ok_or_else(|| Error::Internal("the loss history is too short".into()))?;
-        let mean = epoch_steps.iter().sum::<f64>() / per_epoch as f64;
+        let mean = sum / per_epoch as f64;
         self.epoch_losses.push(mean);
         self.phases.loss_readback += t.elapsed();
         on_epoch(&Epoch {
