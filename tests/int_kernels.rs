@@ -976,3 +976,42 @@ fn neon_integer_kernels_compile_to_vector_multiply_accumulates() {
         &int_kernel_source(neon, Prec::Int64),
     );
 }
+
+/// Long reductions into small integer results are split into groups of steps (each group's
+/// kernel into its own partial result, the partials added in group order): exact for byte,
+/// int32 and int64 results, zero-filled (`init`) or accumulated onto the values `c` holds.
+#[test]
+fn integer_reductions_split_into_groups_are_exact() {
+    let mut cases = vec![];
+    for (p, how) in [
+        (Prec::Byte, F),
+        (Prec::Int32, F),
+        (Prec::Int64, Draw::Extremes),
+    ] {
+        for init in [true, false] {
+            cases.push(case(
+                "ij,jk->ik",
+                (&[20, 8192], p, how),
+                (&[8192, 24], p, how),
+                (&[20, 24], p),
+                init,
+            ));
+        }
+    }
+    let mut asgs = vec![];
+    let mut outs = vec![];
+    for (i, c) in cases.iter().enumerate() {
+        let (asg, [_, _, out]) = c.program(i);
+        asgs.push(asg);
+        outs.push(out);
+    }
+    let refs: Vec<&Tnode> = outs.iter().collect();
+    let (_, src) = compute(&Assignments::seq(asgs), &Bindings::empty(), &refs);
+    for (c, out) in cases.iter().zip(&outs) {
+        let head = format!("the reduction of {} split into", out.name());
+        assert!(src.contains(&head), "{}: not split\n{src}", c.name());
+        let (got, want) = (ints_of(out), c.expected());
+        let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(bad.is_none(), "{}: cell {bad:?}", c.name());
+    }
+}
