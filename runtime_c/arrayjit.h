@@ -554,11 +554,11 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
  * vminps and the OR likewise (-0). The builtins are those of GCC's and Clang's own
  * _mm512_max_ps, _mm512_cmp_ps_mask and _mm512_mask_blend_epi32 (each compiler spells them
  * differently); AJ_VSEL512(w, k, a, b) is k ? a : b lane by lane. */
+#if defined(__AVX512F__)
 typedef float aj_acc_f32x16 __attribute__((vector_size(64)));
 typedef int32_t aj_acc_i32x16 __attribute__((vector_size(64)));
 typedef double aj_acc_f64x8 __attribute__((vector_size(64)));
 typedef long long aj_acc_i64x8 __attribute__((vector_size(64)));
-#if defined(__AVX512F__)
 #if defined(__clang__)
 #define AJ_VMAXMIN512(op, a, b) __builtin_ia32_##op##512((a), (b), 4)
 #define AJ_VSEL512(w, k, a, b) __builtin_ia32_select##w##_512((k), (a), (b))
@@ -587,18 +587,12 @@ static inline aj_acc_f64x8 aj_vmin_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
   return (aj_acc_f64x8)(m | AJ_VSEL512(q, eq, (aj_acc_i64x8)x, (aj_acc_i64x8){0}));
 }
 #else
-static inline aj_acc_f32x16 aj_vmax_acc_f32_16(aj_acc_f32x16 acc, aj_acc_f32x16 x) {
-  return AJ_VMAX_ACC(acc, x);
-}
-static inline aj_acc_f32x16 aj_vmin_acc_f32_16(aj_acc_f32x16 acc, aj_acc_f32x16 x) {
-  return AJ_VMIN_ACC(acc, x);
-}
-static inline aj_acc_f64x8 aj_vmax_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
-  return AJ_VMAX_ACC(acc, x);
-}
-static inline aj_acc_f64x8 aj_vmin_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
-  return AJ_VMIN_ACC(acc, x);
-}
+/* Macros, not functions: GCC warns (-Wpsabi) at a function returning a 64-byte vector
+ * without AVX-512. */
+#define aj_vmax_acc_f32_16(acc, x) AJ_VMAX_ACC(acc, x)
+#define aj_vmin_acc_f32_16(acc, x) AJ_VMIN_ACC(acc, x)
+#define aj_vmax_acc_f64_8(acc, x) AJ_VMAX_ACC(acc, x)
+#define aj_vmin_acc_f64_8(acc, x) AJ_VMIN_ACC(acc, x)
 #endif
 
 /* ---- Vector math: explicit-SIMD elementwise functions (GCC/Clang vector extensions). ----
