@@ -278,3 +278,39 @@ fn accumulator_max_and_min_match_the_scalar_ones_bitwise() {
     assert!(f[0] > 3_000_000, "only {} lanes checked", f[0]);
     assert_eq!(f[1], 0, "{text}");
 }
+
+/// The runtime header compiles without a warning (`-Wall -Wextra -Werror`, every vector
+/// function family instantiated) with the configured compiler and flags, and on x86-64 for
+/// the baseline and an AVX-512 target too: its 16-lane max and min steps, functions
+/// returning 64-byte vectors, made GCC warn (`-Wpsabi`) in every compile on AVX2 machines.
+#[test]
+fn the_runtime_header_compiles_without_warnings() {
+    let cfg = CompilerConfig::from_env().expect("compiler configuration");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("h.c");
+    std::fs::write(&src, "#include \"arrayjit.h\"\nint aj_unused_h;\n").unwrap();
+    let mut targets: Vec<Vec<String>> = vec![cfg.arch_flags.clone()];
+    if cfg!(target_arch = "x86_64") {
+        targets.push(vec!["-march=x86-64".into()]);
+        targets.push(vec!["-march=skylake-avx512".into()]);
+    }
+    for arch in targets {
+        let mut cmd = Command::new(&cfg.compiler);
+        cmd.arg("-O2")
+            .args(&arch)
+            .args(["-Wall", "-Wextra", "-Werror", "-Wno-unused-function"])
+            .arg("-DAJ_VMATH_ALL")
+            .arg("-std=gnu11")
+            .arg(format!("-I{}", root.join("runtime_c").display()))
+            .args(["-c", "-o"])
+            .arg(dir.path().join("h.o"))
+            .arg(&src);
+        let out = cmd.output().expect("the C compiler runs");
+        assert!(
+            out.status.success(),
+            "{cmd:?}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
