@@ -40,22 +40,28 @@ const MAX_BLOCKS: i64 = 64;
 const COPY_WEIGHT: u64 = 4;
 
 /// The work of a loop as the pass weighs it: [`parallel_work`], times [`COPY_WEIGHT`] when
-/// every statement in it copies one element (or vector) of a tensor into another. A copy
-/// counts one operation per element, where the arithmetic of a product counts five per
-/// multiply-add, yet it is the slower of the two per element: it moves the data (from
-/// memory, often along a stride) that the arithmetic then reuses from registers. The packing
-/// of a product's operand panels is such a loop: a block of 256 steps of 768 columns (196,608
+/// it packs a GEMM kernel's operands: every statement in it copies one element (or vector)
+/// of a tensor into the kernel's packed buffers. A copy counts one operation per element,
+/// where the arithmetic of a product counts five per multiply-add, yet it is the slower of
+/// the two per element: it moves the data (from memory, often along a stride) that the
+/// arithmetic then reuses from registers. A block of 256 steps of 768 columns (196,608
 /// copies, under the threshold by their plain count) took 37 µs on one core of the AVX2 VM,
 /// in series with the regions of its row panels, whose 201 MFLOP would take about 84 µs on 16
 /// cores of 150 GFLOP/s: a 512×3072×768 product would spend 30% of its time packing on one
-/// core. Weighed, it is a region of its own.
+/// core. Weighed, it is a region of its own. Other copies keep their plain count: weighing
+/// every copy (the unpacking of a model's parameters from its flat buffer, say) doubled the
+/// regions of the big moons job's routines for no gain in speed, and its compile took 50%
+/// longer.
 fn region_work(c: &Llc) -> u64 {
+    fn packs(tn: &Tnode) -> bool {
+        tn.declared_memory_mode() == Some((MemoryMode::Local, provenance::KERNEL))
+    }
     fn copies_only(c: &Llc) -> bool {
         match c {
             Llc::Seq(v) => v.iter().all(copies_only),
             Llc::For { body, .. } | Llc::If { body, .. } => copies_only(body),
-            Llc::Set { value, .. } => matches!(value, Llv::Get(..)),
-            Llc::VStore { value, .. } => matches!(value, Vlv::Load(..)),
+            Llc::Set { tn, value, .. } => packs(tn) && matches!(value, Llv::Get(..)),
+            Llc::VStore { tn, value, .. } => packs(tn) && matches!(value, Vlv::Load(..)),
             Llc::Comment(_) | Llc::Noop | Llc::Prefetch { .. } => true,
             _ => false,
         }
