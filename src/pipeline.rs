@@ -344,7 +344,8 @@ fn compile_generated(
 ) -> Result<Option<Vec<Compiled>>> {
     let jobs = cfg.compile_jobs;
     let weights: Vec<usize> = generated.parts.iter().map(|p| p.weight).collect();
-    let files = plan_files(&weights, jobs);
+    let sizes: Vec<usize> = generated.parts.iter().map(|p| p.text.len()).collect();
+    let files = plan_files(&weights, &sizes, jobs);
     let sources: Vec<(String, String)> = files
         .iter()
         .enumerate()
@@ -416,12 +417,16 @@ fn compile_generated(
 /// compiler run grows with the program.
 const FILE_WEIGHT: usize = 16 * codegen::PART_WEIGHT;
 
-/// Deals the parts out to files: contiguous runs of similar weight, at most [`FILE_WEIGHT`]
-/// per file (unless a part alone is heavier), and a whole multiple of the compile jobs (when
-/// there are enough parts), so that the jobs finish together: 3 files on 2 jobs would take
-/// two rounds of the compiler, 4 smaller ones take two rounds of half the size.
-/// Deterministic, so that unchanged code hits the compile cache.
-fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
+/// Deals the parts out to files: as many files as [`FILE_WEIGHT`] of the parts' loop-IR
+/// `weights` takes, rounded up to a whole multiple of the compile jobs (when there are enough
+/// parts), so that the jobs finish together: 3 files on 2 jobs would take two rounds of the
+/// compiler, 4 smaller ones take two rounds of half the size. The files are contiguous runs of
+/// parts of similar C size (`sizes`, the parts' text), which is what the compiler's time
+/// follows: a GEMM kernel's vector code is far more C per loop-IR node than a loop of scalar
+/// statements, and balancing by nodes gave the big moons job's two files 58 and 24 KB of C
+/// (a compile of 640 ms where balanced files took 460). Deterministic, so that unchanged code
+/// hits the compile cache.
+fn plan_files(weights: &[usize], sizes: &[usize], jobs: usize) -> Vec<Vec<usize>> {
     let n = weights.len();
     let total: usize = weights.iter().sum::<usize>().max(1);
     let jobs = jobs.max(1);
@@ -431,12 +436,13 @@ fn plan_files(weights: &[usize], jobs: usize) -> Vec<Vec<usize>> {
         .saturating_mul(jobs)
         .min(n)
         .max(1);
+    let total_size: usize = sizes.iter().sum::<usize>().max(1);
     let mut files: Vec<Vec<usize>> = vec![vec![]; count];
     let mut before = 0usize;
-    for (i, &w) in weights.iter().enumerate() {
-        let k = (before.saturating_mul(count) / total).min(count - 1);
+    for (i, &s) in sizes.iter().enumerate().take(n) {
+        let k = (before.saturating_mul(count) / total_size).min(count - 1);
         files[k].push(i);
-        before += w;
+        before += s;
     }
     files.retain(|f| !f.is_empty());
     files
@@ -536,22 +542,29 @@ mod tests {
     fn files_are_a_multiple_of_the_jobs_and_bounded_in_weight() {
         let w = crate::codegen::PART_WEIGHT;
         // 40 full parts need 3 files of FILE_WEIGHT; on 2 jobs they become 4.
-        let files = plan_files(&vec![w; 40], 2);
+        let files = plan_files(&vec![w; 40], &vec![1000; 40], 2);
         assert_eq!(files.len(), 4);
         assert!(files.iter().all(|f| f.len() == 10), "{files:?}");
         // Every part once, in order.
         let flat: Vec<usize> = files.concat();
         assert_eq!(flat, (0..40).collect::<Vec<_>>());
         for jobs in 1..=5 {
-            let files = plan_files(&vec![w; 40], jobs);
+            let files = plan_files(&vec![w; 40], &vec![1000; 40], jobs);
             assert_eq!(files.len() % jobs, 0, "{jobs} jobs: {} files", files.len());
             for f in &files {
                 assert!(f.len() * w <= FILE_WEIGHT, "{jobs} jobs: {files:?}");
             }
         }
         // Fewer parts than jobs: one file a part; nothing: nothing.
-        assert_eq!(plan_files(&[4, 4], 8), vec![vec![0], vec![1]]);
-        assert!(plan_files(&[], 2).is_empty());
-        assert_eq!(plan_files(&[5], 0), vec![vec![0]]);
+        assert_eq!(plan_files(&[4, 4], &[10, 10], 8), vec![vec![0], vec![1]]);
+        assert!(plan_files(&[], &[], 2).is_empty());
+        assert_eq!(plan_files(&[5], &[10], 0), vec![vec![0]]);
+        // Two files balanced by C size, not by weight: a heavy part of little weight first.
+        let files = plan_files(
+            &[w, w, w, w, w, w],
+            &[9000, 1000, 1000, 1000, 1000, 1000],
+            2,
+        );
+        assert_eq!(files, vec![vec![0], vec![1, 2, 3, 4, 5]]);
     }
 }
