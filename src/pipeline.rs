@@ -440,7 +440,10 @@ fn plan_files(weights: &[usize], sizes: &[usize], jobs: usize) -> Vec<Vec<usize>
     let mut files: Vec<Vec<usize>> = vec![vec![]; count];
     let mut before = 0usize;
     for (i, &s) in sizes.iter().enumerate().take(n) {
-        let k = (before.saturating_mul(count) / total_size).min(count - 1);
+        // The file where the part's middle falls (its start would give a file every part
+        // that begins before the boundary, however far past it the part reaches).
+        let middle = before.saturating_add(s / 2);
+        let k = (middle.saturating_mul(count) / total_size).min(count - 1);
         files[k].push(i);
         before += s;
     }
@@ -566,5 +569,8 @@ mod tests {
             2,
         );
         assert_eq!(files, vec![vec![0], vec![1, 2, 3, 4, 5]]);
+        // A part starting just before the middle but reaching far past it goes after it.
+        let files = plan_files(&[w; 4], &[11000, 11000, 16000, 7000], 2);
+        assert_eq!(files, vec![vec![0, 1], vec![2, 3]]);
     }
 }
