@@ -458,16 +458,7 @@ fn matmul(name: &'static str, (m, k, n): (usize, usize, usize)) -> Case {
         "ik,kj->ij",
         &none(),
     );
-    let (av, bv) = (f32s(&av), f32s(&bv));
-    let mut want = vec![0.0; m * n];
-    for i in 0..m {
-        for kk in 0..k {
-            let x = av[i * k + kk];
-            for j in 0..n {
-                want[i * n + j] += x * bv[kk * n + j];
-            }
-        }
-    }
+    let want = plain_product(vec![0.0; m * n], &f32s(&av), &f32s(&bv), (m, k, n));
     Case {
         name,
         code,
@@ -476,6 +467,24 @@ fn matmul(name: &'static str, (m, k, n): (usize, usize, usize)) -> Case {
         want: vec![want],
         tolerance: 1e-4,
     }
+}
+
+/// `c + a·b` by plain loops, for `a` of `m × k` and `b` of `k × n`, row-major.
+fn plain_product(
+    mut c: Vec<f64>,
+    a: &[f64],
+    b: &[f64],
+    (m, k, n): (usize, usize, usize),
+) -> Vec<f64> {
+    for i in 0..m {
+        for kk in 0..k {
+            let x = a[i * k + kk];
+            for j in 0..n {
+                c[i * n + j] += x * b[kk * n + j];
+            }
+        }
+    }
+    c
 }
 
 /// A 3×3 convolution with padding 1, 1×28×28×`ci` → `co` channels.
@@ -642,15 +651,7 @@ fn a_long_reduction_is_split_into_groups_of_steps() {
             &none(),
         ),
     ]);
-    let (av, bv) = (f32s(&av), f32s(&bv));
-    let mut want = f32s(&cv);
-    for i in 0..m {
-        for kk in 0..k {
-            for j in 0..n {
-                want[i * n + j] += av[i * k + kk] * bv[kk * n + j];
-            }
-        }
-    }
+    let want = plain_product(f32s(&cv), &f32s(&av), &f32s(&bv), (m, k, n));
     let case = Case {
         name: "long_reduction",
         code,
@@ -731,19 +732,7 @@ fn writes_only(c: &Llc, part: &str) -> bool {
 #[test]
 fn the_packing_of_column_panels_is_shared() {
     let case = matmul("matmul_packing", (512, 1024, 768));
-    let jit = |cores: usize, threads: usize| {
-        let target = arrayjit::target::VectorTarget::default()
-            .vector_bytes(32)
-            .registers(16)
-            .fma(false)
-            .l1d_bytes(32 << 10)
-            .l2_bytes(2 << 20)
-            .intrinsics(false)
-            .cores(cores);
-        let settings = arrayjit::optimize::Settings::default().target(Some(target));
-        let config = JitConfig::from_env().unwrap().threads(Some(threads));
-        Jit::new(config.optimizer(settings)).unwrap()
-    };
+    let jit = |cores: usize, threads: usize| jit_for(cores, threads, 2 << 20);
     let (single, _, _) = run_on(&jit(1, 1), 1, &case);
     for threads in [1, 2, 3] {
         let (got, o, _) = run_on(&jit(16, threads), threads, &case);
@@ -765,12 +754,17 @@ fn the_packing_of_column_panels_is_shared() {
 /// A JIT of `threads` threads whose optimizer targets 32-byte vectors (written with the
 /// portable vector extensions) and `cores` cores.
 fn jit_for_cores(cores: usize, threads: usize) -> Jit {
+    jit_for(cores, threads, 512 << 10)
+}
+
+/// [`jit_for_cores`] with an L2 cache of `l2_bytes`.
+fn jit_for(cores: usize, threads: usize, l2_bytes: usize) -> Jit {
     let target = arrayjit::target::VectorTarget::default()
         .vector_bytes(32)
         .registers(16)
         .fma(false)
         .l1d_bytes(32 << 10)
-        .l2_bytes(512 << 10)
+        .l2_bytes(l2_bytes)
         .intrinsics(false)
         .cores(cores);
     let settings = arrayjit::optimize::Settings::default().target(Some(target));
