@@ -302,7 +302,7 @@ impl Pipeline {
 /// wrong with the compiler.
 fn vector_target(cfg: &CompilerConfig) -> VectorTarget {
     compile::Target::resolve(cfg)
-        .map(|t| t.vector_target(cfg.intrinsics))
+        .map(|t| t.vector_target_for(cfg))
         .unwrap_or_default()
 }
 

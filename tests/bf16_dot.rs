@@ -1,9 +1,10 @@
 //! bfloat16 contractions through AVX512-BF16's dot products of pairs (`vdpbf16ps`, issue 20):
-//! where the resolved target has them, a contraction of bfloat16 (or fp8) operands into a
-//! single-precision result multiplies pairs of steps packed side by side; elsewhere it
+//! where the resolved target has them and the configuration asks for them
+//! (`CompilerConfig::bf16_dot`, off by default), a contraction of bfloat16 (or fp8) operands
+//! into a single-precision result multiplies pairs of steps packed side by side; otherwise it
 //! converts the operands to `float` while packing. Both are checked against sums computed
-//! here, exactly where the sums are exact, and the interpreter against the instruction's
-//! documented semantics.
+//! here (the dot products only on a machine that has them), exactly where the sums are exact,
+//! and the interpreter against the instruction's documented semantics.
 
 mod common;
 
@@ -20,6 +21,22 @@ use common::*;
 fn target_has_dot() -> bool {
     let cfg = CompilerConfig::from_env().unwrap();
     Target::resolve(&cfg).unwrap().vector_target(false).bf16_dot
+}
+
+/// The settings of `CompilerConfig::bf16_dot` to run: off (the default), and on where the
+/// target has the dot products.
+fn dot_settings() -> Vec<bool> {
+    if target_has_dot() {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
+}
+
+/// A backend with the environment's compiler configuration and the dot products on or off.
+fn backend(dot: bool) -> CcBackend {
+    let cfg = CompilerConfig::from_env().unwrap().bf16_dot(dot);
+    CcBackend::with_config(cfg, Settings::default())
 }
 
 /// `c[i, k] = Σ_j a[i, j] · b[j, k]` in f64 (`bt`: `b` is given as `[k, j]`).
@@ -71,9 +88,9 @@ struct Case {
     yp: Prec,
 }
 
-/// Compiles and runs `c = a @ b` (or `a @ b.T`) for the case with the given operand values;
-/// returns the result and the C source.
-fn run_case(c: &Case, av: &[f64], bv: &[f64]) -> (Vec<f64>, String) {
+/// Compiles and runs `c = a @ b` (or `a @ b.T`) for the case with the given operand values,
+/// with the dot products asked for or not; returns the result and the C source.
+fn run_case(c: &Case, av: &[f64], bv: &[f64], dot: bool) -> (Vec<f64>, String) {
     let a = input("a", &[c.m, c.k], c.xp, av);
     let bdims = if c.bt { [c.n, c.k] } else { [c.k, c.n] };
     let b = input("b", &bdims, c.yp, bv);
@@ -89,7 +106,7 @@ fn run_case(c: &Case, av: &[f64], bv: &[f64]) -> (Vec<f64>, String) {
         spec,
         &Bindings::empty(),
     );
-    let backend = CcBackend::new();
+    let backend = backend(dot);
     let (r, src) = build(&backend, "bf16_dot", &Bindings::empty(), &asg).unwrap();
     (run_and_read(&backend, &r, &[&out]).remove(0), src)
 }
@@ -121,24 +138,28 @@ fn cases() -> Vec<Case> {
 }
 
 /// With small integer operands every sum is exact: the kernels (dot products of pairs where
-/// the target has them, conversions to float elsewhere) give exactly the sums computed here,
-/// and the C uses the dot products exactly when the target has them.
+/// the target has them and they are asked for, conversions to float otherwise) give exactly
+/// the sums computed here, and the C uses the dot products exactly when asked for.
 #[test]
 fn exact_sums_through_the_kernels() {
-    let dot = target_has_dot();
-    for c in cases() {
-        let av = small_ints(c.m * c.k, 1);
-        let bv = small_ints(c.n * c.k, 2);
-        let want = matmul_ref(&av, &bv, (c.m, c.n, c.k), c.bt);
-        let (got, src) = run_case(&c, &av, &bv);
-        let what = format!("{}x{}x{} bt {} {}/{}", c.m, c.n, c.k, c.bt, c.xp, c.yp);
-        assert!(src.contains("GEMM kernel"), "{what}: no kernel\n{src}");
-        assert_eq!(
-            src.contains("AJ_DPBF16PS("),
-            dot,
-            "{what}: dot products used exactly when the target has them"
-        );
-        assert_eq!(got, want, "{what}");
+    for dot in dot_settings() {
+        for c in cases() {
+            let av = small_ints(c.m * c.k, 1);
+            let bv = small_ints(c.n * c.k, 2);
+            let want = matmul_ref(&av, &bv, (c.m, c.n, c.k), c.bt);
+            let (got, src) = run_case(&c, &av, &bv, dot);
+            let what = format!(
+                "{}x{}x{} bt {} {}/{} dot {dot}",
+                c.m, c.n, c.k, c.bt, c.xp, c.yp
+            );
+            assert!(src.contains("GEMM kernel"), "{what}: no kernel\n{src}");
+            assert_eq!(
+                src.contains("AJ_DPBF16PS("),
+                dot,
+                "{what}: dot products used exactly when asked for"
+            );
+            assert_eq!(got, want, "{what}");
+        }
     }
 }
 
@@ -147,19 +168,22 @@ fn exact_sums_through_the_kernels() {
 /// of the exact sum of the rounded inputs.
 #[test]
 fn rounded_sums_are_within_the_bound() {
-    for c in cases() {
+    for (dot, c) in dot_settings()
+        .into_iter()
+        .flat_map(|d| cases().into_iter().map(move |c| (d, c)))
+    {
         let av = uniform(c.m * c.k, 3, c.xp);
         let bv = uniform(c.n * c.k, 4, c.yp);
         let want = matmul_ref(&av, &bv, (c.m, c.n, c.k), c.bt);
         let abs_a: Vec<f64> = av.iter().map(|x| x.abs()).collect();
         let abs_b: Vec<f64> = bv.iter().map(|x| x.abs()).collect();
         let mag = matmul_ref(&abs_a, &abs_b, (c.m, c.n, c.k), c.bt);
-        let (got, _) = run_case(&c, &av, &bv);
+        let (got, _) = run_case(&c, &av, &bv, dot);
         for (idx, ((g, w), s)) in got.iter().zip(&want).zip(&mag).enumerate() {
             let bound = c.k as f64 * f32::EPSILON as f64 * s + f64::from(f32::MIN_POSITIVE);
             assert!(
                 (g - w).abs() <= bound,
-                "{}x{}x{} cell {idx}: {g} vs {w} (bound {bound})",
+                "{}x{}x{} dot {dot} cell {idx}: {g} vs {w} (bound {bound})",
                 c.m,
                 c.n,
                 c.k
@@ -193,18 +217,20 @@ fn infinities_and_nan_propagate() {
         xp: Prec::Bfloat16,
         yp: Prec::Bfloat16,
     };
-    let (got, _) = run_case(&c, &av, &bv);
-    for col in 0..n {
-        let row3 = got[3 * n + col];
-        if col == 9 {
-            assert!(row3.is_nan(), "∞ · 0 at column 9: {row3}");
-        } else {
-            assert_eq!(row3, f64::INFINITY, "row 3 column {col}");
-        }
-        assert!(got[5 * n + col].is_nan(), "row 5 column {col}");
-    }
     let want = matmul_ref(&av, &bv, (m, n, k), false);
-    assert_eq!(got[0..3 * n], want[0..3 * n]);
+    for dot in dot_settings() {
+        let (got, _) = run_case(&c, &av, &bv, dot);
+        for col in 0..n {
+            let row3 = got[3 * n + col];
+            if col == 9 {
+                assert!(row3.is_nan(), "dot {dot}: ∞ · 0 at column 9: {row3}");
+            } else {
+                assert_eq!(row3, f64::INFINITY, "dot {dot}: row 3 column {col}");
+            }
+            assert!(got[5 * n + col].is_nan(), "dot {dot}: row 5 column {col}");
+        }
+        assert_eq!(got[0..3 * n], want[0..3 * n], "dot {dot}");
+    }
 }
 
 /// A target with the dot products, as the optimizer sees it.
@@ -274,7 +300,7 @@ fn compiled_dot_products_match_their_documented_semantics() {
     for c in cases() {
         let (av, bv) = (uniform(c.m * c.k, 9, c.xp), uniform(c.n * c.k, 10, c.yp));
         let (asg, [a, b, out]) = case_nodes(&c, &av, &bv);
-        let backend = CcBackend::new();
+        let backend = backend(true);
         backend.initialize(arrayjit::backend::Config::default());
         let code = backend
             .compile(true, Some("dot"), &Bindings::empty(), &asg)
@@ -319,8 +345,14 @@ fn subnormal_products_flush_only_with_the_dot_products() {
         xp: Prec::Bfloat16,
         yp: Prec::Bfloat16,
     };
-    let (got, _) = run_case(&c, &av, &bv);
     let exact = k as f64 * 2f64.powi(-140);
-    let want = if target_has_dot() { 0.0 } else { exact };
-    assert!(got.iter().all(|&g| g == want), "{} vs {want}", got[0]);
+    for dot in dot_settings() {
+        let (got, _) = run_case(&c, &av, &bv, dot);
+        let want = if dot { 0.0 } else { exact };
+        assert!(
+            got.iter().all(|&g| g == want),
+            "dot {dot}: {} vs {want}",
+            got[0]
+        );
+    }
 }

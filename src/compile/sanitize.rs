@@ -351,6 +351,7 @@ mod tests {
             cache_max_bytes: 1 << 30,
             compile_jobs: 1,
             intrinsics: false,
+            bf16_dot: false,
             checked: false,
         }
     }

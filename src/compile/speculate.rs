@@ -43,9 +43,9 @@ pub(crate) struct TargetUse {
 
 impl TargetUse {
     /// What code generation and the compile command take from `target`.
-    pub(crate) fn of(target: &Target, intrinsics: bool) -> TargetUse {
+    pub(crate) fn of(target: &Target, config: &CompilerConfig) -> TargetUse {
         TargetUse {
-            vector: target.vector_target(intrinsics),
+            vector: target.vector_target_for(config),
             avx512fp16: target.features.avx512fp16,
         }
     }
@@ -74,7 +74,8 @@ pub(super) enum Verdict {
 /// the probe's process is always reaped.
 pub(crate) struct Speculation {
     assumed: TargetUse,
-    intrinsics: bool,
+    /// The configuration the guess was made for.
+    config: CompilerConfig,
     /// The probe's thread, until a compile has waited for it.
     thread: Mutex<Option<JoinHandle<Result<Target>>>>,
     answer: OnceLock<Answer>,
@@ -109,7 +110,7 @@ impl Speculation {
             return None;
         }
         let guess = Target::from_macro_dump(&cpu_macros()?).ok()?;
-        Speculation::with_guess(config, TargetUse::of(&guess, config.intrinsics))
+        Speculation::with_guess(config, TargetUse::of(&guess, config))
     }
 
     /// Starts the target probe in the background (it remembers its answer like
@@ -122,7 +123,7 @@ impl Speculation {
             .ok()?;
         Some(Speculation {
             assumed,
-            intrinsics: config.intrinsics,
+            config: config.clone(),
             thread: Mutex::new(Some(thread)),
             answer: OnceLock::new(),
         })
@@ -142,7 +143,7 @@ impl Speculation {
     /// is [`Error::CompileTimeout`].
     pub(super) fn verdict(&self) -> Result<Verdict> {
         match self.answer() {
-            Answer::Target(t) if TargetUse::of(t, self.intrinsics) == self.assumed => {
+            Answer::Target(t) if TargetUse::of(t, &self.config) == self.assumed => {
                 Ok(Verdict::Confirmed(t.clone()))
             }
             Answer::TimedOut { command, seconds } => Err(Error::CompileTimeout {
@@ -306,8 +307,8 @@ mod tests {
         let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let cfg = config(root.path(), cache.path());
         let probed = Target::resolve(&cfg).unwrap();
-        let s = Speculation::with_guess(&cfg, TargetUse::of(&probed, false)).unwrap();
-        assert_eq!(s.vector_target(), probed.vector_target(false));
+        let s = Speculation::with_guess(&cfg, TargetUse::of(&probed, &cfg)).unwrap();
+        assert_eq!(s.vector_target(), probed.vector_target_for(&cfg));
         let lib = compile_and_load_speculative(&cfg, &s, DOUBLER, "doubler", &[])
             .unwrap()
             .expect("the guess agrees with the probe");
@@ -328,7 +329,7 @@ mod tests {
     fn a_disproved_guess_is_discarded() {
         let (root, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let cfg = config(root.path(), cache.path());
-        let probed = TargetUse::of(&Target::resolve(&cfg).unwrap(), false);
+        let probed = TargetUse::of(&Target::resolve(&cfg).unwrap(), &cfg);
         let wrong_width = TargetUse {
             vector: VectorTarget {
                 vector_bytes: 8,

@@ -284,6 +284,8 @@ impl Target {
     /// instruction set the compiler may use (AVX-512F, AVX2, SSE2 or NEON; GCC/Clang vector
     /// extensions elsewhere), its width and registers, FMA, and this machine's caches; with
     /// `intrinsics`, vector code is spelled with the instruction set's intrinsics.
+    /// [`VectorTarget::bf16_dot`] says whether the target has AVX512-BF16's dot products;
+    /// [`Target::vector_target_for`] uses them only where the configuration asks.
     pub fn vector_target(&self, intrinsics: bool) -> VectorTarget {
         let f = &self.features;
         let isa = match self.arch {
@@ -305,6 +307,15 @@ impl Target {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             intrinsics,
         }
+    }
+
+    /// The target code is generated for under `config`: [`Target::vector_target`] with the
+    /// configuration's [`intrinsics`](CompilerConfig::intrinsics), and the dot products of
+    /// bfloat16 pairs only with [`bf16_dot`](CompilerConfig::bf16_dot).
+    pub fn vector_target_for(&self, config: &CompilerConfig) -> VectorTarget {
+        let v = self.vector_target(config.intrinsics);
+        let dot = v.bf16_dot && config.bf16_dot;
+        v.bf16_dot(dot)
     }
 
     /// How many `f32` fit in the widest vector ([`Target::vector_bytes`] / 4).
@@ -674,6 +685,7 @@ mod tests {
             cache_max_bytes: super::super::config::DEFAULT_CACHE_MAX_BYTES,
             compile_jobs: 1,
             intrinsics: false,
+            bf16_dot: false,
             checked: false,
         };
         let memo = DiskMemo::new(dir.path(), "id", &cfg, &["-march=native"]);

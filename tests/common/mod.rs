@@ -156,7 +156,12 @@ pub fn round_to(prec: Prec, v: f64) -> f64 {
         Prec::Half => nearest_half(v),
         Prec::Single => v as f32 as f64,
         Prec::Double => v,
-        Prec::Bfloat16 => nearest_in(v, &bf16_values()),
+        Prec::Bfloat16 => {
+            // The table once per process: building it for every value made rounding
+            // 700,000 values take half a minute.
+            static TABLE: std::sync::OnceLock<Vec<(f64, u32)>> = std::sync::OnceLock::new();
+            nearest_in(v, TABLE.get_or_init(bf16_values))
+        }
         Prec::Fp8 => nearest_in(v, &fp8_values()),
         p => {
             // Integers: truncate toward zero, wrap modulo 2^bits.
