@@ -804,3 +804,91 @@ fn double_transcendental_functions_in_vector_loops() {
         }
     }
 }
+
+/// The 32-partial sum of single values in the documented order: partial `k` adds the elements
+/// `j ≡ k (mod 32)` in order from -0.0, the partials combine in a balanced tree of adjacent
+/// pairs, the total is added to the start value 0, then the last `n mod 32` elements one by
+/// one, every step rounded to single precision.
+fn partial_sum_f32(v: &[f32]) -> f32 {
+    let blocks = v.len() / 32;
+    let mut level = vec![-0.0f32; 32];
+    for b in 0..blocks {
+        for (k, p) in level.iter_mut().enumerate() {
+            *p += v[b * 32 + k];
+        }
+    }
+    while level.len() > 1 {
+        level = level.chunks(2).map(|p| p[0] + p[1]).collect();
+    }
+    let mut s = 0.0f32 + level[0];
+    for x in &v[blocks * 32..] {
+        s += x;
+    }
+    s
+}
+
+/// Whether some line of `src` containing `store` is followed, inside the same block (before a
+/// line that closes it), by a line containing `acc`.
+fn in_same_loop(src: &str, store: &str, acc: &str) -> bool {
+    let lines: Vec<&str> = src.lines().collect();
+    lines.iter().enumerate().any(|(k, l)| {
+        l.contains(store)
+            && lines[k + 1..]
+                .iter()
+                .take_while(|l| l.trim() != "}")
+                .any(|l| l.contains(acc))
+    })
+}
+
+/// A sum over a row that the loop before it has just written (`d = x - h`, as softmax sums
+/// the exponentials it has just stored, or a layer norm the squares of the centred row) runs
+/// inside that loop once both are vector loops whose lengths allow it (src/optimize/
+/// vmerge.rs): the C shows the accumulation next to the store, and the sums and quotients
+/// `y = d / s` are the bits of the documented order computed here, on every vector width,
+/// for rows the merge applies to (1024, 96) and one it does not (1000: the producing loop
+/// ends with an overlapping vector). No products: a C compiler may fuse a product into the
+/// sum (SPEC allows fused multiply-adds to change the last bits).
+#[test]
+fn a_sum_of_the_row_just_written_runs_in_the_loop_that_writes_it() {
+    for m in [1024usize, 96, 1000] {
+        let n = 3;
+        let xv = values(n * m, 21);
+        let hv = values(m, 22);
+        let b = Bindings::empty();
+        let x = input("x", &[n, m], Prec::Single, &xv);
+        let h = input("h", &[m], Prec::Single, &hv);
+        let d = temp("d", &[n, m], Prec::Single);
+        let s = output("s", &[n], Prec::Single);
+        let y = output("y", &[n, m], Prec::Single);
+        let code = Assignments::seq([
+            binop(&d, Binop::Arg2, false, Binop::Sub, &x, &h, "ij,j->ij", &b),
+            unop(&s, Binop::Add, true, Unop::Identity, &d, "ij->i", &b),
+            binop(&y, Binop::Arg2, false, Binop::Div, &d, &s, "ij,i->ij", &b),
+        ]);
+        let (mut want_s, mut want_y) = (vec![], vec![]);
+        for i in 0..n {
+            let row: Vec<f32> = (0..m)
+                .map(|j| xv[i * m + j] as f32 - hv[j] as f32)
+                .collect();
+            let sum = partial_sum_f32(&row);
+            want_s.push(sum as f64);
+            want_y.extend(row.iter().map(|v| (v / sum) as f64));
+        }
+        for t in [Some(target(16)), Some(target(32)), Some(target(64)), None] {
+            let what = format!("m {m}, {t:?}");
+            let r = run(&code, &[&s, &y], t);
+            assert_bits(&r.out[0], &want_s, &format!("{what}: s"));
+            assert_bits(&r.out[1], &want_y, &format!("{what}: y"));
+            let lanes = t.map_or(0, |t| t.vector_bytes / 4);
+            if m != 1000 && (lanes == 8 || lanes == 16) {
+                let store = format!("aj_v{lanes}f_store(&d_row");
+                let acc = format!("aj_v{lanes}f_load(&d_row");
+                assert!(
+                    in_same_loop(&r.src, &store, &acc),
+                    "{what}: not merged\n{}",
+                    r.src
+                );
+            }
+        }
+    }
+}

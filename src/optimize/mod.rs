@@ -11,6 +11,7 @@ mod taps;
 mod trace;
 mod vectorize;
 mod virtualize;
+mod vmerge;
 
 pub use simplify::simplify;
 pub use trace::{trace, TracedNode, TracedStore};
@@ -316,12 +317,14 @@ pub fn optimize_with(
         Some(t) if settings.enabled && settings.loop_opts && t.vector_bytes >= 16 => {
             let v = vectorize::vectorize(code, &t);
             verify("vectorize", &v.code)?;
+            let merged = vmerge::merge(v.code);
+            verify("vector merge", &merged)?;
             for tn in &v.locals {
                 modes.refine(tn, MemoryMode::Local, provenance::KERNEL)?;
             }
             written_first.extend(v.written_first);
             nodes.extend(v.locals.into_iter().map(|t| (t, MemoryMode::Local)));
-            v.code
+            merged
         }
         _ => code,
     };
