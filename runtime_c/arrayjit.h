@@ -607,8 +607,7 @@ static inline aj_acc_f64x8 aj_vmin_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
  * without FMA (tests/vmath.rs asserts the bounds in brackets):
  *   exp     0.87 ulp [1.5]   (1.16 without FMA) polynomial for e^r on |r| <= 0.36, 2^n in
  *                            one factor when every lane's |x| < 87, in two (subnormals,
- *                            overflow) otherwise; on AVX-512 one vscalefps, no check
- *                            (the same bits for every one of the 2^32 inputs)
+ *                            overflow) otherwise
  *   exp2    1.06 ulp [1.5]   exact at integers
  *   log     0.79 ulp [1.5]   log2 0.84 ulp [1.5]   fdlibm's decomposition, no table
  *   tanh    2.49 ulp [3]     through expm1(-2|x|)
@@ -712,16 +711,6 @@ static inline aj_vf32_##N aj_vexp_red_f32_##N(aj_vf32_##N r) {                  
  * field (n << 23 is z's bits << 23: the offset 0x4b400000 shifts out); otherwise x is clamped     \
  * (keeping NaN) and 2^n applied in two factors. Both give the bits of p * 2^n. */                 \
 static inline aj_vf32_##N aj_vexp_f32_##N(aj_vf32_##N x) {                                         \
-  if (AJ_SCALEF_##N) {                                                                             \
-    /* AVX-512: x clamped as below, then 2^n applied by vscalefps, exact for normal results     \
-     * and rounded once otherwise: the bits of both paths below, with no check or branch. */   \
-    x = aj_vclamp_f32_##N(x, -105.0f, 89.0f);                                                      \
-    aj_vf32_##N z = x * 0x1.715476p+0f + 0x1.8p23f;                                                \
-    aj_vf32_##N n = z - 0x1.8p23f;                                                                 \
-    aj_vf32_##N r = x - n * 0x1.62e4p-1f;                                                          \
-    r = r - n * 0x1.7f7d1cp-20f;                                                                   \
-    return aj_vscalef_f32_##N(aj_vexp_red_f32_##N(r), n);                                          \
-  }                                                                                                \
   aj_vi32_##N ax = (aj_vi32_##N)((aj_vu32_##N)x & 0x7fffffffu);                                   \
   if (__builtin_expect(!aj_vany_gt_i32_##N(ax, 0x42ae0000), 1)) {                                  \
     aj_vf32_##N z = x * 0x1.715476p+0f + 0x1.8p23f;                                                \
@@ -1091,30 +1080,6 @@ static inline int aj_vany_i32_16(aj_vi32_16 m) {
   return aj_vany_i32_8(h[0] | h[1]);
 #endif
 }
-/* aj_vscalef_f32_N(p, n): p * 2^n for integer-valued n, rounded once (AVX-512's vscalefps,
- * the same builtin in GCC and Clang); aj_vclamp_f32_N(x, lo, hi): x clamped to [lo, hi],
- * NaN kept (vminps and vmaxps return their second operand, x, when it is NaN). Where
- * AJ_SCALEF_N is 0 the names exist but are never called (aj_vexp_f32_N tests the flag). */
-#define AJ_SCALEF_4 0
-#define AJ_SCALEF_8 0
-#define aj_vscalef_f32_4(p, n) (p)
-#define aj_vscalef_f32_8(p, n) (p)
-#define aj_vclamp_f32_4(x, lo, hi) (x)
-#define aj_vclamp_f32_8(x, lo, hi) (x)
-#if defined(__AVX512F__)
-#define AJ_SCALEF_16 1
-static inline aj_vf32_16 aj_vscalef_f32_16(aj_vf32_16 p, aj_vf32_16 n) {
-  return (aj_vf32_16)__builtin_ia32_scalefps512_mask(p, n, p, (unsigned short)-1, 4);
-}
-static inline aj_vf32_16 aj_vclamp_f32_16(aj_vf32_16 x, float lo, float hi) {
-  x = (aj_vf32_16)AJ_VMAXMIN512(minps, (aj_vf32_16){0} + hi, x);
-  return (aj_vf32_16)AJ_VMAXMIN512(maxps, (aj_vf32_16){0} + lo, x);
-}
-#else
-#define AJ_SCALEF_16 0
-#define aj_vscalef_f32_16(p, n) (p)
-#define aj_vclamp_f32_16(x, lo, hi) (x)
-#endif
 /* Whether any lane of a is above b (signed): a comparison and an OR of the mask's lanes, or
  * on AVX-512 one vpcmpd into a mask register and kortest (GCC otherwise moves the mask to a
  * vector and back). */

@@ -42,20 +42,13 @@ fn build_driver(dir: &Path) -> std::path::PathBuf {
 
 /// Compiles `tests/data/NAME.c` with the configured compiler and flags into `dir`.
 fn build(name: &str, dir: &Path) -> std::path::PathBuf {
-    build_with(name, dir, &[], name)
-}
-
-/// Compiles `tests/data/NAME.c` with the configured compiler and flags, then `more` flags,
-/// into `dir/exe`.
-fn build_with(name: &str, dir: &Path, more: &[&str], exe: &str) -> std::path::PathBuf {
     let cfg = CompilerConfig::from_env().expect("compiler configuration");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join(exe);
+    let exe = dir.join(name);
     let mut cmd = Command::new(&cfg.compiler);
     cmd.arg(format!("-O{}", cfg.opt_level))
         .args(&cfg.arch_flags)
         .args(&cfg.extra_flags)
-        .args(more)
         .arg("-std=gnu11")
         .arg(format!("-I{}", root.join("runtime_c").display()))
         .arg(root.join(format!("tests/data/{name}.c")))
@@ -284,35 +277,6 @@ fn accumulator_max_and_min_match_the_scalar_ones_bitwise() {
     assert_eq!(f.len(), 2, "{text}");
     assert!(f[0] > 3_000_000, "only {} lanes checked", f[0]);
     assert_eq!(f[1], 0, "{text}");
-}
-
-/// On AVX-512 the 16-lane `exp` applies 2^n with one `vscalefps` and no check; it must give
-/// the bits of the portable paths (one exponent addition when every lane is in range, two
-/// factors otherwise). `tests/data/vexp_paths.c` hashes the results over every 61st float
-/// bit pattern and every 7th float around the thresholds, compiled with the configured
-/// flags and again without AVX-512 (x86-64 only; elsewhere both builds are the portable
-/// code). (Compared exhaustively over all 2^32 inputs on a Sapphire Rapids machine, GCC and
-/// Clang, when it was written: no difference.)
-#[test]
-fn the_avx512_exp_gives_the_bits_of_the_portable_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let portable: &[&str] = if cfg!(target_arch = "x86_64") {
-        &["-mno-avx512f", "-Wno-psabi"]
-    } else {
-        &[]
-    };
-    let lines: Vec<String> = [(&[][..], "native"), (portable, "portable")]
-        .into_iter()
-        .map(|(more, exe)| {
-            let exe = build_with("vexp_paths", dir.path(), more, exe);
-            let out = Command::new(&exe).output().expect("the driver runs");
-            assert!(out.status.success());
-            String::from_utf8_lossy(&out.stdout).trim().to_string()
-        })
-        .collect();
-    let count: u64 = lines[0].split_whitespace().next().unwrap().parse().unwrap();
-    assert!(count > 70_000_000, "{}", lines[0]);
-    assert_eq!(lines[0], lines[1], "native vs portable exp");
 }
 
 /// The runtime header compiles without a warning (`-Wall -Wextra -Werror`, every vector
