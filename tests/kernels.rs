@@ -197,6 +197,45 @@ fn the_interpreter_runs_the_kernels() {
     }
 }
 
+/// Results with fewer columns than a vector has lanes (8 and 12 floats against AVX-512's 16,
+/// 5 against 8) are kernels of narrower vectors that the columns fill: interpreted on the
+/// code optimized for an AVX-512 target (whose kernel comment names the lanes), and compiled
+/// for this machine, exactly the reference sums.
+#[test]
+fn narrow_results_use_narrower_vectors() {
+    let avx512 = VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false);
+    for (n, lanes) in [(8usize, 8usize), (12, 8), (5, 4)] {
+        let c = case("ij,jk->ik", &[300, 64], &[64, n], &[300, n]);
+        let want = expected(&c, Prec::Single, Prec::Single, true);
+        let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
+        let code = arrayjit::lower::lower(&asg).unwrap();
+        let settings = Settings::default().target(Some(avx512));
+        let o = optimize::optimize("narrow", code, &settings).unwrap();
+        let doc = arrayjit::loops::to_doc(&o.code);
+        assert!(doc.contains(&format!("({lanes} lanes)")), "n = {n}:\n{doc}");
+        let mut mem = Memory::new();
+        mem.load_from_hosts([&x, &y, &out]);
+        interp::run_optimized(&o, &[], &mut mem).unwrap();
+        assert_eq!(
+            mem.get(&out).unwrap(),
+            want.as_slice(),
+            "interpreted, n = {n}"
+        );
+        let (got, src) = compute(&asg, &Bindings::empty(), &[&out]);
+        assert!(src.contains("GEMM kernel"), "n = {n}: no kernel\n{src}");
+        assert_eq!(got[0], want, "compiled, n = {n}");
+    }
+}
+
 /// Runs a program file through the CLI with the given architecture flags, spelling of
 /// vector code and extra compiler flags.
 fn run_cli(prog: &Value, arch: &str, intrinsics: bool, cflags: &str) -> Value {
@@ -954,7 +993,7 @@ fn depthwise_convolutions_and_pooling_use_the_tap_kernels_exactly() {
             tap,
         ),
         // Padding 4 around a 3×3 window: output rows and columns 0, 1, 8, 9 meet no input.
-        // 16 channels: a whole vector with AVX-512 too (fewer channels get no tap kernel).
+        // 16 channels, and 8 (with AVX-512, vectors of 8 of its 16 lanes).
         TapCase {
             poison: vec![(w3(0, 0, 5, 16), f64::INFINITY)],
             ..tap_case(
@@ -962,6 +1001,16 @@ fn depthwise_convolutions_and_pooling_use_the_tap_kernels_exactly() {
                 &[1, 4, 4, 16],
                 &[3, 3, 16],
                 &[1, 10, 10, 16],
+                tap,
+            )
+        },
+        TapCase {
+            poison: vec![(w3(0, 0, 5, 8), f64::INFINITY)],
+            ..tap_case(
+                "b(h+i-4)(v+j-4)c,ijc->bhvc",
+                &[1, 4, 4, 8],
+                &[3, 3, 8],
+                &[1, 10, 10, 8],
                 tap,
             )
         },

@@ -489,14 +489,10 @@ fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Optio
     }
     // The pixels: the innermost other loop of `c` along which some read does not move and
     // whose guards mention only it and taps.
-    let w = target.lanes(c.prec());
+    let mut w = target.lanes(c.prec());
     if w < 2 {
         return None;
     }
-    let ty = VType {
-        prec: c.prec(),
-        lanes: w,
-    };
     let v = loops
         .iter()
         .rev()
@@ -530,6 +526,16 @@ fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Optio
         }
     }
     let (clo, chi) = interior(&ch_guards, ch.index, ch.from, ch.to, &taps)?;
+    // Fewer channels than a vector has lanes (8 floats against AVX-512's 16): the widest
+    // narrower vectors (of 16 bytes at least) that they fill.
+    let min_w = (16 * w / target.vector_bytes.max(16)).max(2);
+    while w > min_w && chi - clo + 1 < w as i64 {
+        w /= 2;
+    }
+    let ty = VType {
+        prec: c.prec(),
+        lanes: w,
+    };
     let nvec = if chi >= clo {
         usize::try_from((chi - clo + 1) / w as i64).ok()?
     } else {
