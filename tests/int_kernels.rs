@@ -495,16 +495,7 @@ fn integer_convolutions_with_padding_are_exact() {
             (1, 2),
         ),
     ];
-    let avx512 = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(true)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let avx512 = avx512_target().int64_mul(true);
     for (spec, xd, wd, yd, sp) in convs {
         for (xp, wp, yp) in [
             (Prec::Int32, Prec::Int32, Prec::Int32),
@@ -555,16 +546,7 @@ fn integer_convolutions_with_padding_are_exact() {
 /// and the reduction into several blocks with edges: always the reference.
 #[test]
 fn the_interpreter_runs_integer_kernels_for_every_target() {
-    let base = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(true)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let base = avx512_target().int64_mul(true);
     let targets = [
         base,
         base.int64_mul(false),

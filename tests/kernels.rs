@@ -165,16 +165,7 @@ fn contractions_in_every_layout_match_the_reference() {
 /// it gives exactly what the compiled code gives.
 #[test]
 fn the_interpreter_runs_the_kernels() {
-    let target = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(false)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let target = avx512_target();
     for c in cases().into_iter().take(4) {
         let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
         let code = arrayjit::lower::lower(&asg).unwrap();
@@ -203,16 +194,7 @@ fn the_interpreter_runs_the_kernels() {
 /// for this machine, exactly the reference sums.
 #[test]
 fn narrow_results_use_narrower_vectors() {
-    let avx512 = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(false)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let avx512 = avx512_target();
     for (n, lanes) in [(8usize, 8usize), (12, 8), (5, 4)] {
         let c = case("ij,jk->ik", &[300, 64], &[64, n], &[300, n]);
         let want = expected(&c, Prec::Single, Prec::Single, true);
@@ -448,16 +430,7 @@ fn half_operands_compute_in_float() {
 /// Run by the interpreter on the optimized code, in single and double precision.
 #[test]
 fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
-    let target = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(false)
-        .l1d_bytes(1 << 10)
-        .l2_bytes(8 << 10)
-        .intrinsics(false);
+    let target = avx512_target().l1d_bytes(1 << 10).l2_bytes(8 << 10);
     let mut cs = cases();
     cs.push(case("ij,jk->ik", &[31, 77], &[77, 300], &[31, 300]));
     cs.push(case("ij,kj->ik", &[30, 45], &[140, 45], &[30, 140]));
@@ -491,16 +464,7 @@ fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
 fn bfloat16_and_fp8_operands_use_the_kernels() {
     let backend = CcBackend::new();
     backend.initialize(Config::default());
-    let target = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(false)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let target = avx512_target();
     for (c, xp, yp, conv) in [
         (
             case("ij,jk->ik", &[33, 40], &[40, 35], &[33, 35]),
@@ -604,16 +568,7 @@ fn same(got: &[f64], want: &[f64]) -> Option<usize> {
 /// skipped (packing zeros for them would give NaN: 0·∞).
 #[test]
 fn convolutions_use_the_kernels_exactly() {
-    let target = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(false)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let target = avx512_target();
     let cases: [ConvCase; 6] = [
         // 600 input channels: several reduction blocks for 9 rows, so the output rows go
         // inside every packed block of the weights (packed once for all of them).
@@ -920,16 +875,7 @@ fn check_tap_case(c: &TapCase) {
         bad.map(|i| got[0][i]),
         bad.map(|i| want[i])
     );
-    let avx512 = VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
-        .bf16_dot(false)
-        .int64_mul(true)
-        .l1d_bytes(48 << 10)
-        .l2_bytes(2 << 20)
-        .intrinsics(false);
+    let avx512 = avx512_target().int64_mul(true);
     let sse2 = avx512
         .isa(Isa::Sse2)
         .vector_bytes(16)

@@ -4,6 +4,7 @@
 use arrayjit::backend::{CcBackend, Config, MergeBuffer, Routine};
 use arrayjit::ir::einsum::projections;
 use arrayjit::ir::*;
+use arrayjit::target::{Isa, VectorTarget};
 
 /// A hosted node with the given values.
 pub fn input(name: &str, dims: &[usize], prec: Prec, values: &[f64]) -> Tnode {
@@ -310,4 +311,20 @@ pub fn with_watchdog(secs: u64, f: impl FnOnce() + Send + 'static) {
             panic!("watchdog: test did not finish in {secs}s")
         }
     }
+}
+
+/// An AVX-512 target as the optimizer sees it (32 registers of 64 bytes, FMA, a 48 KB L1 and
+/// a 2 MB L2 as on Sapphire Rapids, vector extensions, neither bfloat16 dot products nor
+/// `vpmullq`); tests change the fields they vary.
+pub fn avx512_target() -> VectorTarget {
+    VectorTarget::default()
+        .isa(Isa::Avx512)
+        .vector_bytes(64)
+        .registers(32)
+        .fma(true)
+        .bf16_dot(false)
+        .int64_mul(false)
+        .l1d_bytes(48 << 10)
+        .l2_bytes(2 << 20)
+        .intrinsics(false)
 }
