@@ -161,6 +161,26 @@ fn contractions_in_every_layout_match_the_reference() {
     }
 }
 
+/// `asg` optimized for `target` and interpreted from the host values of `nodes`: the
+/// optimized code as text, and the values of `out`.
+fn interpreted(
+    asg: &Assignments,
+    target: VectorTarget,
+    nodes: [&Tnode; 3],
+    out: &Tnode,
+) -> (String, Vec<f64>) {
+    let code = arrayjit::lower::lower(asg).unwrap();
+    let settings = Settings::default().target(Some(target));
+    let o = optimize::optimize("kernel", code, &settings).unwrap();
+    let mut mem = Memory::new();
+    mem.load_from_hosts(nodes);
+    interp::run_optimized(&o, &[], &mut mem).unwrap();
+    (
+        arrayjit::loops::to_doc(&o.code),
+        mem.get(out).unwrap().to_vec(),
+    )
+}
+
 /// The interpreter runs the kernel's vector statements lane by lane: on the optimized code
 /// it gives exactly what the compiled code gives.
 #[test]
@@ -168,19 +188,10 @@ fn the_interpreter_runs_the_kernels() {
     let target = avx512_target();
     for c in cases().into_iter().take(4) {
         let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
-        let code = arrayjit::lower::lower(&asg).unwrap();
-        let settings = Settings::default().target(Some(target));
-        let o = optimize::optimize("kernel", code, &settings).unwrap();
-        assert!(
-            arrayjit::loops::to_doc(&o.code).contains("fma("),
-            "{}",
-            c.spec
-        );
-        let mut mem = Memory::new();
-        mem.load_from_hosts([&x, &y, &out]);
-        interp::run_optimized(&o, &[], &mut mem).unwrap();
+        let (doc, got) = interpreted(&asg, target, [&x, &y, &out], &out);
+        assert!(doc.contains("fma("), "{}", c.spec);
         assert_eq!(
-            mem.get(&out).unwrap(),
+            got.as_slice(),
             expected(&c, Prec::Single, Prec::Single, true).as_slice(),
             "{}",
             c.spec
@@ -199,19 +210,9 @@ fn narrow_results_use_narrower_vectors() {
         let c = case("ij,jk->ik", &[300, 64], &[64, n], &[300, n]);
         let want = expected(&c, Prec::Single, Prec::Single, true);
         let (asg, [x, y, out]) = prog_for(&c, Prec::Single, Prec::Single, Prec::Single, true);
-        let code = arrayjit::lower::lower(&asg).unwrap();
-        let settings = Settings::default().target(Some(avx512));
-        let o = optimize::optimize("narrow", code, &settings).unwrap();
-        let doc = arrayjit::loops::to_doc(&o.code);
+        let (doc, got) = interpreted(&asg, avx512, [&x, &y, &out], &out);
         assert!(doc.contains(&format!("({lanes} lanes)")), "n = {n}:\n{doc}");
-        let mut mem = Memory::new();
-        mem.load_from_hosts([&x, &y, &out]);
-        interp::run_optimized(&o, &[], &mut mem).unwrap();
-        assert_eq!(
-            mem.get(&out).unwrap(),
-            want.as_slice(),
-            "interpreted, n = {n}"
-        );
+        assert_eq!(got.as_slice(), want.as_slice(), "interpreted, n = {n}");
         let (got, src) = compute(&asg, &Bindings::empty(), &[&out]);
         assert!(src.contains("GEMM kernel"), "n = {n}: no kernel\n{src}");
         assert_eq!(got[0], want, "compiled, n = {n}");
@@ -438,16 +439,10 @@ fn kernels_with_tiny_caches_split_columns_and_the_reduction() {
         for prec in [Prec::Single, Prec::Double] {
             for init in [true, false] {
                 let (asg, [x, y, out]) = prog_for(&c, prec, prec, prec, init);
-                let code = arrayjit::lower::lower(&asg).unwrap();
-                let settings = Settings::default().target(Some(target));
-                let o = optimize::optimize("kernel", code, &settings).unwrap();
-                let doc = arrayjit::loops::to_doc(&o.code);
+                let (doc, got) = interpreted(&asg, target, [&x, &y, &out], &out);
                 assert!(doc.contains("fma("), "{}: no kernel\n{doc}", c.spec);
-                let mut mem = Memory::new();
-                mem.load_from_hosts([&x, &y, &out]);
-                interp::run_optimized(&o, &[], &mut mem).unwrap();
                 assert_eq!(
-                    mem.get(&out).unwrap(),
+                    got.as_slice(),
                     expected(&c, prec, prec, init).as_slice(),
                     "{} {prec} init {init}",
                     c.spec
@@ -494,17 +489,9 @@ fn bfloat16_and_fp8_operands_use_the_kernels() {
             c.spec
         );
         assert_eq!(run_and_read(&backend, &r, &[&out])[0], want, "{xp}/{yp}");
-        let settings = Settings::default().target(Some(target));
-        let o = optimize::optimize("k", arrayjit::lower::lower(&asg).unwrap(), &settings).unwrap();
-        assert!(arrayjit::loops::to_doc(&o.code).contains("fma("));
-        let mut mem = Memory::new();
-        mem.load_from_hosts([&x, &y, &out]);
-        interp::run_optimized(&o, &[], &mut mem).unwrap();
-        assert_eq!(
-            mem.get(&out).unwrap(),
-            want.as_slice(),
-            "{xp}/{yp} interpreted"
-        );
+        let (doc, got) = interpreted(&asg, target, [&x, &y, &out], &out);
+        assert!(doc.contains("fma("));
+        assert_eq!(got.as_slice(), want.as_slice(), "{xp}/{yp} interpreted");
     }
 }
 
