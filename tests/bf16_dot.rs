@@ -13,7 +13,7 @@ use arrayjit::compile::{CompilerConfig, Target};
 use arrayjit::interp::{self, Memory};
 use arrayjit::ir::*;
 use arrayjit::optimize::{self, Settings};
-use arrayjit::target::{Isa, VectorTarget};
+use arrayjit::target::VectorTarget;
 use common::*;
 
 /// Whether this machine's compile target (the configuration from the environment, as the
@@ -235,16 +235,10 @@ fn infinities_and_nan_propagate() {
 
 /// A target with the dot products, as the optimizer sees it.
 fn dot_target() -> VectorTarget {
-    VectorTarget::default()
-        .isa(Isa::Avx512)
-        .vector_bytes(64)
-        .registers(32)
-        .fma(true)
+    avx512_target()
         .bf16_dot(true)
-        .int64_mul(false)
         .l1d_bytes(2 << 10)
         .l2_bytes(16 << 10)
-        .intrinsics(false)
 }
 
 /// The assignments and nodes of a case.
