@@ -149,6 +149,16 @@ impl VectorTarget {
         (self.vector_bytes / elem).max(1)
     }
 
+    /// The target with its vectors halved, down to 16 bytes, while a vector (`lanes` of a
+    /// target) has more lanes than `n`: the widest vectors that `n` columns or channels fill
+    /// (AVX-512 has 32 registers of 32 and of 16 bytes as well).
+    pub fn fitting(mut self, n: usize, lanes: impl Fn(&VectorTarget) -> usize) -> VectorTarget {
+        while lanes(&self) > n && self.vector_bytes > 16 {
+            self.vector_bytes /= 2;
+        }
+        self
+    }
+
     /// Lanes of one vector of `bits`-bit integers (16, 32 or 64): the vector width, except that
     /// x86 without AVX2 (SSE2 and AVX) has integer vectors of 16 bytes only; 1 when the target
     /// has no vectors.

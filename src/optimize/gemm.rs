@@ -216,13 +216,9 @@ pub fn rewrite(
         con.split.clear();
     }
     // Results narrower than a vector (8 or 12 columns of floats with AVX-512's 16 lanes) use
-    // the widest narrower vectors that the columns fill: AVX-512 has 32 registers of 32 and
-    // 16 bytes as well (2048×512 times 512×8 took 2.65 ms as a scalar nest, 7 times numpy's).
-    let mut narrowed = *target;
-    while kernel_type(con.c.prec(), &narrowed).lanes > con.n.1 && narrowed.vector_bytes > 16 {
-        narrowed.vector_bytes /= 2;
-    }
-    let target = &narrowed;
+    // narrower vectors (2048×512 times 512×8 took 2.65 ms as a scalar nest, 7 times numpy's).
+    let prec = con.c.prec();
+    let target = &target.fitting(con.n.1, |t| kernel_type(prec, t).lanes);
     let w = kernel_type(con.c.prec(), target).lanes;
     let (m, n, k) = (con.m.1, con.n.1, con.k.1);
     if w < 2 || n < w || m < 2 || k < 4 || m.saturating_mul(n).saturating_mul(k) < MIN_WORK {

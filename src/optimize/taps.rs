@@ -526,12 +526,12 @@ fn build(nest: &Llc, target: &VectorTarget, fill: Option<(Tnode, f64)>) -> Optio
         }
     }
     let (clo, chi) = interior(&ch_guards, ch.index, ch.from, ch.to, &taps)?;
-    // Fewer channels than a vector has lanes (8 floats against AVX-512's 16): the widest
-    // narrower vectors (of 16 bytes at least) that they fill.
-    let min_w = (16 * w / target.vector_bytes.max(16)).max(2);
-    while w > min_w && chi - clo + 1 < w as i64 {
-        w /= 2;
-    }
+    // Fewer channels than a vector has lanes (8 floats against AVX-512's 16): narrower
+    // vectors that they fill.
+    let channels = usize::try_from(chi - clo + 1).unwrap_or(0);
+    w = target
+        .fitting(channels, |t| t.lanes(c.prec()))
+        .lanes(c.prec());
     let ty = VType {
         prec: c.prec(),
         lanes: w,

@@ -62,48 +62,61 @@ fn merge_seq(mut stmts: Vec<Llc>) -> Vec<Llc> {
 /// block, or its loop) that can be merged into it, the index after the reduction and the
 /// statements replacing `stmts[at..that]`.
 fn merge_at(stmts: &[Llc], at: usize) -> Option<(usize, Vec<Llc>)> {
+    // The producing loop: the statement, or the last of its block (after the broadcasts it
+    // reads, say, which stay before it).
+    let a = last_statement(&stmts[at]);
+    if !matches!(a, Llc::For { .. }) {
+        return None;
+    }
     // The statements after the producing loop, up to a loop, or up to and into a block (a
     // reduction's block: its initial values, its loop, the combination).
-    let mut after: Vec<Llc> = vec![];
+    let mut after: Vec<&Llc> = vec![];
     let mut end = at + 1;
     while end < stmts.len() {
         let c = &stmts[end];
         end += 1;
         match c {
             Llc::Seq(inner) => {
-                after.extend(inner.iter().cloned());
+                after.extend(inner);
                 break;
             }
             Llc::For { .. } => {
-                after.push(c.clone());
+                after.push(c);
                 break;
             }
-            c => after.push(c.clone()),
+            c => after.push(c),
         }
     }
-    // The producing loop, alone or last in a block of its own (after the broadcasts it
-    // reads, say), which stays before it.
-    let mut own = match &stmts[at] {
-        c @ Llc::For { .. } => vec![c.clone()],
-        Llc::Seq(v) => Llc::Seq(v.clone()).flatten(),
-        _ => return None,
+    let (k, merged) = merge_with(a, &after)?;
+    let mut out = match &stmts[at] {
+        c @ Llc::Seq(_) => {
+            let mut own = c.clone().flatten();
+            own.pop();
+            own
+        }
+        _ => vec![],
     };
-    let a = own.pop()?;
-    let (k, merged) = merge_with(&a, &after)?;
+    out.extend(merged);
     // The statements of `after` past the reduction loop stay after it, in a block when they
     // came from one.
-    let rest: Vec<Llc> = after[k + 1..].to_vec();
-    let mut out = own;
-    out.extend(merged);
+    let rest: Vec<Llc> = after[k + 1..].iter().map(|c| (*c).clone()).collect();
     if !rest.is_empty() {
         out.push(Llc::Seq(rest));
     }
     Some((end, out))
 }
 
+/// The last statement of `c`, inside its trailing blocks.
+fn last_statement(c: &Llc) -> &Llc {
+    match c {
+        Llc::Seq(v) => v.last().map_or(c, last_statement),
+        c => c,
+    }
+}
+
 /// Merges the reduction loop `after[k]` (after movable statements `after[..k]`) into the
 /// producing loop `a`: `k` and the statements replacing `a` and `after[..=k]`.
-fn merge_with(a: &Llc, after: &[Llc]) -> Option<(usize, Vec<Llc>)> {
+fn merge_with(a: &Llc, after: &[&Llc]) -> Option<(usize, Vec<Llc>)> {
     let Llc::For {
         index: ja,
         from: 0,
@@ -121,7 +134,7 @@ fn merge_with(a: &Llc, after: &[Llc]) -> Option<(usize, Vec<Llc>)> {
     // The statements that can move before the producing loop.
     let mut k = 0;
     while k < after.len() {
-        let c = &after[k];
+        let c = after[k];
         let apart = !reads_any(c, &written) && !registers(c).iter().any(|r| a_regs.contains(r));
         let movable = match c {
             Llc::Set { tn, .. } => apart && !touches(tn),
@@ -181,7 +194,7 @@ fn merge_with(a: &Llc, after: &[Llc]) -> Option<(usize, Vec<Llc>)> {
     }
     let mut body = group;
     body.extend(b_stmts);
-    let mut out: Vec<Llc> = after[..k].to_vec();
+    let mut out: Vec<Llc> = after[..k].iter().map(|c| (*c).clone()).collect();
     out.push(Llc::For {
         index: *jb,
         from: 0,
@@ -197,17 +210,20 @@ fn merge_with(a: &Llc, after: &[Llc]) -> Option<(usize, Vec<Llc>)> {
 /// statement (a kernel's stores of its registers, say).
 #[allow(clippy::type_complexity)]
 fn stores(body: &Llc) -> Option<Vec<(Tnode, (Vec<AxisIndex>, usize))>> {
-    let mut out = vec![];
-    for c in body.clone().flatten() {
-        match c {
-            Llc::VStore { tn, idcs, value } if !matches!(value, Vlv::Reg(_)) => {
-                let lanes = vector_lanes(&value)?;
-                out.push((tn, (idcs, lanes)));
+    match body {
+        Llc::Seq(v) => {
+            let mut out = vec![];
+            for c in v {
+                out.extend(stores(c)?);
             }
-            _ => return None,
+            Some(out)
         }
+        Llc::Noop => Some(vec![]),
+        Llc::VStore { tn, idcs, value } if !matches!(value, Vlv::Reg(_)) => {
+            Some(vec![(tn.clone(), (idcs.clone(), vector_lanes(value)?))])
+        }
+        _ => None,
     }
-    Some(out)
 }
 
 /// Whether `c` is an accumulation `r = r ⊕ e` into a vector register that `e` does not read,
