@@ -601,7 +601,8 @@ fn the_evaluation_sees_the_trained_parameters() {
 }
 
 /// `Devices::Auto`: the cost model keeps a tiny step on one device, spreads a large one over
-/// the cores; `Report::step_work` counts the points of the gradient code's statements.
+/// the cores, but not over a core another process keeps busy; `Report::step_work` counts the
+/// points of the gradient code's statements.
 #[test]
 fn auto_devices_follow_the_cost_model_of_a_step() {
     with_watchdog(300, || {
@@ -644,7 +645,8 @@ fn auto_devices_follow_the_cost_model_of_a_step() {
                 ]))
             })
             .update(Update::sgd(LearningRate::Constant(0.0)));
-        let settings = Settings::new(big_batch, 1);
+        // Without looking at the machine's load (other processes may run beside the tests).
+        let settings = Settings::new(big_batch, 1).watch_load(false);
         let cores = b.num_physical_devices();
         let n = parallel::devices_for(&b, &big, &settings).unwrap();
         assert!(big_batch.is_multiple_of(n));
@@ -652,6 +654,18 @@ fn auto_devices_follow_the_cost_model_of_a_step() {
             assert!(n >= 2 && n <= cores, "{n} devices on {cores} cores");
         } else {
             assert_eq!(n, 1);
+        }
+        // On 2 cores, one of them kept busy by another process: one device.
+        if cores == 2 {
+            let mut busy = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let watching = parallel::devices_for(&b, &big, &settings.clone().watch_load(true));
+            busy.kill().unwrap();
+            busy.wait().unwrap();
+            assert_eq!(watching.unwrap(), 1);
         }
         // The sync backend runs every device on one thread: one device.
         assert_eq!(

@@ -4,24 +4,27 @@
 use crate::ir::Assignments;
 
 /// Nanoseconds per cell operation (a loop iteration of a product space) of vectorized code
-/// on one core. Measured on the default moons job on a 2-core AMD EPYC VM (AVX2, 6 December
-/// 2026, `taskset -c 0`, 100 epochs): a step of 120 samples (122,000 cell operations) took
-/// 6.0 µs and one of 60 samples 3.4 µs, 0.043 ns per operation. (The big moons job's step,
-/// 410 million operations, runs its products in packed GEMM kernels, faster per operation;
-/// the model only has to rank device counts.)
-pub(crate) const CELL_NS: f64 = 0.045;
+/// on one core. Measured with the default moons job on a 2-core Intel Sapphire Rapids VM
+/// (AVX-512, 7 December 2026, `--devices 1`, 3 interleaved rounds): a step of 120 samples
+/// (122,000 cell operations) took 4.56 µs and one of 60 samples 2.3 µs, 0.037 ns per
+/// operation. (On the 2-core AMD EPYC VM of earlier measurements, AVX2: 6.0 and 3.4 µs,
+/// 0.043 ns. The big moons job's step, 410 million operations, runs its products in packed
+/// GEMM kernels, faster per operation; the model only has to rank device counts.)
+pub(crate) const CELL_NS: f64 = 0.037;
 
 /// Nanoseconds a step costs a device whatever it computes: its routine runs (entering the
-/// generated code, locking its buffers), the intercept of the measurements above (0.7 µs).
-pub(crate) const RUN_NS: f64 = 700.0;
+/// generated code, locking its buffers), the intercept of the measurements above (0.05 µs
+/// on Sapphire Rapids, 0.7 µs on the AMD VM).
+pub(crate) const RUN_NS: f64 = 100.0;
 
 /// Nanoseconds each level of the sum of the gradients over devices costs: a transfer, a
 /// merge routine and the wait for the device merged from, the lockstep between devices
-/// included. Measured as above: two devices of 60 samples each took 6.1 µs a step, where
-/// one device of 60 took 3.4 µs, so the level cost 2.7 µs. (The instrumented step: a
-/// device's gradient ran 1 µs longer beside the other device than alone, its wait took
-/// 0.3-0.6 µs, the merge and update 1.0-1.2 µs.) A step must save more than this to be split.
-pub(crate) const LEVEL_NS: f64 = 3_000.0;
+/// included. Measured as above: two devices of 60 samples each took 3.2 µs a step, where
+/// one device of 60 took 2.3 µs, so the level cost 0.9 µs. (On the AMD VM it cost 2.7 µs:
+/// 6.1 against 3.4 µs. With that machine's figures the default moons job stays on one
+/// device; with these it takes two, which ran 1.40× one device on the quiet Sapphire Rapids
+/// VM.) A step must save more than this to be split.
+pub(crate) const LEVEL_NS: f64 = 900.0;
 
 /// The work of `code` in cell operations: for every statement, the number of points of its
 /// product space (the loop iterations it runs; a fetch or a gather counts the cells it
@@ -87,17 +90,18 @@ mod tests {
     #[test]
     fn a_tiny_step_stays_on_one_device_and_a_large_one_spreads() {
         let all = [1, 2, 3, 4, 6, 8];
-        // 20,000 cell operations: 1.6 µs on one core; a second core would save 0.45 µs and
-        // cost a level of merges of 3 µs.
+        // 20,000 cell operations: 0.84 µs on one core; a second core would save 0.37 µs and
+        // cost a level of merges of 0.9 µs.
         assert_eq!(best_devices(20_000, None, 2, &all), Some(1));
-        // The default moons job: 122,000 operations, 6.2 µs on one core; two would take
-        // 3.4 µs and a 3 µs level of merges: one device.
-        assert_eq!(best_devices(122_000, None, 2, &all), Some(1));
-        // Ten times more: 56 µs on one core, 31 µs on two.
-        assert_eq!(best_devices(1_220_000, None, 2, &all), Some(2));
-        // On 8 cores, 4 devices: 3 levels of merges would cost more than 8 devices save.
+        // The default moons job: 122,000 operations, 4.6 µs on one core; two would take
+        // 2.4 µs and a 0.9 µs level of merges: two devices.
+        assert_eq!(best_devices(122_000, None, 2, &all), Some(2));
+        // The same on one free core (the other busy): one device.
+        assert_eq!(best_devices(122_000, None, 1, &all), Some(1));
+        // On 8 cores, 4 devices: a third level of merges would cost more than 8 devices save
+        // (150,000 operations: 3.3 µs on 4 devices, 3.5 µs on 8).
         let eight = [1, 2, 3, 4, 5, 6, 8];
-        assert_eq!(best_devices(600_000, None, 8, &eight), Some(4));
+        assert_eq!(best_devices(150_000, None, 8, &eight), Some(4));
         // A big step on 2 cores: 2 devices; more devices than cores only add merges.
         assert_eq!(best_devices(400_000_000, None, 2, &all), Some(2));
         // On 8 cores, 8 devices.

@@ -11,12 +11,14 @@ use crate::ir::{Assignments, Prec, Tnode};
 /// The number of devices [`Devices::Auto`] picks: one per rank on the MPI backend; else
 /// among the counts up to the backend's physical devices times its suggested virtual
 /// devices that divide the batch (or, with shards, the shards), the one the cost model says
-/// makes a step fastest.
+/// makes a step fastest. When that is more than one and `watch_load` is set, the cores other
+/// processes keep busy now are taken from the backend's, and the model asked again.
 fn auto_devices(
     backend: &dyn Backend,
     batch: usize,
     shards: Option<usize>,
     work: u64,
+    watch_load: bool,
 ) -> Result<usize> {
     let ranks = backend.num_ranks().max(1);
     if ranks > 1 {
@@ -29,7 +31,12 @@ fn auto_devices(
     let candidates: Vec<usize> = (1..=most.min(parts))
         .filter(|d| parts.is_multiple_of(*d))
         .collect();
-    Ok(cost::best_devices(work, shards, queues, &candidates).unwrap_or(1))
+    let best = cost::best_devices(work, shards, queues, &candidates).unwrap_or(1);
+    if best == 1 || !watch_load {
+        return Ok(best);
+    }
+    let free = queues.saturating_sub(super::load::busy_elsewhere()).max(1);
+    Ok(cost::best_devices(work, shards, free, &candidates).unwrap_or(1))
 }
 
 /// The model and settings, checked.
@@ -218,7 +225,9 @@ impl<'m, 'a> Job<'m, 'a> {
         };
         let n_dev = match settings.devices {
             Devices::Count(n) => n,
-            Devices::Auto => auto_devices(backend, self.batch, shards, step_work)?,
+            Devices::Auto => {
+                auto_devices(backend, self.batch, shards, step_work, settings.watch_load)?
+            }
         };
         if n_dev == 0 {
             return Err(Error::Invalid {

@@ -163,17 +163,24 @@
 //! [`Devices::Count`] fixes the number. [`Devices::Auto`] (the default) picks it with a cost
 //! model of a step: the *work* of the gradient code on the whole batch is the number of
 //! points of its statements' product spaces (loop iterations, [`Report::step_work`]), at
-//! 0.045 ns each (vectorized code on one core); a device's routine runs cost 0.7 µs a
+//! 0.037 ns each (vectorized code on one core); a device's routine runs cost 0.1 µs a
 //! step more; `N` devices on `P` cores (queues) run `⌈N / P⌉` devices one after another per
-//! core, each doing `1/N` of the work; and adding the gradients up costs 3 µs per level of
+//! core, each doing `1/N` of the work; and adding the gradients up costs 0.9 µs per level of
 //! the tree, `⌈log2 N⌉` levels (a transfer, a merge and the lockstep wait between devices;
-//! the constants were measured on the default moons job, see `src/parallel/cost.rs`).
-//! Among the counts up to the backend's suggested devices that divide the batch (with
-//! shards: the shards), `Auto` takes the fastest estimate, a larger count only if it is at
-//! least 5 % faster. So a step of less than about 7 µs stays on one device (a second core
-//! would save less than the merge costs): the default moons job's step of about 6 µs does,
-//! and a step of milliseconds goes on every core. On the MPI backend `Auto` is
-//! one device per rank.
+//! the constants were measured on the default moons job on a Sapphire Rapids VM, see
+//! `src/parallel/cost.rs`). Among the counts up to the backend's suggested devices that
+//! divide the batch (with shards: the shards), `Auto` takes the fastest estimate, a larger
+//! count only if it is at least 5 % faster. So a step of less than about 2 µs stays on one
+//! device (a second core would save less than the merge costs), and the default moons
+//! job's step of about 4.6 µs and a step of milliseconds go on every core.
+//!
+//! Devices in lockstep wait for the slowest, and a device whose core another process keeps
+//! busy gets about half of it. So when the model picks more than one device,
+//! [`Settings::watch_load`] (on by default) looks at the run queue for about 20 ms: the
+//! other processes' threads that are runnable in most of 16 looks (from `/proc/loadavg`,
+//! less this process's runnable threads) are cores taken, and the model is asked again with
+//! the rest. Beside one busy process on a 2-core machine, the default moons job stays on one
+//! device. On the MPI backend `Auto` is one device per rank.
 //!
 //! # Errors
 //!
@@ -190,6 +197,7 @@
 mod cost;
 mod host;
 mod job;
+mod load;
 mod model;
 mod plan;
 mod programs;

@@ -118,6 +118,10 @@ pub struct Settings {
     /// The seed of the order of the batches, shuffled per epoch; `None` (the default): in
     /// order.
     pub shuffle: Option<u64>,
+    /// Whether [`Devices::Auto`] leaves out the cores other processes keep busy when it
+    /// starts (`true`, the default; see the [module documentation](super#how-many-devices)).
+    /// `false` makes its choice depend on the step and the backend only.
+    pub watch_load: bool,
 }
 
 impl Settings {
@@ -131,6 +135,7 @@ impl Settings {
             schedule: Schedule::Auto,
             merge: MergeBufferUse::Streaming,
             shuffle: None,
+            watch_load: true,
         }
     }
 
@@ -167,6 +172,12 @@ impl Settings {
     /// Sets [`shuffle`](Settings::shuffle).
     pub fn shuffle(mut self, seed: Option<u64>) -> Settings {
         self.shuffle = seed;
+        self
+    }
+
+    /// Sets [`watch_load`](Settings::watch_load).
+    pub fn watch_load(mut self, watch: bool) -> Settings {
+        self.watch_load = watch;
         self
     }
 }
