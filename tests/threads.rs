@@ -489,7 +489,12 @@ fn plain_product(
 
 /// A 3×3 convolution with padding 1, 1×28×28×`ci` → `co` channels.
 fn convolution(ci: usize, co: usize) -> Case {
-    let (h, w) = (28, 28);
+    convolution_of(28, ci, co)
+}
+
+/// A 3×3 convolution (padding 1) of a `hw`×`hw` image of `ci` channels into `co` channels.
+fn convolution_of(hw: usize, ci: usize, co: usize) -> Case {
+    let (h, w) = (hw, hw);
     let p = Prec::Single;
     let (xv, wv) = (values(h * w * ci, 12), values(9 * ci * co, 13));
     let x = input("x", &[1, h, w, ci], p, &xv);
@@ -701,6 +706,37 @@ fn a_convolution_packs_its_weights_once_per_core() {
             "regions over {parts:?} iterations\n{}",
             arrayjit::loops::to_doc(&o.code)
         );
+        assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
+    }
+    for (w, g) in case.want[0].iter().zip(&single[0]) {
+        assert!(
+            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
+            "{g} vs {w}"
+        );
+    }
+}
+
+/// A convolution with few output rows and many channels (7×7, 512 → 128: 7 rows of 7
+/// pixels, 2 reduction blocks of 256 channels, 8 column panels of 16 on 32-byte vectors)
+/// splits its columns instead of its rows: one region around all the taps and blocks, over
+/// 2 parts of 4 panels for 3 cores (3 does not divide 8), each packing its own weights.
+/// Splitting the 7 rows made a region per tap and block. On 1, 2 and 3 threads the same bits
+/// as on one core (no parts), which are close to the plain loops' values.
+#[test]
+fn a_convolution_with_few_rows_splits_its_columns() {
+    let case = convolution_of(7, 512, 128);
+    let (single, _, src1) = run_on(&jit_for_cores(1, 1), 1, &case);
+    assert!(!src1.contains("column parts"), "{src1}");
+    for threads in [1, 2, 3] {
+        let (got, o, src) = run_on(&jit_for_cores(3, threads), threads, &case);
+        let mut parts = vec![];
+        visit_llc(&o.code, &mut |c| {
+            if let Llc::Parallel(p) = c {
+                parts.push(p.to - p.from + 1);
+            }
+        });
+        assert_eq!(parts, [2], "{}", arrayjit::loops::to_doc(&o.code));
+        assert!(src.contains("in 2 column parts of 4 panels"), "{src}");
         assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
     }
     for (w, g) in case.want[0].iter().zip(&single[0]) {

@@ -4,7 +4,7 @@
 //! no thread is started per run.
 //!
 //! A region ([`crate::loops::ParallelLoop`]) reaches the team through the generated code's
-//! `aj_parallel` (runtime header), which calls [`AjTeam::run`] with a chunk function and the
+//! `aj_parallel` (runtime header), which calls `AjTeam::run` with a chunk function and the
 //! loop's range. The range is cut into chunks (at least the region's grain, about four per
 //! thread), the chunks into one contiguous share per thread, and each thread **claims the
 //! chunks of its own share first, then those left in the others'** (an atomic counter per
@@ -30,7 +30,7 @@
 //! neighbour when it has work (the big moons job on one device beside a busy process fell
 //! from 186k to 18k samples/s with plain 5 ms spins).
 //!
-//! Helpers are pinned to cores when the team is given cores ([`Team::set_cores`]). The caller
+//! Helpers are pinned to cores when the team is given cores (`Team::set_cores`). The caller
 //! need not be pinned (the no-device backend's caller is the user's thread): when a region
 //! starts on the core of one of the helpers, that helper moves to the caller's own core
 //! before it is woken. Otherwise it would wake on the core the caller occupies and wait there

@@ -129,7 +129,7 @@ pub enum Llc {
 }
 
 /// A loop whose iterations are independent (found by the optimizer's parallel pass,
-/// [`crate::optimize`], and checked by [`verify`]): each iteration writes only cells that no
+/// [`crate::optimize`], and checked by `verify`): each iteration writes only cells that no
 /// other iteration reads or writes, except the cells of its `private` local arrays, which
 /// every iteration writes before it reads them and nothing after the loop reads; the vector
 /// variables it uses are its own and assigned before they are read. So its iterations may run
