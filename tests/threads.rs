@@ -747,6 +747,38 @@ fn a_convolution_with_few_rows_splits_its_columns() {
     }
 }
 
+/// A convolution whose result exceeds half the L2 (56×56×32 floats, 401 KB, on a target of
+/// 512 KiB of L2) adds every tap into a block of output rows before the next block, instead
+/// of adding each tap into all of the result: one region, over a part of the rows per core,
+/// with the taps inside. The same bits on 1, 2 and 3 threads as with a large L2 on one core
+/// (the taps outside): each cell's sum runs in the same order.
+#[test]
+fn a_convolution_larger_than_the_l2_adds_its_taps_block_by_block() {
+    let case = convolution_of(56, 32, 32);
+    let (single, o1, _) = run_on(&jit_for(1, 1, 4 << 20), 1, &case);
+    for threads in [1, 2, 3] {
+        let (got, o, _) = run_on(&jit_for(3, threads, 512 << 10), threads, &case);
+        let mut parts = vec![];
+        visit_llc(&o.code, &mut |c| {
+            if let Llc::Parallel(p) = c {
+                parts.push(p.to - p.from + 1);
+            }
+        });
+        assert_eq!(parts, [3], "{}", arrayjit::loops::to_doc(&o.code));
+        assert_ne!(
+            arrayjit::loops::to_doc(&o.code),
+            arrayjit::loops::to_doc(&o1.code)
+        );
+        assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
+    }
+    for (w, g) in case.want[0].iter().zip(&single[0]) {
+        assert!(
+            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
+            "{g} vs {w}"
+        );
+    }
+}
+
 /// Whether every statement of `c` writes a tensor whose label has `part`.
 fn writes_only(c: &Llc, part: &str) -> bool {
     let mut all = true;

@@ -1146,6 +1146,29 @@ fn build(
     let (inner, outer): (Vec<&Loop>, Vec<&Loop>) =
         con.outer.iter().partition(|l| !mentions(&con.y, l.index));
     let whole_y = k == b.kc && matches!(runs(n, &b).as_slice(), [(None, _)]);
+    if whole_y && !zero_fill_folded && !inner.is_empty() && !outer.is_empty() {
+        if let Some(rows) = RowBlocks::new(&inner, m * n * con.c.prec().size_in_bytes(), target) {
+            let mut bodies = vec![];
+            for spec in specs {
+                let g = Gen {
+                    con: spec,
+                    b,
+                    bufs: bufs.clone(),
+                };
+                let [(None, run)] = runs(n, &b)[..] else {
+                    return None;
+                };
+                let blk = Block {
+                    kb: AxisIndex::Fixed(0),
+                    len: k,
+                };
+                let body = g.guarded_row_panels(&run, blk, Mode::Accumulate)?;
+                bodies.push((g.pack_b(&run, blk)?, body));
+            }
+            stmts.push(rows.build(&outer, bodies)?);
+            return Some(Llc::Seq(stmts));
+        }
+    }
     if whole_y && !zero_fill_folded && !inner.is_empty() {
         for spec in specs {
             let g = Gen {
@@ -1370,6 +1393,106 @@ impl Parts<'_> {
             self.count - 1,
             Llc::Seq(vec![pack, Llc::for_loop(step, 0, self.chunk - 1, inner)]),
         ))
+    }
+}
+
+/// The outer loops that do not move `y` (`inner`: a convolution's output rows) cut into
+/// blocks whose cells of `c` fit in an eighth of the L2, with the loops that move `y` (the
+/// taps) inside each block: every tap's `y` is packed again for each block, but the block's
+/// cells of `c` stay in cache while all the taps add into them. Used when `y` is packed
+/// whole and the cells of `c` the inner loops span exceed half the L2: with the taps
+/// outside (the inner loops inside a packing of each tap's `y`), every tap then read and
+/// wrote all of `c` from memory. A 1×112×112×32→64 3×3 convolution (3.2 MB of `c`) took
+/// 4.04 ms on one thread of the Sapphire Rapids VM (2 MB of L2) that way, and 3.1 ms in
+/// blocks of 9 rows (2.05 and 1.7 ms on two threads); blocks of a half, a quarter, a
+/// sixteenth of the L2 or of one row were within the noise of it. Lowering the threshold
+/// to a sixteenth of the L2 changed nothing measurable on the other convolutions of
+/// `benches/peers/shapes.py`, so it stays at half.
+///
+/// With several cores and enough rows, the outermost inner loop is first cut into one
+/// contiguous part per core (as [`Parts`]), the parts' loop outermost: one region, each
+/// thread packing for itself.
+struct RowBlocks<'l> {
+    first: &'l Loop,
+    rest: &'l [&'l Loop],
+    /// Iterations of `first`: in all, per part, per block; the number of parts (1: none).
+    trips: i64,
+    chunk: i64,
+    block: i64,
+    count: i64,
+}
+
+impl<'l> RowBlocks<'l> {
+    /// The blocks for `inner` when its cells of `c` exceed half the L2, each iteration of
+    /// the innermost of them spanning `row_bytes` of `c`.
+    fn new(inner: &'l [&'l Loop], row_bytes: usize, target: &VectorTarget) -> Option<Self> {
+        let (first, rest) = inner.split_first()?;
+        let trips = first.to - first.from + 1;
+        let per_first = rest
+            .iter()
+            .map(|l| (l.to - l.from + 1).max(1) as usize)
+            .product::<usize>()
+            .saturating_mul(row_bytes);
+        let all = per_first.saturating_mul(trips.max(1) as usize);
+        if trips < 2 || all <= target.l2_bytes / 2 {
+            return None;
+        }
+        let (chunk, count) = match parts(inner, target.cores) {
+            Some(p) => (p.chunk, p.count),
+            None => (trips, 1),
+        };
+        let most = ((target.l2_bytes / 8) / per_first.max(1)).max(1) as i64;
+        let blocks = (chunk + most - 1) / most;
+        let block = (chunk + blocks - 1) / blocks;
+        Some(RowBlocks {
+            first,
+            rest,
+            trips,
+            chunk,
+            block,
+            count,
+        })
+    }
+
+    /// `for part { for block { outer { for spec: pack; for the block's rows { rows } } } }`
+    /// for `bodies`, the packing and the rows of each specialization.
+    fn build(&self, outer: &[&Loop], bodies: Vec<(Llc, Llc)>) -> Option<Llc> {
+        let (part, blk) = (Symbol::fresh(), Symbol::fresh());
+        let blocks = (self.chunk + self.block - 1) / self.block;
+        let mut specs = vec![];
+        for (pack, rows) in bodies {
+            let step = Symbol::fresh();
+            let mut terms = vec![(blk, self.block as usize), (step, 1)];
+            // Guards: the row within the part, and within all (when they do not divide).
+            let mut guards = vec![];
+            if blocks * self.block != self.chunk {
+                guards.push((AxisIndex::affine(&terms, 0)?, self.chunk as usize));
+            }
+            if self.count > 1 {
+                terms.push((part, self.chunk as usize));
+            }
+            if self.chunk * self.count != self.trips {
+                guards.push((AxisIndex::affine(&terms, 0)?, self.trips as usize));
+            }
+            let at = AxisIndex::affine(&terms, self.first.from)?;
+            let mut rows = crate::loops::map_indices(&wrap(self.rest, rows), &mut |ix| {
+                ix.substitute(self.first.index, at)
+            })?;
+            if !guards.is_empty() {
+                rows = Llc::If {
+                    guards,
+                    body: Box::new(rows),
+                };
+            }
+            specs.push(pack);
+            specs.push(Llc::for_loop(step, 0, self.block - 1, rows));
+        }
+        let code = Llc::for_loop(blk, 0, blocks - 1, wrap(outer, Llc::Seq(specs)));
+        Some(if self.count > 1 {
+            Llc::for_loop(part, 0, self.count - 1, code)
+        } else {
+            code
+        })
     }
 }
 
