@@ -17,11 +17,11 @@ mod walk;
 pub use deps::{analyze, check_parallel, parallel_work, Accumulator, Independence, Regions};
 pub use print::to_doc;
 pub use verify::verify;
-pub(crate) use walk::visit_vlv;
 pub use walk::{
     map_block, map_body, map_indices, map_value_indices, visit_indices, visit_llc, visit_reads,
     visit_value, visit_value_indices, visit_values, visit_vectors,
 };
+pub(crate) use walk::{rename, visit_vlv};
 
 use crate::ir::{AxisIndex, Binop, Prec, Symbol, Ternop, Tnode, Unop};
 

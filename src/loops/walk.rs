@@ -400,3 +400,114 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
         },
     })
 }
+
+/// `c` with the local arrays of `nodes` (`(from, to)` pairs) and the vector variables of
+/// `regs` (by id) replaced by their counterparts, everything else as it is: a copy of a loop
+/// body working on its own scratch arrays and registers. `None` for code this does not
+/// rename: scalar locals (`SetLocal`, local scopes) and parallel regions.
+pub(crate) fn rename(
+    c: &Llc,
+    nodes: &[(Tnode, Tnode)],
+    regs: &std::collections::HashMap<u32, super::VReg>,
+) -> Option<Llc> {
+    let node = |t: &Tnode| {
+        nodes
+            .iter()
+            .find(|(from, _)| from == t)
+            .map_or_else(|| t.clone(), |(_, to)| to.clone())
+    };
+    let reg = |r: &super::VReg| regs.get(&r.id).copied().unwrap_or(*r);
+    fn value(v: &Llv, node: &impl Fn(&Tnode) -> Tnode) -> Option<Llv> {
+        Some(match v {
+            Llv::Get(t, i) => Llv::Get(node(t), i.clone()),
+            Llv::GetMergeBuffer(t, i) => Llv::GetMergeBuffer(node(t), i.clone()),
+            Llv::Binop(op, a, b) => {
+                Llv::Binop(*op, Box::new(value(a, node)?), Box::new(value(b, node)?))
+            }
+            Llv::Unop(op, a) => Llv::Unop(*op, Box::new(value(a, node)?)),
+            Llv::Ternop(op, a, b, c) => Llv::Ternop(
+                *op,
+                Box::new(value(a, node)?),
+                Box::new(value(b, node)?),
+                Box::new(value(c, node)?),
+            ),
+            Llv::LocalScope { .. } | Llv::GetLocal(_) => return None,
+            v @ (Llv::EmbedIndex(_)
+            | Llv::Random { .. }
+            | Llv::GetCFunction(_)
+            | Llv::Constant(_)) => v.clone(),
+        })
+    }
+    fn vector(
+        v: &Vlv,
+        node: &impl Fn(&Tnode) -> Tnode,
+        reg: &impl Fn(&super::VReg) -> super::VReg,
+    ) -> Option<Vlv> {
+        let go = |v: &Vlv| vector(v, node, reg).map(Box::new);
+        Some(match v {
+            Vlv::Reg(r) => Vlv::Reg(reg(r)),
+            Vlv::Zero(t) => Vlv::Zero(*t),
+            Vlv::Splat(t, x) => Vlv::Splat(*t, Box::new(value(x, node)?)),
+            Vlv::Load(t, tn, i) => Vlv::Load(*t, node(tn), i.clone()),
+            Vlv::Fma(a, b, c) => Vlv::Fma(go(a)?, go(b)?, go(c)?),
+            Vlv::Binop(op, a, b) => Vlv::Binop(*op, go(a)?, go(b)?),
+            Vlv::Shuffle(a, b, idx) => Vlv::Shuffle(go(a)?, go(b)?, idx.clone()),
+            Vlv::Repeat(a, times) => Vlv::Repeat(go(a)?, *times),
+            Vlv::Unop(op, a) => Vlv::Unop(*op, go(a)?),
+            Vlv::Ternop(op, a, b, c) => Vlv::Ternop(*op, go(a)?, go(b)?, go(c)?),
+            Vlv::DotPairs(a, b, c) => Vlv::DotPairs(go(a)?, go(b)?, go(c)?),
+        })
+    }
+    Some(match c {
+        Llc::Seq(v) => Llc::Seq(
+            v.iter()
+                .map(|c| rename(c, nodes, regs))
+                .collect::<Option<_>>()?,
+        ),
+        Llc::For { .. } | Llc::If { .. } | Llc::Lookup { .. } => {
+            let c = match c {
+                Llc::Lookup {
+                    symbol,
+                    tn,
+                    idcs,
+                    extent,
+                    body,
+                } => Llc::Lookup {
+                    symbol: *symbol,
+                    tn: node(tn),
+                    idcs: idcs.clone(),
+                    extent: *extent,
+                    body: body.clone(),
+                },
+                c => c.clone(),
+            };
+            let mut ok = true;
+            let out = map_body(c, |b| {
+                rename(&b, nodes, regs).unwrap_or_else(|| {
+                    ok = false;
+                    b
+                })
+            });
+            ok.then_some(out)?
+        }
+        Llc::Parallel(_) | Llc::SetLocal(..) => return None,
+        Llc::Set { tn, idcs, value: v } => Llc::Set {
+            tn: node(tn),
+            idcs: idcs.clone(),
+            value: value(v, &node)?,
+        },
+        Llc::VSet(r, v) => Llc::VSet(reg(r), vector(v, &node, &reg)?),
+        Llc::VStore { tn, idcs, value: v } => Llc::VStore {
+            tn: node(tn),
+            idcs: idcs.clone(),
+            value: vector(v, &node, &reg)?,
+        },
+        Llc::ZeroOut(t) => Llc::ZeroOut(node(t)),
+        Llc::Prefetch { tn, offset, write } => Llc::Prefetch {
+            tn: node(tn),
+            offset: *offset,
+            write: *write,
+        },
+        c @ (Llc::Noop | Llc::Comment(_)) => c.clone(),
+    })
+}

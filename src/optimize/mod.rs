@@ -3,6 +3,7 @@
 
 mod fuse;
 mod gemm;
+mod interleave;
 mod loops;
 mod parallel;
 mod prefetch;
@@ -340,6 +341,30 @@ pub fn optimize_with(
             let p = prefetch::prefetch(code, &is_local, &t);
             verify("prefetch", &p)?;
             p
+        }
+        _ => code,
+    };
+    // Short row loops interleaved, on the loops as the passes before left them.
+    let code = match settings.target {
+        Some(t) if settings.enabled && settings.loop_opts && t.vector_bytes >= 16 => {
+            let local_set: std::collections::HashSet<Tnode> = nodes
+                .iter()
+                .filter(|(_, m)| *m == MemoryMode::Local)
+                .map(|(t, _)| t.clone())
+                .collect();
+            let i = interleave::interleave(code, &local_set, &t);
+            verify("interleave", &i.code)?;
+            for (copy, original) in i.locals {
+                let made_by = copy
+                    .declared_memory_mode()
+                    .map_or(provenance::KERNEL, |(_, p)| p);
+                modes.refine(&copy, MemoryMode::Local, made_by)?;
+                if written_first.contains(&original) {
+                    written_first.push(copy.clone());
+                }
+                nodes.push((copy, MemoryMode::Local));
+            }
+            i.code
         }
         _ => code,
     };
