@@ -550,10 +550,11 @@ typedef int64_t aj_mask_i64x8 __attribute__((vector_size(64)));
  * a mask register issue on one port only; a softmax's max over rows of 1000 floats spent 8.1
  * cycles per 32 floats in llvm-mca's Ice Lake server model, 4.0 so): vmaxps(x, acc) is x
  * where x > acc and acc otherwise (x NaN, or x == acc), exact but for zeros of both signs;
- * where x == acc, the AND of the two gives the +0 of +0 and -0 (and x itself otherwise).
- * vminps and the OR likewise (-0). The builtins are those of GCC's and Clang's own
- * _mm512_max_ps, _mm512_cmp_ps_mask and _mm512_mask_blend_epi32 (each compiler spells them
- * differently); AJ_VSEL512(w, k, a, b) is k ? a : b lane by lane. */
+ * where x == acc, a masked AND of the two gives the +0 of +0 and -0 (and x itself
+ * otherwise). vminps and the OR likewise (-0). Three instructions (vmaxps, vcmpps into a
+ * mask, a masked vpandd), with GCC 12 and Clang 14 alike; a blend of x and all-ones before
+ * an AND took four. The builtins are those of GCC's and Clang's own _mm512_max_ps,
+ * _mm512_cmp_ps_mask and _mm512_mask_and_epi32 (each compiler spells them differently). */
 #if defined(__AVX512F__)
 typedef float aj_acc_f32x16 __attribute__((vector_size(64)));
 typedef int32_t aj_acc_i32x16 __attribute__((vector_size(64)));
@@ -561,30 +562,41 @@ typedef double aj_acc_f64x8 __attribute__((vector_size(64)));
 typedef long long aj_acc_i64x8 __attribute__((vector_size(64)));
 #if defined(__clang__)
 #define AJ_VMAXMIN512(op, a, b) __builtin_ia32_##op##512((a), (b), 4)
-#define AJ_VSEL512(w, k, a, b) __builtin_ia32_select##w##_512((k), (a), (b))
+#define AJ_VBITS512(w, op, k, a, b, src) __builtin_ia32_select##w##_512((k), (a) op (b), (src))
 #else
 #define AJ_VMAXMIN512(op, a, b) __builtin_ia32_##op##512_mask((a), (b), (a), -1, 4)
-#define AJ_VSEL512(w, k, a, b) __builtin_ia32_blendm##w##_512_mask((b), (a), (k))
+#define AJ_VBITS512(w, op, k, a, b, src) __builtin_ia32_p##op##w##512_mask((a), (b), (src), (k))
+#endif
+/* AJ_VBITS512(w, and|or, k, a, b, src): lanes of k are a AND (OR) b, the others src (one
+ * masked vpandd/vpord, or the q forms). Clang spells the operation as an operator and a
+ * select, GCC as its masked builtin; so AJ_VBITS512 takes `&` or `|` under Clang and the
+ * mnemonic's name under GCC: see AJ_VAND512 and AJ_VOR512. */
+#if defined(__clang__)
+#define AJ_VAND512(w, k, a, b, src) AJ_VBITS512(w, &, k, a, b, src)
+#define AJ_VOR512(w, k, a, b, src) AJ_VBITS512(w, |, k, a, b, src)
+#else
+#define AJ_VAND512(w, k, a, b, src) AJ_VBITS512(w, and, k, a, b, src)
+#define AJ_VOR512(w, k, a, b, src) AJ_VBITS512(w, or, k, a, b, src)
 #endif
 static inline aj_acc_f32x16 aj_vmax_acc_f32_16(aj_acc_f32x16 acc, aj_acc_f32x16 x) {
   aj_acc_i32x16 m = (aj_acc_i32x16)AJ_VMAXMIN512(maxps, x, acc);
   unsigned short eq = __builtin_ia32_cmpps512_mask(x, acc, 0, (unsigned short)-1, 4);
-  return (aj_acc_f32x16)(m & AJ_VSEL512(d, eq, (aj_acc_i32x16)x, (aj_acc_i32x16){0} - 1));
+  return (aj_acc_f32x16)AJ_VAND512(d, eq, (aj_acc_i32x16)acc, (aj_acc_i32x16)x, m);
 }
 static inline aj_acc_f32x16 aj_vmin_acc_f32_16(aj_acc_f32x16 acc, aj_acc_f32x16 x) {
   aj_acc_i32x16 m = (aj_acc_i32x16)AJ_VMAXMIN512(minps, x, acc);
   unsigned short eq = __builtin_ia32_cmpps512_mask(x, acc, 0, (unsigned short)-1, 4);
-  return (aj_acc_f32x16)(m | AJ_VSEL512(d, eq, (aj_acc_i32x16)x, (aj_acc_i32x16){0}));
+  return (aj_acc_f32x16)AJ_VOR512(d, eq, (aj_acc_i32x16)acc, (aj_acc_i32x16)x, m);
 }
 static inline aj_acc_f64x8 aj_vmax_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
   aj_acc_i64x8 m = (aj_acc_i64x8)AJ_VMAXMIN512(maxpd, x, acc);
   unsigned char eq = __builtin_ia32_cmppd512_mask(x, acc, 0, (unsigned char)-1, 4);
-  return (aj_acc_f64x8)(m & AJ_VSEL512(q, eq, (aj_acc_i64x8)x, (aj_acc_i64x8){0} - 1));
+  return (aj_acc_f64x8)AJ_VAND512(q, eq, (aj_acc_i64x8)acc, (aj_acc_i64x8)x, m);
 }
 static inline aj_acc_f64x8 aj_vmin_acc_f64_8(aj_acc_f64x8 acc, aj_acc_f64x8 x) {
   aj_acc_i64x8 m = (aj_acc_i64x8)AJ_VMAXMIN512(minpd, x, acc);
   unsigned char eq = __builtin_ia32_cmppd512_mask(x, acc, 0, (unsigned char)-1, 4);
-  return (aj_acc_f64x8)(m | AJ_VSEL512(q, eq, (aj_acc_i64x8)x, (aj_acc_i64x8){0}));
+  return (aj_acc_f64x8)AJ_VOR512(q, eq, (aj_acc_i64x8)acc, (aj_acc_i64x8)x, m);
 }
 #else
 /* Macros, not functions: GCC warns (-Wpsabi) at a function returning a 64-byte vector
