@@ -1567,6 +1567,13 @@ impl Gen<'_> {
         let (b, m) = (&self.b, self.con.m.1);
         let mut out = vec![];
         let (full_m, edge_m) = (m / b.mr, m % b.mr);
+        let pack = |ir: AxisIndex, rows: usize| -> Option<Llc> {
+            if self.direct_a(blk) {
+                Some(Llc::Noop)
+            } else {
+                self.pack_a(ir, rows, blk)
+            }
+        };
         if full_m > 0 {
             let ir = Symbol::fresh();
             let ir_ix = AxisIndex::Iterator(ir);
@@ -1575,17 +1582,61 @@ impl Gen<'_> {
                 0,
                 full_m as i64 - 1,
                 Llc::Seq(vec![
-                    self.pack_a(ir_ix, b.mr, blk)?,
+                    pack(ir_ix, b.mr)?,
                     self.tiles(run, ir_ix, b.mr, blk, mode)?,
                 ]),
             ));
         }
         if edge_m > 0 {
             let ir_ix = AxisIndex::Fixed(full_m);
-            out.push(self.pack_a(ir_ix, edge_m, blk)?);
+            out.push(pack(ir_ix, edge_m)?);
             out.push(self.tiles(run, ir_ix, edge_m, blk, mode)?);
         }
         Some(Llc::Seq(out))
+    }
+
+    /// Whether the kernel reads its rows of `x` where they are instead of packing them into
+    /// `ap`: when they already lie as `ap` would hold them, each row's steps contiguous and
+    /// the rows one after the other (the block is the whole reduction, and `x`'s stride along
+    /// the rows is the block's length), in the kernel's precision. Packing then copies one
+    /// contiguous block into another: the input rows of a convolution whose channels are one
+    /// reduction block (`x[h + i, w + j, c]` over `w` and `c`), a product whose `k` fits one
+    /// block. A 1×112×112×32→64 3×3 convolution copied 3.6 million floats a call so.
+    fn direct_a(&self, blk: Block) -> bool {
+        let (con, b) = (self.con, &self.b);
+        let Llv::Get(tn, idcs) = &con.x else {
+            return false;
+        };
+        !b.pairs
+            && b.a_rows
+            && tn.prec() == b.ty.prec
+            && blk.len == con.k.1
+            && stride(tn, idcs, con.k.0) == 1
+            && stride(tn, idcs, con.m.0) == blk.len
+    }
+
+    /// Row `row` of the kernel's rows from `ir·mr` at step `kx` of `blk`: from `ap`, or from
+    /// `x` itself (see [`Self::direct_a`]).
+    fn a_value(&self, ir: AxisIndex, row: usize, kx: Symbol, blk: Block) -> Option<Llv> {
+        let (con, b) = (self.con, &self.b);
+        if self.direct_a(blk) {
+            return subst(
+                &con.x,
+                &[
+                    (con.m.0, scaled(ir, b.mr, &[], con.m_from + row)?),
+                    (con.k.0, scaled(blk.kb, b.kc, &[(kx, 1)], 0)?),
+                ],
+            );
+        }
+        let (row_ix, kx_ix) = (AxisIndex::Fixed(row), AxisIndex::Iterator(kx));
+        Some(Llv::Get(
+            self.bufs.ap.clone(),
+            if b.a_rows {
+                vec![row_ix, kx_ix]
+            } else {
+                vec![kx_ix, row_ix]
+            },
+        ))
     }
 
     /// Packs rows `ir·mr .. ir·mr + rows` of `x` over the steps of `blk` into `ap`.
@@ -2081,20 +2132,9 @@ impl Gen<'_> {
                 ));
             }
             for (row, accs) in acc.iter().enumerate() {
-                let row_ix = AxisIndex::Fixed(row);
                 step.push(Llc::VSet(
                     a,
-                    Vlv::Splat(
-                        ty,
-                        Box::new(Llv::Get(
-                            bufs.ap.clone(),
-                            if b.a_rows {
-                                vec![row_ix, kx_ix]
-                            } else {
-                                vec![kx_ix, row_ix]
-                            },
-                        )),
-                    ),
+                    Vlv::Splat(ty, Box::new(self.a_value(ir, row, kx, blk)?)),
                 ));
                 for (v, &r) in accs.iter().enumerate() {
                     step.push(Llc::VSet(
