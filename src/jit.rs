@@ -94,6 +94,9 @@ pub struct JitConfig {
     pub strict: bool,
 }
 
+// `strict` follows `debug_assertions`: in release builds every field is its type's default,
+// and clippy would have the impl derived, which would lose that.
+#[allow(clippy::derivable_impls)]
 impl Default for JitConfig {
     fn default() -> Self {
         JitConfig {

@@ -679,6 +679,28 @@ fn a_long_reduction_is_split_into_groups_of_steps() {
     check(&case);
 }
 
+/// The number of iterations of every parallel region of `o`, in code order.
+fn region_iterations(o: &Optimized) -> Vec<i64> {
+    let mut parts = vec![];
+    visit_llc(&o.code, &mut |c| {
+        if let Llc::Parallel(p) = c {
+            parts.push(p.to - p.from + 1);
+        }
+    });
+    parts
+}
+
+/// `got` is within the case's tolerance of its first output's plain-loop values.
+fn assert_near_plain_loops(case: &Case, got: &[f64]) {
+    for (w, g) in case.want[0].iter().zip(got) {
+        assert!(
+            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
+            "{}: {g} vs {w}",
+            case.name
+        );
+    }
+}
+
 #[test]
 fn a_convolution_is_the_same_on_every_team() {
     check(&convolution(32, 32));
@@ -695,12 +717,7 @@ fn a_convolution_packs_its_weights_once_per_core() {
     let (single, _, _) = run_on(&jit_for_cores(1, 1), 1, &case);
     for threads in [1, 2, 3] {
         let (got, o, _) = run_on(&jit_for_cores(3, threads), threads, &case);
-        let mut parts = vec![];
-        visit_llc(&o.code, &mut |c| {
-            if let Llc::Parallel(p) = c {
-                parts.push(p.to - p.from + 1);
-            }
-        });
+        let parts = region_iterations(&o);
         assert!(
             !parts.is_empty() && parts.iter().all(|&n| n == 3),
             "regions over {parts:?} iterations\n{}",
@@ -708,12 +725,7 @@ fn a_convolution_packs_its_weights_once_per_core() {
         );
         assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
     }
-    for (w, g) in case.want[0].iter().zip(&single[0]) {
-        assert!(
-            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
-            "{g} vs {w}"
-        );
-    }
+    assert_near_plain_loops(&case, &single[0]);
 }
 
 /// A convolution with few output rows and many channels (7×7, 512 → 128: 7 rows of 7
@@ -729,22 +741,12 @@ fn a_convolution_with_few_rows_splits_its_columns() {
     assert!(!src1.contains("column parts"), "{src1}");
     for threads in [1, 2, 3] {
         let (got, o, src) = run_on(&jit_for_cores(3, threads), threads, &case);
-        let mut parts = vec![];
-        visit_llc(&o.code, &mut |c| {
-            if let Llc::Parallel(p) = c {
-                parts.push(p.to - p.from + 1);
-            }
-        });
+        let parts = region_iterations(&o);
         assert_eq!(parts, [2], "{}", arrayjit::loops::to_doc(&o.code));
         assert!(src.contains("in 2 column parts of 4 panels"), "{src}");
         assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
     }
-    for (w, g) in case.want[0].iter().zip(&single[0]) {
-        assert!(
-            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
-            "{g} vs {w}"
-        );
-    }
+    assert_near_plain_loops(&case, &single[0]);
 }
 
 /// A convolution whose result exceeds half the L2 (56×56×32 floats, 401 KB, on a target of
@@ -758,12 +760,7 @@ fn a_convolution_larger_than_the_l2_adds_its_taps_block_by_block() {
     let (single, o1, _) = run_on(&jit_for(1, 1, 4 << 20), 1, &case);
     for threads in [1, 2, 3] {
         let (got, o, _) = run_on(&jit_for(3, threads, 512 << 10), threads, &case);
-        let mut parts = vec![];
-        visit_llc(&o.code, &mut |c| {
-            if let Llc::Parallel(p) = c {
-                parts.push(p.to - p.from + 1);
-            }
-        });
+        let parts = region_iterations(&o);
         assert_eq!(parts, [3], "{}", arrayjit::loops::to_doc(&o.code));
         assert_ne!(
             arrayjit::loops::to_doc(&o.code),
@@ -771,12 +768,7 @@ fn a_convolution_larger_than_the_l2_adds_its_taps_block_by_block() {
         );
         assert_eq!(bits(&got[0]), bits(&single[0]), "{threads} threads");
     }
-    for (w, g) in case.want[0].iter().zip(&single[0]) {
-        assert!(
-            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
-            "{g} vs {w}"
-        );
-    }
+    assert_near_plain_loops(&case, &single[0]);
 }
 
 /// A convolution whose input channels are one reduction block (64) reads its rows of the
@@ -791,12 +783,7 @@ fn a_convolution_reads_an_input_block_that_is_already_packed_in_place() {
     assert!(!src.contains("packed_a"), "{src}");
     let (two, _, _) = run_on(&jit_for_cores(2, 2), 2, &case);
     assert_eq!(bits(&two[0]), bits(&single[0]));
-    for (w, g) in case.want[0].iter().zip(&single[0]) {
-        assert!(
-            (w - g).abs() <= case.tolerance * w.abs().max(1.0),
-            "{g} vs {w}"
-        );
-    }
+    assert_near_plain_loops(&case, &single[0]);
 }
 
 /// Whether every statement of `c` writes a tensor whose label has `part`.

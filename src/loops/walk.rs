@@ -465,29 +465,19 @@ pub(crate) fn rename(
                 .collect::<Option<_>>()?,
         ),
         Llc::For { .. } | Llc::If { .. } | Llc::Lookup { .. } => {
-            let c = match c {
-                Llc::Lookup {
-                    symbol,
-                    tn,
-                    idcs,
-                    extent,
-                    body,
-                } => Llc::Lookup {
-                    symbol: *symbol,
-                    tn: node(tn),
-                    idcs: idcs.clone(),
-                    extent: *extent,
-                    body: body.clone(),
-                },
-                c => c.clone(),
-            };
+            // (A lookup reads its index from a tensor the copies share.)
+            if let Llc::Lookup { tn, .. } = c {
+                if nodes.iter().any(|(from, _)| from == tn) {
+                    return None;
+                }
+            }
             let mut ok = true;
-            let out = map_body(c, |b| {
-                rename(&b, nodes, regs).unwrap_or_else(|| {
+            let out = map_block(c, &mut |b| {
+                rename(b, nodes, regs).unwrap_or_else(|| {
                     ok = false;
-                    b
+                    b.clone()
                 })
-            });
+            })?;
             ok.then_some(out)?
         }
         Llc::Parallel(_) | Llc::SetLocal(..) => return None,

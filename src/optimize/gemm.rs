@@ -1146,30 +1146,13 @@ fn build(
     let (inner, outer): (Vec<&Loop>, Vec<&Loop>) =
         con.outer.iter().partition(|l| !mentions(&con.y, l.index));
     let whole_y = k == b.kc && matches!(runs(n, &b).as_slice(), [(None, _)]);
-    if whole_y && !zero_fill_folded && !inner.is_empty() && !outer.is_empty() {
-        if let Some(rows) = RowBlocks::new(&inner, m * n * con.c.prec().size_in_bytes(), target) {
-            let mut bodies = vec![];
-            for spec in specs {
-                let g = Gen {
-                    con: spec,
-                    b,
-                    bufs: bufs.clone(),
-                };
-                let [(None, run)] = runs(n, &b)[..] else {
-                    return None;
-                };
-                let blk = Block {
-                    kb: AxisIndex::Fixed(0),
-                    len: k,
-                };
-                let body = g.guarded_row_panels(&run, blk, Mode::Accumulate)?;
-                bodies.push((g.pack_b(&run, blk)?, body));
-            }
-            stmts.push(rows.build(&outer, bodies)?);
-            return Some(Llc::Seq(stmts));
-        }
-    }
     if whole_y && !zero_fill_folded && !inner.is_empty() {
+        // Per specialization: the packing of `y` and the rows that use it.
+        let blk = Block {
+            kb: AxisIndex::Fixed(0),
+            len: k,
+        };
+        let mut bodies = vec![];
         for spec in specs {
             let g = Gen {
                 con: spec,
@@ -1179,14 +1162,21 @@ fn build(
             let [(None, run)] = runs(n, &b)[..] else {
                 return None;
             };
-            let blk = Block {
-                kb: AxisIndex::Fixed(0),
-                len: k,
-            };
-            let body = g.guarded_row_panels(&run, blk, Mode::Accumulate)?;
+            let rows = g.guarded_row_panels(&run, blk, Mode::Accumulate)?;
+            bodies.push((g.pack_b(&run, blk)?, rows));
+        }
+        let row_bytes = m * n * con.c.prec().size_in_bytes();
+        if let Some(blocks) = (!outer.is_empty())
+            .then(|| RowBlocks::new(&inner, row_bytes, target))
+            .flatten()
+        {
+            stmts.push(blocks.build(&outer, bodies)?);
+            return Some(Llc::Seq(stmts));
+        }
+        for (pack, rows) in bodies {
             stmts.push(match parts(&inner, target.cores) {
-                Some(p) => p.split(g.pack_b(&run, blk)?, body)?,
-                None => g.packed_around(&run, blk, &inner, body)?,
+                Some(p) => p.split(pack, rows)?,
+                None => Llc::Seq(vec![pack, wrap(&inner, rows)]),
             });
         }
         return Some(wrap(&outer, Llc::Seq(stmts)));
