@@ -768,7 +768,8 @@ pub(crate) fn prepare_transfer_in_process(
 ///   program's) uses every core, and data-parallel devices use disjoint cores.
 ///
 /// By default each worker and helper is pinned to its core (physical device `i`'s worker to
-/// the `i`-th CPU the process may run on; see [`MulticoreBackend::with_pinning`]): unpinned,
+/// the `i`-th CPU the process may run on, the CPUs other processes kept busy when the first
+/// was pinned counted last; see [`MulticoreBackend::with_pinning`]): unpinned,
 /// the kernel may start two workers on one core and take milliseconds to move one, and a
 /// step in which devices wait for each other then runs their work one after the other.
 #[derive(Default)]

@@ -13,6 +13,7 @@ pub mod counter;
 pub mod device;
 #[doc(hidden)]
 pub mod devices;
+pub(crate) mod load;
 #[cfg(feature = "mpi")]
 #[doc(hidden)]
 pub mod mpi;

@@ -35,7 +35,9 @@ fn auto_devices(
     if best == 1 || !watch_load {
         return Ok(best);
     }
-    let free = queues.saturating_sub(super::load::busy_elsewhere()).max(1);
+    let free = queues
+        .saturating_sub(crate::backend::load::busy_elsewhere())
+        .max(1);
     Ok(cost::best_devices(work, shards, free, &candidates).unwrap_or(1))
 }
 

@@ -197,7 +197,6 @@
 mod cost;
 mod host;
 mod job;
-mod load;
 mod model;
 mod plan;
 mod programs;

@@ -1,5 +1,7 @@
-//! How many cores other processes keep busy right now: what [`Devices::Auto`] takes away
-//! from the cores it spreads devices over (see the [module documentation](super#how-many-devices)).
+//! What other processes keep busy right now: how many cores ([`busy_elsewhere`], which
+//! [`Devices::Auto`] takes away from the cores it spreads devices over, see its
+//! [documentation](crate::parallel#how-many-devices)), and which CPUs ([`busy_cpus`], which
+//! the pinning of workers puts last).
 //!
 //! Devices in lockstep run at the speed of the slowest: a device whose core is shared with a
 //! busy process gets about half of it, and every step waits for it. Measured on a 2-core
@@ -7,7 +9,7 @@
 //! moons job on two devices ran from 0.08× to 1.5× of one device, the median 0.94×; on one
 //! device it kept its speed.
 //!
-//! [`Devices::Auto`]: super::Devices::Auto
+//! [`Devices::Auto`]: crate::parallel::Devices::Auto
 
 use std::time::Duration;
 
@@ -65,6 +67,47 @@ fn own_runnable() -> Option<usize> {
     Some(n)
 }
 
+/// The CPUs on which a thread of another process is runnable now (one look: state `R` in
+/// `/proc/<pid>/task/<tid>/stat`, and its field 39, the CPU it last ran on); empty where the
+/// files cannot be read.
+pub(crate) fn busy_cpus() -> Vec<usize> {
+    let me = std::process::id().to_string();
+    let mut cpus = vec![];
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return cpus;
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str() else { continue };
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            // A thread that ended since the listing has no file: not runnable.
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                continue;
+            };
+            if stat_state(&stat) == Some('R') {
+                if let Some(cpu) = stat_cpu(&stat) {
+                    if !cpus.contains(&cpu) {
+                        cpus.push(cpu);
+                    }
+                }
+            }
+        }
+    }
+    cpus
+}
+
+/// The CPU a `stat` line's thread last ran on: field 39, the 37th after the state.
+fn stat_cpu(stat: &str) -> Option<usize> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(36)?.parse().ok()
+}
+
 /// The state letter of a `stat` line: the first field after the command name, which is in
 /// parentheses and may itself contain spaces and parentheses.
 fn stat_state(stat: &str) -> Option<char> {
@@ -83,6 +126,12 @@ mod tests {
         assert_eq!(stat_state("26994 (a (b) c) R 1 2 3"), Some('R'));
         assert_eq!(stat_state("17 (worker) S 1 2 3"), Some('S'));
         assert_eq!(stat_state("no parenthesis"), None);
+        // Field 39 of a real line (a busy shell loop last on CPU 1).
+        let line = "4242 (sh) R 1 4242 1 0 -1 4194304 95 0 0 0 312 0 0 0 20 0 1 0 94301 \
+                    2797568 221 18446744073709551615 1 1 0 0 0 0 0 4 65538 0 0 0 17 1 0 0 0 \
+                    0 0 0 0 0 0 0 0 0 0";
+        assert_eq!(stat_cpu(line), Some(1));
+        assert_eq!(stat_cpu("7 (x) S 1 2"), None);
     }
 
     /// A thread of this process spinning counts as this process's (so it is not taken for
@@ -115,8 +164,10 @@ mod tests {
             .unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let theirs = busy_elsewhere();
+        let cpus = busy_cpus();
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(theirs >= 1, "a busy child process not seen");
+        assert!(!cpus.is_empty(), "no CPU seen busy");
     }
 }
