@@ -21,7 +21,7 @@ pub use walk::{
     map_block, map_body, map_indices, map_value_indices, visit_indices, visit_llc, visit_reads,
     visit_value, visit_value_indices, visit_values, visit_vectors,
 };
-pub(crate) use walk::{rename, visit_vlv};
+pub(crate) use walk::{rename, replace_statements, visit_vlv};
 
 use crate::ir::{AxisIndex, Binop, Prec, Symbol, Ternop, Tnode, Unop};
 

@@ -401,6 +401,15 @@ pub fn map_indices(c: &Llc, f: &mut impl FnMut(AxisIndex) -> Option<AxisIndex>) 
     })
 }
 
+/// `c` with each statement of `decisions` (found by address, a statement of `c`) replaced by
+/// its replacement: how a pass that decided on borrowed statements rebuilds the code.
+pub(crate) fn replace_statements(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
+    if let Some((_, r)) = decisions.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
+        return r.clone();
+    }
+    map_block(c, &mut |c| replace_statements(c, decisions)).unwrap_or_else(|| c.clone())
+}
+
 /// `c` with the local arrays of `nodes` (`(from, to)` pairs) and the vector variables of
 /// `regs` (by id) replaced by their counterparts, everything else as it is: a copy of a loop
 /// body working on its own scratch arrays and registers. `None` for code this does not

@@ -36,8 +36,7 @@
 use crate::ir::tnode::provenance;
 use crate::ir::{AxisIndex, MemoryMode, Tnode};
 use crate::loops::{
-    analyze, map_block, map_indices, parallel_work, rename, visit_llc, visit_vectors, Llc, Regions,
-    VReg, Vlv,
+    analyze, map_indices, parallel_work, rename, visit_llc, visit_vectors, Llc, Regions, VReg, Vlv,
 };
 use crate::target::VectorTarget;
 use std::collections::{HashMap, HashSet};
@@ -71,7 +70,7 @@ pub fn interleave(code: Llc, locals: &HashSet<Tnode>, target: &VectorTarget) -> 
             locals: vec![],
         };
     }
-    let code = rebuild(&code, &decisions);
+    let code = crate::loops::replace_statements(&code, &decisions);
     Interleaved {
         code,
         locals: copies,
@@ -104,14 +103,6 @@ fn find<'a>(
         }
         _ => {}
     }
-}
-
-/// `c` with the decided loops replaced.
-fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
-    if let Some((_, r)) = decisions.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
-        return r.clone();
-    }
-    map_block(c, &mut |c| rebuild(c, decisions)).unwrap_or_else(|| c.clone())
 }
 
 /// The loop `lp` interleaved, if it qualifies (module documentation).

@@ -109,7 +109,7 @@ pub fn parallelize(
             locals: vec![],
         };
     }
-    let rebuilt = rebuild(&code, &decisions);
+    let rebuilt = crate::loops::replace_statements(&code, &decisions);
     Parallelized {
         code: rebuilt,
         locals: new_locals,
@@ -257,17 +257,6 @@ fn runs_in(c: &Llc, target: &Llc) -> u64 {
         }
     }
     go(c, target, 1).unwrap_or(0)
-}
-
-/// The code with the loops decided on replaced.
-fn rebuild(c: &Llc, decisions: &[(&Llc, Llc)]) -> Llc {
-    if let Some((_, r)) = decisions.iter().find(|(x, _)| std::ptr::eq(*x, c)) {
-        return r.clone();
-    }
-    if let Some(b) = crate::loops::map_block(c, &mut |c| rebuild(c, decisions)) {
-        return b;
-    }
-    c.clone()
 }
 
 /// The blocks of a reduction loop of `n` iterations doing `work`, each aiming at
