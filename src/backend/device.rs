@@ -377,11 +377,19 @@ pub struct Device(Arc<Inner>);
 /// with a busy loop in 2 of 16 runs of the default moons job (11M samples/s instead of 25M)
 /// until the scheduler moved the loop.
 pub(crate) fn allowed_core(i: usize) -> Option<usize> {
+    let cpus = pinning_order()?;
+    Some(cpus[i % cpus.len()])
+}
+
+/// The CPUs this thread may run on, in the order [`allowed_core`] deals them out (at least
+/// one; `None` when they cannot be read): one read of the affinity for callers that need
+/// them all.
+pub(crate) fn pinning_order() -> Option<Vec<usize>> {
     static BUSY: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
     let busy = BUSY.get_or_init(super::load::busy_cpus);
     let mut cpus = allowed_cpus()?;
     cpus.sort_by_key(|c| busy.contains(c));
-    Some(cpus[i % cpus.len()])
+    Some(cpus)
 }
 
 /// The CPUs this thread may run on, in CPU order; `None` when they cannot be read.

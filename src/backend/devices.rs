@@ -806,10 +806,14 @@ impl MulticoreBackend {
         self.core.cc.threads()
     }
 
-    /// The cores the process may run on (at least one entry: `None` when unknown).
-    fn cores() -> Vec<Option<usize>> {
+    /// The cores the process may run on, in pinning order (at least one entry; `None` when
+    /// unknown, or when `pin` is off: then the allowed CPUs are not read at all).
+    fn cores(pin: bool) -> Vec<Option<usize>> {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (0..n).map(super::device::allowed_core).collect()
+        let order = pin.then(super::device::pinning_order).flatten();
+        (0..n)
+            .map(|i| order.as_ref().map(|o| o[i % o.len()]))
+            .collect()
     }
 
     /// Deals the cores without a worker out to the teams of the devices with one (the
@@ -818,7 +822,7 @@ impl MulticoreBackend {
         let mut teams = self.teams.lock().unwrap_or_else(|p| p.into_inner());
         teams.retain(|(_, t)| t.strong_count() > 0);
         teams.sort_by_key(|(o, _)| *o);
-        let cores = Self::cores();
+        let cores = Self::cores(pin);
         let c = cores.len();
         let live: Vec<(usize, Arc<Team>)> = teams
             .iter()
@@ -831,7 +835,7 @@ impl MulticoreBackend {
             let mine = &free[r * free.len() / p..(r + 1) * free.len() / p];
             let list: Vec<Option<usize>> = std::iter::once(*o % c)
                 .chain(mine.iter().copied())
-                .map(|k| if pin { cores[k] } else { None })
+                .map(|k| cores[k])
                 .collect();
             team.set_cores(&list);
         }

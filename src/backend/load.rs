@@ -11,6 +11,7 @@
 //!
 //! [`Devices::Auto`]: crate::parallel::Devices::Auto
 
+use std::path::Path;
 use std::time::Duration;
 
 /// Samples of the run queue, one per millisecond.
@@ -56,15 +57,21 @@ fn parse_loadavg(text: &str) -> Option<usize> {
 
 /// This process's threads in state `R`.
 fn own_runnable() -> Option<usize> {
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-    let mut n = 0;
-    for task in tasks.flatten() {
-        // A thread that ended since the listing has no file: not runnable.
-        if let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) {
-            n += usize::from(stat_state(&stat) == Some('R'));
-        }
-    }
-    Some(n)
+    runnable_stats(Path::new("/proc/self/task")).map(|s| s.len())
+}
+
+/// The `stat` lines of the threads under `tasks` (a `/proc/<pid>/task` directory) that are
+/// in state `R`; `None` when the directory cannot be read. A thread that ended since the
+/// listing has no file: not runnable.
+fn runnable_stats(tasks: &Path) -> Option<Vec<String>> {
+    let tasks = std::fs::read_dir(tasks).ok()?;
+    Some(
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+            .filter(|stat| stat_state(stat) == Some('R'))
+            .collect(),
+    )
 }
 
 /// The CPUs on which a thread of another process is runnable now (one look: state `R` in
@@ -82,19 +89,10 @@ pub(crate) fn busy_cpus() -> Vec<usize> {
         if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            // A thread that ended since the listing has no file: not runnable.
-            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
-                continue;
-            };
-            if stat_state(&stat) == Some('R') {
-                if let Some(cpu) = stat_cpu(&stat) {
-                    if !cpus.contains(&cpu) {
-                        cpus.push(cpu);
-                    }
+        for stat in runnable_stats(&p.path().join("task")).unwrap_or_default() {
+            if let Some(cpu) = stat_cpu(&stat) {
+                if !cpus.contains(&cpu) {
+                    cpus.push(cpu);
                 }
             }
         }

@@ -289,11 +289,7 @@ pub fn optimize_with(
     nodes.extend(locals.into_iter().map(|t| (t, MemoryMode::Local)));
     // Dead stores: local tensors written whole before they are read need no zero fill.
     let whole = fuse::full_writes(&code);
-    let local_nodes: std::collections::HashSet<Tnode> = nodes
-        .iter()
-        .filter(|(_, m)| *m == MemoryMode::Local)
-        .map(|(t, _)| t.clone())
-        .collect();
+    let local_nodes = local_set(&nodes);
     let dead_fills: Vec<Tnode> = whole
         .iter()
         .filter(|t| local_nodes.contains(*t) && !written_first.contains(*t))
@@ -347,12 +343,7 @@ pub fn optimize_with(
     // Short row loops interleaved, on the loops as the passes before left them.
     let code = match settings.target {
         Some(t) if settings.enabled && settings.loop_opts && t.vector_bytes >= 16 => {
-            let local_set: std::collections::HashSet<Tnode> = nodes
-                .iter()
-                .filter(|(_, m)| *m == MemoryMode::Local)
-                .map(|(t, _)| t.clone())
-                .collect();
-            let i = interleave::interleave(code, &local_set, &t);
+            let i = interleave::interleave(code, &local_set(&nodes), &t);
             verify("interleave", &i.code)?;
             for (copy, original) in i.locals {
                 let made_by = copy
@@ -371,13 +362,8 @@ pub fn optimize_with(
     // Parallel regions, the very last: loops as the kernels, fusion and vectorization left
     // them.
     let code = if settings.enabled && settings.loop_opts && settings.parallel {
-        let local_set: std::collections::HashSet<Tnode> = nodes
-            .iter()
-            .filter(|(_, m)| *m == MemoryMode::Local)
-            .map(|(t, _)| t.clone())
-            .collect();
         let cores = settings.target.map_or(1, |t| t.cores);
-        let p = parallel::parallelize(code, &local_set, settings.min_region_work, cores);
+        let p = parallel::parallelize(code, &local_set(&nodes), settings.min_region_work, cores);
         verify("parallel", &p.code)?;
         for t in &p.locals {
             modes.refine(t, MemoryMode::Local, provenance::PARALLEL)?;
@@ -407,6 +393,15 @@ pub fn optimize_with(
         written_first,
         modes,
     })
+}
+
+/// The nodes of `nodes` that are local arrays of the routine.
+fn local_set(nodes: &[(Tnode, MemoryMode)]) -> std::collections::HashSet<Tnode> {
+    nodes
+        .iter()
+        .filter(|(_, m)| *m == MemoryMode::Local)
+        .map(|(t, _)| t.clone())
+        .collect()
 }
 
 fn merge_node(code: &Llc) -> Result<Option<Tnode>> {
