@@ -348,6 +348,12 @@ fn run(args: Args, backend: &dyn Backend) -> Result<(), String> {
         ms(p.waiting),
         ms(p.loss_readback),
     );
+    if report.lent_chunks > 0 {
+        println!(
+            "devices waiting for another ran {} chunks of its parallel regions",
+            report.lent_chunks
+        );
+    }
     backend.unsafe_cleanup();
     println!(
         "accuracy: {accuracy:.4} devices: {} ranks: {} samples/s: {:.0} compile_ms: {:.0}",

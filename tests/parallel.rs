@@ -675,6 +675,73 @@ fn auto_devices_follow_the_cost_model_of_a_step() {
     });
 }
 
+/// The exchange on two devices: a device waiting for the other takes chunks of the other's
+/// parallel regions (`Report::lent_chunks`), and the results are the same bits as the
+/// host-scheduled tree's, where nothing is lent. A busy process beside the training makes
+/// one device slower than the other, so the other waits for it at every step.
+#[test]
+fn a_device_waiting_for_another_runs_part_of_its_regions_with_the_same_bits() {
+    with_watchdog(300, || {
+        let (wide, batch, samples) = (256, 512, 2048);
+        let mut rng = Rng(5);
+        let xs: Vec<f64> = (0..samples * IN).map(|_| rng.uniform()).collect();
+        let w0: Vec<f64> = (0..IN * wide).map(|_| rng.uniform() * 0.5).collect();
+        let x = Tnode::hosted(&["x"], &[samples, IN], P).unwrap();
+        x.set_host_values(&xs).unwrap();
+        let train = |backend: &dyn Backend, schedule: Schedule| {
+            let w = node("w", &[IN, wide]);
+            let gw = node("gw", &[IN, wide]);
+            let loss = node("loss", &[1]);
+            let (w2, l2, g2) = (w.clone(), loss.clone(), gw.clone());
+            let m = Model::new()
+                .param(&w, &gw, w0.clone())
+                .loss(&loss)
+                .data(&x)
+                .gradient(move |s| {
+                    let none = Bindings::empty();
+                    let t = |n: &str, d: &[usize]| Tnode::new(&[n], d, P);
+                    let (z, h) = (t("z", &[s.rows, wide])?, t("h", &[s.rows, wide])?);
+                    let (hh, sq) = (t("hh", &[wide, wide])?, t("sq", &[1])?);
+                    // loss = Σ (hᵀh) / batch² with h = tanh(x·w); the "gradient" xᵀ·h / batch.
+                    let inv = 1.0 / s.batch as f64;
+                    let gh = t("gh", &[s.rows, wide])?;
+                    Ok(Assignments::seq([
+                        nn::matmul(&z, &s.data[0], &w2, "bi,ih->bh", &none)?,
+                        nn::unary(&h, Unop::Tanh, &z)?,
+                        nn::matmul(&hh, &h, &h, "bh,bk->hk", &none)?,
+                        nn::sum(&sq, &hh, "hk->0", &none)?,
+                        nn::scale(&l2, &sq, inv * inv)?,
+                        nn::scale(&gh, &h, inv)?,
+                        nn::matmul(&g2, &s.data[0], &gh, "bi,bh->ih", &none)?,
+                    ]))
+                })
+                .update(Update::sgd(LearningRate::Constant(0.05)));
+            let settings = Settings::new(batch, 3)
+                .devices(Devices::Count(2))
+                .schedule(schedule);
+            parallel::train(backend, &m, &settings, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{schedule:?}: {e}"))
+        };
+        let reference = train(&MulticoreBackend::new(), Schedule::HostTree);
+        assert_eq!(reference.lent_chunks, 0);
+        let cores = MulticoreBackend::new().num_physical_devices();
+        let mut busy = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let lent = train(&MulticoreBackend::new(), Schedule::Exchange);
+        busy.kill().unwrap();
+        busy.wait().unwrap();
+        assert_eq!(lent.schedule, Schedule::Exchange);
+        assert_eq!(bits(&lent), bits(&reference));
+        // On two cores, one device shares its core with the busy process at every one of the
+        // 12 steps, and its regions are cut into dozens of chunks while the other waits.
+        if cores == 2 {
+            assert!(lent.lent_chunks > 0, "no chunk was lent");
+        }
+    });
+}
+
 /// A model or settings that cannot work are typed errors naming what is wrong, before
 /// anything is compiled.
 #[test]

@@ -223,6 +223,12 @@ impl Progress {
         self.0.counter.advance(1)
     }
 
+    /// Whether the count has reached `target`, or the work advancing it failed (a wait for
+    /// `target` would return at once).
+    pub fn settled(&self, target: u64) -> bool {
+        self.0.counter.reached(target) || self.0.failed.load(Ordering::Acquire)
+    }
+
     /// Blocks until the count reaches `target`, spinning briefly first (for waits between
     /// devices, which are short); [`Error::Task`] if the work advancing it failed.
     ///

@@ -30,6 +30,15 @@
 //! neighbour when it has work (the big moons job on one device beside a busy process fell
 //! from 186k to 18k samples/s with plain 5 ms spins).
 //!
+//! Threads of other teams can be lent to a team ([`Team::lend_until`]): in the training's
+//! exchange, a device's worker waiting for its partner's gradients takes chunks of the
+//! partner's regions as a *guest*, with a share of its own, while it waits. A team that may
+//! get guests ([`Team::host_guests`]) sends even its one-thread regions to `team_run`, which
+//! runs them inline unless a guest is there; with one, a region is cut into
+//! [`GUEST_CHUNKS_PER_THREAD`] chunks per thread, since the team's own thread is typically the
+//! slow one (its core shared with another process) and the last chunk it holds is what the
+//! guest waits for at the end.
+//!
 //! Helpers are pinned to cores when the team is given cores (`Team::set_cores`). The caller
 //! need not be pinned (the no-device backend's caller is the user's thread): when a region
 //! starts on the core of one of the helpers, that helper moves to the caller's own core
@@ -55,6 +64,19 @@ pub const HELPER_SPIN: Duration = Duration::from_millis(5);
 /// The longest a region's caller waits for the last chunks of other threads before parking
 /// (see `team_run`).
 pub const MAX_DONE_SPIN: Duration = Duration::from_millis(5);
+
+/// About how many chunks each thread gets from a region when a guest is lent to the team
+/// (see [`Team::lend_until`]). The guest waits for the team's thread, whose core is often
+/// shared with another process, so the chunks are smaller than [`CHUNKS_PER_THREAD`]: the
+/// last chunk that thread holds, at half speed, is what the guest waits for at the end of
+/// the region. On the big moons job on two devices beside a busy process (12 interleaved
+/// rounds), 4 chunks per thread gave 0.87× one device, 16 gave 1.00× and 32 1.04×; on a
+/// quiet machine the three were within the noise (1.06–1.09×).
+pub const GUEST_CHUNKS_PER_THREAD: i64 = 32;
+
+/// The longest a guest parks before it checks again whether it is done (see
+/// [`Team::lend_until`]; a missed ring costs at most this).
+pub const LEND_PARK: Duration = Duration::from_millis(1);
 
 /// About how many chunks each thread gets from a region (more balance the threads when one
 /// is slowed down, fewer cost less to hand out).
@@ -111,8 +133,12 @@ struct Job {
     to: i64,
     chunk: i64,
     chunks: u64,
-    /// Helpers with a smaller index take part.
+    /// The shares: the team's threads taking part, then the guests' (see [`Team::lend_until`]).
     threads: usize,
+    /// Helpers with a smaller index take part (the caller is 0).
+    own: usize,
+    /// The next share a guest takes (from `own`; none is left at `threads`).
+    next_guest: AtomicUsize,
     /// Per thread taking part, the next chunk to claim of its share (see [`Job::share`]).
     cursors: Vec<AtomicU64>,
     /// Chunks finished (run, or skipped after a failure).
@@ -146,6 +172,12 @@ impl Job {
             }
         }
         ran
+    }
+
+    /// A guest's share number, if one is left.
+    fn guest_share(&self) -> Option<usize> {
+        let g = self.next_guest.fetch_add(1, Ordering::AcqRel);
+        (g < self.threads).then_some(g)
     }
 
     /// Runs chunk `k` on thread `tid` (unless a chunk failed) and counts it finished.
@@ -190,8 +222,14 @@ struct TeamShared {
     active: AtomicUsize,
     /// Per thread: the caller (index 0), then the helpers.
     seats: Vec<Seat>,
-    /// Regions published so far: idle helpers wait for it to grow.
+    /// Regions published so far, and rings (see [`Team::ring`]): idle helpers and guests wait
+    /// for it to grow.
     generation: Counter,
+    /// Threads of other teams lent to this one now (see [`Team::lend_until`]).
+    guests: AtomicUsize,
+    /// Guests may come (see [`Team::host_guests`]): regions reach `team_run` even with one
+    /// thread.
+    hosting: AtomicBool,
     /// The region being run.
     job: Mutex<Option<Arc<Job>>>,
     /// A region is being run (a second one at once, from another thread, runs inline).
@@ -238,6 +276,8 @@ impl Team {
                     })
                     .collect(),
                 generation: Counter::new(),
+                guests: AtomicUsize::new(0),
+                hosting: AtomicBool::new(false),
                 job: Mutex::new(None),
                 busy: AtomicBool::new(false),
                 closed: AtomicBool::new(false),
@@ -284,11 +324,68 @@ impl Team {
 
     /// The team as the generated code takes it, for one run on the calling thread.
     pub(crate) fn view(&self) -> AjTeam {
+        let threads = self.threads();
+        let hosting = self.shared.hosting.load(Ordering::Acquire);
         AjTeam {
-            threads: self.threads() as i64,
+            // With guests possible, a team of one thread says two, so that the generated
+            // code hands its regions to `team_run`, which runs them inline without guests.
+            threads: if hosting { threads.max(2) } else { threads } as i64,
             run: team_run,
             scratch: team_scratch,
             state: Arc::as_ptr(&self.shared).cast(),
+        }
+    }
+
+    /// Lets threads of other teams take chunks of this team's regions from now on (see
+    /// [`Team::lend_until`]).
+    pub(crate) fn host_guests(&self) {
+        self.shared.hosting.store(true, Ordering::Release);
+    }
+
+    /// Lends the calling thread (another team's: a device's worker waiting for this team's
+    /// device) to this team until `done()`: it takes chunks of the regions this team runs
+    /// meanwhile, as a guest with a share of its own, and otherwise waits for the next
+    /// region, yielding its core (see [`spin_until`]) and then parking. Returns how many
+    /// chunks it ran. A region that starts while a guest is lent is cut for one more thread,
+    /// into [`GUEST_CHUNKS_PER_THREAD`] chunks per thread (the results are the same bits for
+    /// any number of threads and chunks). Wake the guest with [`Team::ring`] when `done()`
+    /// becomes true; it also checks every [`LEND_PARK`].
+    ///
+    /// The caller must not be running a region of this team, nor hold one of its chunks.
+    pub(crate) fn lend_until(&self, done: &dyn Fn() -> bool) -> u64 {
+        if done() {
+            return 0;
+        }
+        let s = &self.shared;
+        let mut ran = 0;
+        s.guests.fetch_add(1, Ordering::SeqCst);
+        loop {
+            // The generation before `done()`: a ring after the check ends the park below.
+            let seen = s.generation.get();
+            if done() || s.closed.load(Ordering::Acquire) {
+                break;
+            }
+            let job = lock(&s.job).clone();
+            if let Some(share) = job.as_ref().and_then(|j| j.guest_share()) {
+                if let Some(job) = job {
+                    ran += u64::from(job.work(share));
+                }
+                continue;
+            }
+            if !spin_until(HELPER_SPIN, || done() || s.generation.reached(seen + 1)) {
+                s.generation
+                    .park_until(seen + 1, Some(std::time::Instant::now() + LEND_PARK));
+            }
+        }
+        s.guests.fetch_sub(1, Ordering::SeqCst);
+        ran
+    }
+
+    /// Wakes the guests lent to this team (see [`Team::lend_until`]) to check whether they
+    /// are done: call it after making their `done()` true. Costs nothing without guests.
+    pub(crate) fn ring(&self) {
+        if self.shared.guests.load(Ordering::SeqCst) > 0 {
+            self.shared.generation.advance(1);
         }
     }
 
@@ -360,7 +457,7 @@ fn helper(shared: Arc<TeamShared>, index: usize, mut seen: u64) {
         seen = shared.generation.get();
         let job = lock(&shared.job).clone();
         let Some(job) = job else { continue };
-        if index >= job.threads {
+        if index >= job.own {
             continue;
         }
         job.work(index);
@@ -413,21 +510,33 @@ unsafe extern "C" fn team_run(
     // SAFETY: `team` points to the `AjTeam` the routine's run passed to the entry point,
     // alive for the run (the generated code passes it on unchanged).
     let team = unsafe { &*team };
-    if team.state.is_null() || team.threads <= 1 {
+    if team.state.is_null() {
         return inline();
     }
     // SAFETY: a non-null `state` is the `TeamShared` of a `Team` the run holds (see
     // `Team::view`), alive for the run.
     let shared = unsafe { &*team.state.cast::<TeamShared>() };
+    let guests = shared.guests.load(Ordering::SeqCst);
+    let own_wanted = shared
+        .active
+        .load(Ordering::Acquire)
+        .min(team.threads as usize)
+        .clamp(1, shared.max);
+    if own_wanted <= 1 && guests == 0 {
+        return inline();
+    }
     if shared.busy.swap(true, Ordering::AcqRel) {
         // Another thread is running a region on this team: run this one alone.
         return inline();
     }
     let n = to - from + 1;
-    let wanted = (team.threads as usize).min(shared.max);
-    let chunk = grain
-        .max(1)
-        .max((n + wanted as i64 * CHUNKS_PER_THREAD - 1) / (wanted as i64 * CHUNKS_PER_THREAD));
+    let wanted = (own_wanted + guests) as i64;
+    let per = if guests > 0 {
+        GUEST_CHUNKS_PER_THREAD
+    } else {
+        CHUNKS_PER_THREAD
+    };
+    let chunk = grain.max(1).max((n + wanted * per - 1) / (wanted * per));
     let chunks = ((n + chunk - 1) / chunk) as u64;
     if chunks <= 1 {
         shared.busy.store(false, Ordering::Release);
@@ -439,8 +548,10 @@ unsafe extern "C" fn team_run(
         Arc::increment_strong_count(team.state.cast::<TeamShared>());
         Arc::from_raw(team.state.cast::<TeamShared>())
     };
-    let threads = arc.ensure_helpers(wanted).min(chunks as usize);
+    let own = arc.ensure_helpers(own_wanted).min(own_wanted);
     drop(arc);
+    let threads = (own + guests).min(chunks as usize);
+    let own = own.min(threads);
     let job = Arc::new(Job {
         f,
         ctx: ctx as usize,
@@ -449,11 +560,13 @@ unsafe extern "C" fn team_run(
         chunk,
         chunks,
         threads,
+        own,
+        next_guest: AtomicUsize::new(own),
         cursors: (0..threads).map(|_| AtomicU64::new(0)).collect(),
         finished: Counter::new(),
         status: AtomicI32::new(0),
     });
-    shared.place_helpers(threads);
+    shared.place_helpers(own);
     *lock(&shared.job) = Some(job.clone());
     shared.generation.advance(1);
     let start = std::time::Instant::now();
@@ -692,6 +805,59 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// A thread lent to a team of one takes chunks of its regions, every iteration runs once,
+    /// and it leaves when told.
+    #[test]
+    fn a_lent_thread_takes_chunks_of_a_team_of_one() {
+        unsafe extern "C" fn slow(ctx: *mut c_void, lo: i64, hi: i64, tid: i64) -> i32 {
+            std::thread::sleep(Duration::from_micros(200));
+            // SAFETY: as `mark`'s.
+            unsafe { mark(ctx, lo, hi, tid) }
+        }
+        let host = Team::new("host", 1);
+        host.host_guests();
+        let view = host.view();
+        assert_eq!(
+            view.threads, 2,
+            "a hosting team sends its regions to team_run"
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let guest = {
+            let (host, stop) = (Arc::clone(&host), stop.clone());
+            std::thread::spawn(move || host.lend_until(&|| stop.load(Ordering::Acquire)))
+        };
+        let start = std::time::Instant::now();
+        while host.shared.guests.load(Ordering::SeqCst) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the guest never came"
+            );
+            std::thread::yield_now();
+        }
+        let m = marks(640, None);
+        // SAFETY: as above.
+        let s = unsafe { (view.run)(&view, slow, &m as *const Marks as *mut c_void, 0, 639, 1) };
+        assert_eq!(s, 0);
+        for (i, c) in m.cells.iter().enumerate() {
+            assert_eq!(c.load(Ordering::Relaxed), i as u64 + 1, "cell {i}");
+        }
+        // 64 chunks of 200 µs or more: the guest, waiting for regions, takes some.
+        let by_guest = m.by_thread[1].load(Ordering::Relaxed);
+        let by_host = m.by_thread[0].load(Ordering::Relaxed);
+        assert_eq!(by_guest + by_host, 64);
+        assert!(by_guest > 0, "the guest ran no chunk");
+        stop.store(true, Ordering::Release);
+        host.ring();
+        assert_eq!(guest.join().unwrap(), by_guest);
+        assert_eq!(host.shared.guests.load(Ordering::SeqCst), 0);
+        // Without guests, a region of the team of one runs inline.
+        let m = marks(640, None);
+        // SAFETY: as above.
+        let s = unsafe { (view.run)(&view, mark, &m as *const Marks as *mut c_void, 0, 639, 1) };
+        assert_eq!(s, 0);
+        assert_eq!(m.by_thread[0].load(Ordering::Relaxed), 1);
     }
 
     #[test]

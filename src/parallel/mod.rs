@@ -110,7 +110,10 @@
 //!   partner leader's partial sum to its own; `a + b == b + a` exactly, so both hold the
 //!   tree's sum), the update on each leader, and copies of the leader's parameters to the
 //!   rest of its block. Sums a partner reads have two rows, used on alternate steps, so no
-//!   write-after-read wait is needed.
+//!   write-after-read wait is needed. A leader waiting for its partner's sum takes chunks of
+//!   the partner's parallel regions meanwhile (it is lent to the partner's thread team), so
+//!   a device slowed down by another process on its core gets help with its gradients; the
+//!   bits are the same whichever thread runs a chunk ([`Report::lent_chunks`] counts them).
 //! - **The tree as programs** ([`Schedule::Tree`]), what `Auto` runs on one rank otherwise (a
 //!   number of devices that is not a power of two, or blocks of different sizes): in rounds
 //!   with stride 1, 2, 4, ..., the sum of device `to + stride` is added to that of `to`

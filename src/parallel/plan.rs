@@ -203,7 +203,16 @@ impl Plan {
                     rounds,
                     update: leader.update.clone(),
                     copies,
+                    team: leader.device.team().cloned(),
                 });
+            }
+            // Leaders lend their threads to the teams of the groups they wait for (see
+            // `Exchange::wait_for_group`).
+            for t in out.iter().filter_map(|g| g.team.as_ref()) {
+                let other = |g: &Group| g.team.as_ref().is_some_and(|u| !Arc::ptr_eq(t, u));
+                if out.iter().any(other) {
+                    t.host_guests();
+                }
             }
             let exchange = Arc::new(Exchange {
                 slot: slot.clone(),

@@ -3,9 +3,10 @@
 //! per queue; queues wait for each other through [`Progress`] counts, without task boundaries.
 
 use super::plan::{part, MergeWork};
-use crate::backend::{BufferPtr, Progress, Routine, Transfer};
+use crate::backend::{BufferPtr, Progress, Routine, Team, Transfer};
 use crate::error::{Error, Result};
 use crate::ir::{StaticSymbol, Tnode};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,9 @@ pub(crate) struct Group {
     pub(crate) update: Routine,
     /// The parameters from the leader to the other members.
     pub(crate) copies: Vec<(String, Transfer)>,
+    /// The thread team running the regions of the queue's routines: a leader waiting for
+    /// this group's stage lends its thread to it (see [`Exchange::wait_for_group`]).
+    pub(crate) team: Option<Arc<Team>>,
 }
 
 /// One merge of the exchange: the transfer of `from`'s sum into the merge buffer of the
@@ -92,14 +96,14 @@ impl Exchange {
                 part(&m.description, m.transfer.run())?;
                 with_parity(&m.routine, parity)?;
             }
-            run.progress[gi].advance();
+            self.advance(run, gi);
             // The last round runs the update too.
             g.update.bindings().set_symbol(&self.step, s as i64)?;
             for (r, m) in g.rounds.iter().enumerate() {
-                run.progress[m.from_group].wait_for(s as u64 * stages + r as u64 + 1)?;
+                self.wait_for_group(run, gi, m.from_group, s as u64 * stages + r as u64 + 1)?;
                 part(&m.description, m.transfer.run())?;
                 with_parity(&m.routine, parity)?;
-                run.progress[gi].advance();
+                self.advance(run, gi);
             }
             if g.rounds.is_empty() {
                 with_parity(&g.update, parity)?;
@@ -113,6 +117,34 @@ impl Exchange {
         }
         exit.1 = true;
         Ok(())
+    }
+}
+
+impl Exchange {
+    /// Group `gi`'s next stage is done: its progress advances, and threads lent to its team
+    /// are told.
+    fn advance(&self, run: &Run, gi: usize) {
+        run.progress[gi].advance();
+        if let Some(t) = &self.groups[gi].team {
+            t.ring();
+        }
+    }
+
+    /// Group `gi` (its leader's thread) waits until group `from` has done `target` stages.
+    /// Meanwhile it takes chunks of the parallel regions `from`'s queue runs, when the two
+    /// queues have teams of their own: a device whose core is shared with another process
+    /// computes its gradients more slowly, and its partner, which would wait idle, does part
+    /// of them. A region's iterations are independent, so the results are the same bits
+    /// whichever thread runs them.
+    fn wait_for_group(&self, run: &Run, gi: usize, from: usize, target: u64) -> Result<()> {
+        let progress = &run.progress[from];
+        if let (Some(mine), Some(theirs)) = (&self.groups[gi].team, &self.groups[from].team) {
+            if !Arc::ptr_eq(mine, theirs) {
+                let ran = theirs.lend_until(&|| progress.settled(target));
+                run.lent.fetch_add(ran, Ordering::Relaxed);
+            }
+        }
+        progress.wait_for(target)
     }
 }
 
@@ -135,6 +167,9 @@ pub(crate) struct Run {
     pub(crate) history: Tnode,
     /// Device 0's buffer of the loss history.
     pub(crate) history_buffer: BufferPtr,
+    /// Chunks of regions that leaders ran for the groups they waited for (see
+    /// `Exchange::wait_for_group`).
+    pub(crate) lent: AtomicU64,
 }
 
 impl Run {

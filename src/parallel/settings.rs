@@ -254,6 +254,11 @@ pub struct Report {
     pub eval_time: Duration,
     /// Where the training time went.
     pub phases: PhaseTimes,
+    /// Chunks of parallel regions that a device's thread ran for a device it was waiting
+    /// for (the exchange: a device whose core another process shares gets help with its
+    /// gradients; see the [module documentation](super#schedules)). 0 for the other
+    /// schedules.
+    pub lent_chunks: u64,
 }
 
 impl Report {

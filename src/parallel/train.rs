@@ -16,6 +16,7 @@ use crate::ir::{
 };
 use crate::nn::{self, Bucket, Rng};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -526,6 +527,7 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             train_time,
             eval_time,
             phases: self.phases,
+            lent_chunks: 0,
         })
     }
 
@@ -731,6 +733,8 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             Some(Program::Tree(_)) => Schedule::Tree,
             None => Schedule::HostTree,
         };
+        // The programs' shared state, for the count of lent chunks once they have finished.
+        let mut programs_run = None;
         if let Some(program) = program {
             // The host schedules one task per queue and sleeps until each epoch's loss
             // history is on the host (see `Exchange::run_group`, `TreeProgram::run_group`).
@@ -761,7 +765,9 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
                 epochs: Progress::new("the loss history of device 0"),
                 history: self.history.clone(),
                 history_buffer,
+                lent: AtomicU64::new(0),
             });
+            programs_run = Some(run.clone());
             for (gi, members) in groups.iter().enumerate() {
                 let description = format!(
                     "the training of {}",
@@ -812,7 +818,7 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             )?;
         }
         let leaders = plan.leaders.clone();
-        self.finish(
+        let mut report = self.finish(
             devs,
             &leaders,
             me,
@@ -820,7 +826,9 @@ impl<'b, 'j, 'm, 'a> Training<'b, 'j, 'm, 'a> {
             names.len(),
             (compile_time, setup_time),
             (t_train, waiting),
-        )
+        )?;
+        report.lent_chunks = programs_run.map_or(0, |r| r.lent.load(Ordering::Acquire));
+        Ok(report)
     }
 
     /// The deterministic schedule (see [`Sharded`]).
