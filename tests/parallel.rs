@@ -675,9 +675,9 @@ fn auto_devices_follow_the_cost_model_of_a_step() {
     });
 }
 
-/// The exchange on two devices: a device waiting for the other takes chunks of the other's
-/// parallel regions (`Report::lent_chunks`), and the results are the same bits as the
-/// host-scheduled tree's, where nothing is lent. A busy process beside the training makes
+/// The exchange and the tree as programs on two devices: a device waiting for the other
+/// takes chunks of the other's parallel regions (`Report::lent_chunks`), and the results are
+/// the same bits as the host-scheduled tree's, where nothing is lent. A busy process beside the training makes
 /// one device slower than the other, so the other waits for it at every step.
 #[test]
 fn a_device_waiting_for_another_runs_part_of_its_regions_with_the_same_bits() {
@@ -725,19 +725,22 @@ fn a_device_waiting_for_another_runs_part_of_its_regions_with_the_same_bits() {
         let reference = train(&MulticoreBackend::new(), Schedule::HostTree);
         assert_eq!(reference.lent_chunks, 0);
         let cores = MulticoreBackend::new().num_physical_devices();
-        let mut busy = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
-        let lent = train(&MulticoreBackend::new(), Schedule::Exchange);
-        busy.kill().unwrap();
-        busy.wait().unwrap();
-        assert_eq!(lent.schedule, Schedule::Exchange);
-        assert_eq!(bits(&lent), bits(&reference));
-        // On two cores, one device shares its core with the busy process at every one of the
-        // 12 steps, and its regions are cut into dozens of chunks while the other waits.
-        if cores == 2 {
-            assert!(lent.lent_chunks > 0, "no chunk was lent");
+        for schedule in [Schedule::Exchange, Schedule::Tree] {
+            let mut busy = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap();
+            let lent = train(&MulticoreBackend::new(), schedule);
+            busy.kill().unwrap();
+            busy.wait().unwrap();
+            assert_eq!(lent.schedule, schedule);
+            assert_eq!(bits(&lent), bits(&reference), "{schedule:?}");
+            // On two cores, one device shares its core with the busy process at every one
+            // of the 12 steps, and its regions are cut into dozens of chunks while the
+            // other waits.
+            if cores == 2 {
+                assert!(lent.lent_chunks > 0, "{schedule:?}: no chunk was lent");
+            }
         }
     });
 }

@@ -120,7 +120,8 @@
 //!   through `to`'s merge buffer ([`Settings::merge`]: `Streaming` reads the source's buffer
 //!   in place, `Copy` copies it first) until device 0 holds the sum; device 0 updates and
 //!   its parameters are copied to the other devices; again one task per queue for the whole
-//!   training.
+//!   training. A queue waiting for another takes chunks of its parallel regions meanwhile,
+//!   as in the exchange.
 //! - **The host-scheduled tree** ([`Schedule::HostTree`]), what runs over MPI ranks: the same
 //!   tree, one task per device and phase, scheduled by the host step by step. The host never
 //!   waits for a device inside a step: devices order their work among themselves with events

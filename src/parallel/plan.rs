@@ -1,8 +1,8 @@
 //! The plan of a training: the devices, their queues and routines, and the transfers of the
 //! merges and parameter copies, prepared once and checked when prepared.
 
-use super::programs::{Exchange, Group, Merge, TreeProgram};
-use crate::backend::{Backend, Context, Device, MergeBufferUse, Routine, Transfer};
+use super::programs::{host_guests, Exchange, Group, Merge, TreeProgram};
+use crate::backend::{Backend, Context, Device, MergeBufferUse, Routine, Team, Transfer};
 use crate::error::{Error, Result};
 use crate::ir::{StaticSymbol, Tnode};
 use std::sync::Arc;
@@ -206,14 +206,8 @@ impl Plan {
                     team: leader.device.team().cloned(),
                 });
             }
-            // Leaders lend their threads to the teams of the groups they wait for (see
-            // `Exchange::wait_for_group`).
-            for t in out.iter().filter_map(|g| g.team.as_ref()) {
-                let other = |g: &Group| g.team.as_ref().is_some_and(|u| !Arc::ptr_eq(t, u));
-                if out.iter().any(other) {
-                    t.host_guests();
-                }
-            }
+            // Leaders lend their threads to the teams of the groups they wait for.
+            host_guests(out.iter().filter_map(|g| g.team.as_ref()));
             let exchange = Arc::new(Exchange {
                 slot: slot.clone(),
                 step: step.clone(),
@@ -299,6 +293,9 @@ impl Plan {
     pub(crate) fn tree_program(&self) -> TreeProgram {
         let queue: Vec<Option<usize>> = self.devs.iter().map(|d| queue_of(&d.device)).collect();
         let groups = queue_groups(&queue);
+        let teams: Vec<Option<Arc<Team>>> =
+            self.devs.iter().map(|d| d.device.team().cloned()).collect();
+        host_guests(teams.iter().flatten());
         let mut incoming = vec![0; self.devs.len()];
         for m in &self.merges {
             incoming[m.to] += 1;
@@ -321,6 +318,7 @@ impl Plan {
                 .map(|c| (c.to, c.description.clone(), c.work.clone()))
                 .collect(),
             groups,
+            teams,
         }
     }
 }

@@ -124,27 +124,54 @@ impl Exchange {
     /// Group `gi`'s next stage is done: its progress advances, and threads lent to its team
     /// are told.
     fn advance(&self, run: &Run, gi: usize) {
-        run.progress[gi].advance();
-        if let Some(t) = &self.groups[gi].team {
-            t.ring();
-        }
+        advance_and_ring(&run.progress[gi], self.groups[gi].team.as_ref());
     }
 
-    /// Group `gi` (its leader's thread) waits until group `from` has done `target` stages.
-    /// Meanwhile it takes chunks of the parallel regions `from`'s queue runs, when the two
-    /// queues have teams of their own: a device whose core is shared with another process
-    /// computes its gradients more slowly, and its partner, which would wait idle, does part
-    /// of them. A region's iterations are independent, so the results are the same bits
-    /// whichever thread runs them.
+    /// Group `gi` (its leader's thread) waits until group `from` has done `target` stages,
+    /// taking chunks of `from`'s regions meanwhile (see [`wait_lending`]).
     fn wait_for_group(&self, run: &Run, gi: usize, from: usize, target: u64) -> Result<()> {
-        let progress = &run.progress[from];
-        if let (Some(mine), Some(theirs)) = (&self.groups[gi].team, &self.groups[from].team) {
-            if !Arc::ptr_eq(mine, theirs) {
-                let ran = theirs.lend_until(&|| progress.settled(target));
-                run.lent.fetch_add(ran, Ordering::Relaxed);
-            }
+        let teams = (&self.groups[gi].team, &self.groups[from].team);
+        wait_lending(run, &run.progress[from], target, teams)
+    }
+}
+
+/// Advances `progress` and tells the threads lent to `team` (the team of the work that
+/// advanced it) to look at it.
+fn advance_and_ring(progress: &Progress, team: Option<&Arc<Team>>) {
+    progress.advance();
+    if let Some(t) = team {
+        t.ring();
+    }
+}
+
+/// Waits until `progress` reaches `target`. Meanwhile, when the waiting queue and the one
+/// it waits for have teams of their own (`mine`, `theirs`), the waiting thread is lent to
+/// `theirs` and takes chunks of its parallel regions: a device whose core is shared with
+/// another process computes its gradients more slowly, and the device waiting for it,
+/// which would sit idle, does part of them. A region's iterations are independent, so the
+/// results are the same bits whichever thread runs them. Counts the chunks in `run.lent`.
+fn wait_lending(
+    run: &Run,
+    progress: &Progress,
+    target: u64,
+    (mine, theirs): (&Option<Arc<Team>>, &Option<Arc<Team>>),
+) -> Result<()> {
+    if let (Some(mine), Some(theirs)) = (mine, theirs) {
+        if !Arc::ptr_eq(mine, theirs) {
+            let ran = theirs.lend_until(&|| progress.settled(target));
+            run.lent.fetch_add(ran, Ordering::Relaxed);
         }
-        progress.wait_for(target)
+    }
+    progress.wait_for(target)
+}
+
+/// Lets each team in `teams` take guests (see [`Team::host_guests`]) when another team is
+/// among them: a queue program waits only for other queues.
+pub(crate) fn host_guests<'a>(teams: impl Iterator<Item = &'a Arc<Team>> + Clone) {
+    for t in teams.clone() {
+        if teams.clone().any(|u| !Arc::ptr_eq(t, u)) {
+            t.host_guests();
+        }
     }
 }
 
@@ -215,6 +242,9 @@ pub(crate) struct TreeProgram {
     pub(crate) copies: Vec<(usize, Arc<str>, Arc<Transfer>)>,
     /// The devices by queue.
     pub(crate) groups: Vec<Vec<usize>>,
+    /// Per device, the thread team running its routines' parallel regions (see
+    /// [`wait_lending`]).
+    pub(crate) teams: Vec<Option<Arc<Team>>>,
 }
 
 impl TreeProgram {
@@ -242,7 +272,7 @@ impl TreeProgram {
                 part(g.name(), g.run_in_task())?;
                 left[i] = self.incoming[i];
                 if left[i] == 0 {
-                    run.progress[i].advance();
+                    advance_and_ring(&run.progress[i], self.teams[i].as_ref());
                 }
             }
             for (to, from, work) in &self.merges {
@@ -250,24 +280,26 @@ impl TreeProgram {
                     continue;
                 }
                 if !mine(*from) {
-                    run.progress[*from].wait_for(done)?;
+                    let teams = (&self.teams[*to], &self.teams[*from]);
+                    wait_lending(run, &run.progress[*from], done, teams)?;
                 }
                 let (t, r) = &**work;
                 part(t.description(), t.run())?;
                 part(r.name(), r.run_in_task())?;
                 left[*to] -= 1;
                 if left[*to] == 0 {
-                    run.progress[*to].advance();
+                    advance_and_ring(&run.progress[*to], self.teams[*to].as_ref());
                 }
             }
             if mine(0) {
                 self.update.bindings().set_symbol(&self.step, s as i64)?;
                 part(self.update.name(), self.update.run_in_task())?;
-                run.updated.advance();
+                advance_and_ring(&run.updated, self.teams[0].as_ref());
             }
             for (to, what, copy) in &self.copies {
                 if mine(*to) {
-                    run.updated.wait_for(done)?;
+                    let teams = (&self.teams[*to], &self.teams[0]);
+                    wait_lending(run, &run.updated, done, teams)?;
                     part(what, copy.run())?;
                 }
             }

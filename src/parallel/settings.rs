@@ -254,10 +254,11 @@ pub struct Report {
     pub eval_time: Duration,
     /// Where the training time went.
     pub phases: PhaseTimes,
-    /// Chunks of parallel regions that a device's thread ran for a device it was waiting
-    /// for (the exchange: a device whose core another process shares gets help with its
-    /// gradients; see the [module documentation](super#schedules)). 0 for the other
-    /// schedules.
+    /// Chunks of parallel regions that a device's thread ran for a device on another core
+    /// it was waiting for (the exchange and the tree as programs: a device whose core
+    /// another process shares gets help with its gradients; see the [module
+    /// documentation](super#schedules)). 0 for the host-scheduled tree and the
+    /// deterministic schedule.
     pub lent_chunks: u64,
 }
 
