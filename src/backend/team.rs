@@ -5,8 +5,8 @@
 //!
 //! A region ([`crate::loops::ParallelLoop`]) reaches the team through the generated code's
 //! `aj_parallel` (runtime header), which calls `AjTeam::run` with a chunk function and the
-//! loop's range. The range is cut into chunks (at least the region's grain, about four per
-//! thread), the chunks into one contiguous share per thread, and each thread **claims the
+//! loop's range. The range is cut into chunks (at least the region's grain, about
+//! [`CHUNKS_PER_THREAD`] per thread), the chunks into one contiguous share per thread, and each thread **claims the
 //! chunks of its own share first, then those left in the others'** (an atomic counter per
 //! share) until none is left: a thread that is descheduled (its core busy with another
 //! process) simply claims fewer, and the others take the rest of its share. The shares keep
@@ -70,8 +70,9 @@ pub const MAX_DONE_SPIN: Duration = Duration::from_millis(5);
 /// shared with another process, so the chunks are smaller than [`CHUNKS_PER_THREAD`]: the
 /// last chunk that thread holds, at half speed, is what the guest waits for at the end of
 /// the region. On the big moons job on two devices beside a busy process (12 interleaved
-/// rounds), 4 chunks per thread gave 0.87× one device, 16 gave 1.00× and 32 1.04×; on a
-/// quiet machine the three were within the noise (1.06–1.09×).
+/// rounds, against one device with 4 chunks per thread), 4 chunks per thread gave 0.87×
+/// one device, 16 gave 1.00× and 32 1.04×; on a quiet machine the three were within the
+/// noise (1.06–1.09×).
 pub const GUEST_CHUNKS_PER_THREAD: i64 = 32;
 
 /// The longest a guest parks before it checks again whether it is done (see
@@ -79,8 +80,12 @@ pub const GUEST_CHUNKS_PER_THREAD: i64 = 32;
 pub const LEND_PARK: Duration = Duration::from_millis(1);
 
 /// About how many chunks each thread gets from a region (more balance the threads when one
-/// is slowed down, fewer cost less to hand out).
-pub const CHUNKS_PER_THREAD: i64 = 4;
+/// is slowed down, fewer cost less to hand out). It was 4 until 7 December 2026; on a
+/// 2-vCPU AMD EPYC VM, 16 made the big moons job on one device (a team of two threads)
+/// 1.08× as fast beside a busy process and 1.05× quiet (8 interleaved rounds each), and the
+/// two-thread kernels of `benches/programs` (matmul 2048³, the 3×3 convolution, softmax,
+/// layer norm, row sums, the fused chain) moved within the noise, quiet and busy.
+pub const CHUNKS_PER_THREAD: i64 = 16;
 
 /// No core: the thread is not pinned.
 const NO_CORE: usize = usize::MAX;
