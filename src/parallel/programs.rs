@@ -118,9 +118,7 @@ impl Exchange {
         exit.1 = true;
         Ok(())
     }
-}
 
-impl Exchange {
     /// Group `gi`'s next stage is done: its progress advances, and threads lent to its team
     /// are told.
     fn advance(&self, run: &Run, gi: usize) {
@@ -194,8 +192,8 @@ pub(crate) struct Run {
     pub(crate) history: Tnode,
     /// Device 0's buffer of the loss history.
     pub(crate) history_buffer: BufferPtr,
-    /// Chunks of regions that leaders ran for the groups they waited for (see
-    /// `Exchange::wait_for_group`).
+    /// Chunks of regions that queues ran for the queues they waited for (see
+    /// [`wait_lending`]).
     pub(crate) lent: AtomicU64,
 }
 
