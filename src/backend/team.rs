@@ -371,10 +371,8 @@ impl Team {
                 break;
             }
             let job = lock(&s.job).clone();
-            if let Some(share) = job.as_ref().and_then(|j| j.guest_share()) {
-                if let Some(job) = job {
-                    ran += u64::from(job.work(share));
-                }
+            if let Some((job, share)) = job.and_then(|j| j.guest_share().map(|g| (j, g))) {
+                ran += u64::from(job.work(share));
                 continue;
             }
             if !spin_until(HELPER_SPIN, || done() || s.generation.reached(seen + 1)) {
